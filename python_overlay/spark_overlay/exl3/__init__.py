@@ -11,6 +11,8 @@ Decoding
     full_weight(trellis, suh, svh, codebook)
                                   W = diag(suh)·Hk·W_hat·Hn·diag(svh), float32 [Kp, Np];
                                   nn.Linear weight = W[:in, :out].T
+    full_weight_fp16(...)         W in fp16 with exllamav3's rounding (fp16 after each of
+                                  Hk·, ×suh, ·Hn, ×svh): bit-exact with its reconstruction
     forward(x, trellis, suh, svh, codebook, bias=None, in_features=None, out_features=None)
                                   y = x @ W[:in, :out] + bias, computed as
                                   x⊙suh → H per 128 → @W_hat → H per 128 → ⊙svh → +bias
@@ -50,6 +52,7 @@ from .linear import (
     codebook_from_tensors,
     forward,
     full_weight,
+    full_weight_fp16,
     hadamard_128,
     k_from_trellis,
     load_linear,
@@ -80,6 +83,7 @@ __all__ = [
     "decode_states",
     "forward",
     "full_weight",
+    "full_weight_fp16",
     "hadamard_128",
     "k_from_trellis",
     "load_linear",
