@@ -1,1 +1,107 @@
-//! clap definitions.
+//! Command-line definitions (clap derive). Doc comments here are the `--help` text.
+
+use clap::{Args, Parser, Subcommand};
+
+/// Serve DeepSeek V4.1 Flash (EXL3) across two DGX Spark nodes with one command.
+///
+/// Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
+#[derive(Debug, Parser)]
+#[command(name = "spark-kit", version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the built-in launch kits.
+    Kits {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Work with one launch kit.
+    #[command(subcommand)]
+    Kit(KitCommand),
+    /// Show the effective configuration (all layers applied).
+    Config(ConfigArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell to generate for.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KitCommand {
+    /// Print a kit's YAML as written (built-in name or file path); redirect it to start your own kit.
+    Show {
+        /// Built-in kit name or path to a kit file (default: the 2x Spark kit).
+        kit: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// List every effective value with its origin (default / kit file:line:col / env var / flag).
+    #[arg(long)]
+    pub explain: bool,
+    /// Print JSON: with --explain an array of {key, value, origin}; else the effective kit.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+/// Kit selection and overrides, shared by every command that reads a kit.
+#[derive(Debug, Args, Default, Clone)]
+pub struct KitArgs {
+    /// Built-in kit name or path to a kit file.
+    #[arg(long, value_name = "KIT")]
+    pub kit: Option<String>,
+    /// Override any kit key (dotted), e.g. --set engine.port=9000; repeatable, highest precedence.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// API port (engine.port).
+    #[arg(long)]
+    pub port: Option<String>,
+    /// Address the API binds to (engine.host).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Model name clients use (engine.served_model_name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Longest sequence in tokens (engine.max_model_len).
+    #[arg(long)]
+    pub max_model_len: Option<String>,
+    /// Most sequences in flight (engine.max_num_seqs).
+    #[arg(long)]
+    pub max_num_seqs: Option<String>,
+    /// Token budget of one scheduler step (engine.max_num_batched_tokens).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<String>,
+    /// KV cache pool per rank, e.g. 2.5GiB (engine.kv_cache_bytes).
+    #[arg(long)]
+    pub kv_cache_bytes: Option<String>,
+    /// Tensor-parallel size (tensor_parallel_size).
+    #[arg(long)]
+    pub tensor_parallel_size: Option<String>,
+}
+
+impl KitArgs {
+    /// The common flags as (flag, dotted key, value), in a fixed order.
+    #[must_use]
+    pub fn common(&self) -> Vec<(&'static str, &'static str, &str)> {
+        let pairs: [(&'static str, &'static str, &Option<String>); 8] = [
+            ("--port", "engine.port", &self.port),
+            ("--host", "engine.host", &self.host),
+            ("--served-model-name", "engine.served_model_name", &self.served_model_name),
+            ("--max-model-len", "engine.max_model_len", &self.max_model_len),
+            ("--max-num-seqs", "engine.max_num_seqs", &self.max_num_seqs),
+            ("--max-num-batched-tokens", "engine.max_num_batched_tokens", &self.max_num_batched_tokens),
+            ("--kv-cache-bytes", "engine.kv_cache_bytes", &self.kv_cache_bytes),
+            ("--tensor-parallel-size", "tensor_parallel_size", &self.tensor_parallel_size),
+        ];
+        pairs.into_iter().filter_map(|(flag, key, v)| v.as_deref().map(|v| (flag, key, v))).collect()
+    }
+}

@@ -1,7 +1,7 @@
 //! spark-kit: typed, fail-closed launcher for serving EXL3 DeepSeek V4.1 Flash on DGX Spark nodes.
 //!
-//! The library never prints: commands return data, and long work reports through traits
-//! (see `reporter`). `main.rs` owns the terminal.
+//! The library never prints: commands write to the writer they are given, and long work
+//! reports through traits. `main.rs` owns the terminal and the exit code.
 
 pub mod cli;
 pub mod commands;

@@ -1,1 +1,33 @@
-fn main() {}
+//! spark-kit binary: parse the command line, run the command, map errors to exit codes.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use spark_kit::cli::Cli;
+use spark_kit::commands::{self, Context};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut ctx = Context { env, out: &mut out };
+    let result = commands::run(cli, &mut ctx);
+    let _ = out.flush();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            let mut err = std::io::stderr().lock();
+            for line in f.message.lines() {
+                let _ = writeln!(err, "error: {line}");
+            }
+            if let Some(h) = &f.hint {
+                let _ = writeln!(err, "hint: {h}");
+            }
+            ExitCode::from(f.code as u8)
+        }
+    }
+}

@@ -2,7 +2,7 @@
 
 Fixture: exl3-tiny-llama-b3.tar.gz (see its README): a random tiny Llama, its
 EXL3 conversion (decoder linears K=3, lm_head K=6, MUL1) and exllamav3's own
-reconstruction of the head. Located through $SPARK_KIT_FIXTURES, default
+reconstruction of the head. Located through $SPARK_KIT_TEST_FIXTURES, default
 <repo>/../shared/fixtures. Run with -s to see the per-linear table.
 """
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _fixture_dir() -> Path:
-    return Path(os.environ.get("SPARK_KIT_FIXTURES", REPO.parent / "shared" / "fixtures"))
+    return Path(os.environ.get("SPARK_KIT_TEST_FIXTURES", REPO.parent / "shared" / "fixtures"))
 
 
 # Expected quantisation error of a K-bit trellis code on Gaussian-like weights:
@@ -39,7 +39,7 @@ def _max_relative_error(k: float) -> float:
 def checkpoint(tmp_path_factory):
     archive = _fixture_dir() / ARCHIVE
     if not archive.is_file():
-        reason = f"fixture {archive} not found (set SPARK_KIT_FIXTURES to the folder holding {ARCHIVE})"
+        reason = f"fixture {archive} not found (set SPARK_KIT_TEST_FIXTURES to the folder holding {ARCHIVE})"
         print(reason)
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("exl3-fixture")

@@ -1,1 +1,36 @@
-//! One file per subcommand: glue only.
+//! One file per subcommand: glue between the CLI and the library, no business logic.
+//!
+//! Commands write their output to the `out` they are given and return a [`Failure`] on error;
+//! only `main.rs` touches the real stdout/stderr and exits.
+
+pub mod completions;
+pub mod config;
+pub mod kits;
+pub mod load;
+
+use std::io::Write;
+
+use crate::cli::{Cli, Command, KitCommand};
+use crate::error::Failure;
+
+/// What a command needs from the outside world, passed in so tests can supply their own.
+pub struct Context<'a> {
+    /// The process environment as pairs (the only place it is read is `main`).
+    pub env: Vec<(String, String)>,
+    pub out: &'a mut dyn Write,
+}
+
+/// Run the parsed command line.
+pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    match cli.command {
+        Command::Kits { json } => kits::list(json, ctx),
+        Command::Kit(KitCommand::Show { kit }) => kits::show(kit.as_deref(), ctx),
+        Command::Config(args) => config::run(&args, ctx),
+        Command::Completions { shell } => completions::run(shell, ctx),
+    }
+}
+
+/// Map an output error (closed pipe, full disk) to a runtime failure.
+pub(crate) fn io_failure(e: &std::io::Error) -> Failure {
+    Failure::runtime(format!("cannot write output: {e}"))
+}

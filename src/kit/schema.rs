@@ -117,9 +117,9 @@ pub struct Engram {
 #[serde(rename_all = "kebab-case")]
 pub enum Role {
     /// Runs rank 0 and the API server.
-    #[default]
     Head,
     /// Runs a headless rank.
+    #[default]
     Worker,
 }
 
@@ -137,7 +137,7 @@ pub enum Transport {
 }
 
 /// One machine.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Node {
     /// Unique node name.
@@ -151,7 +151,7 @@ pub struct Node {
     /// SSH user (transport `ssh`; default: the current user).
     pub ssh_user: Option<String>,
     /// SSH port (transport `ssh`).
-    pub ssh_port: u16,
+    pub ssh_port: u32,
     /// Command prefix (transport `exec`), e.g. `[ip, netns, exec, spark2]`.
     pub exec_prefix: Vec<String>,
     /// The node's fabric (the link between nodes).
@@ -160,6 +160,23 @@ pub struct Node {
     pub memory_total: Option<ByteSize>,
     /// Extra environment for this node's engine only.
     pub env: BTreeMap<String, String>,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            role: Role::default(),
+            transport: Transport::Local,
+            ssh_host: None,
+            ssh_user: None,
+            ssh_port: 22,
+            exec_prefix: Vec::new(),
+            fabric: Fabric::default(),
+            memory_total: None,
+            env: BTreeMap::new(),
+        }
+    }
 }
 
 /// The node's side of the inter-node link.
@@ -237,9 +254,9 @@ pub struct Engine {
     /// Address the API binds to.
     pub host: String,
     /// API port.
-    pub port: u16,
+    pub port: u32,
     /// torch.distributed rendezvous port on the head (multi-node).
-    pub master_port: u16,
+    pub master_port: u32,
     /// Where the API keys come from (none = no auth).
     pub api_keys: ApiKeys,
     /// Longest sequence (prompt + output) in tokens.

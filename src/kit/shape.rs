@@ -27,6 +27,8 @@ pub struct Field {
     /// `null` is allowed (optional value).
     pub nullable: bool,
     pub doc: String,
+    /// The default written in the schema (from the `Default` impls).
+    pub default: Option<Json>,
 }
 
 /// Leaf types.
@@ -182,11 +184,7 @@ fn convert(node: &Json, defs: &Json, at: &str) -> Result<(Shape, bool), ShapeErr
                     }
                     fields.insert(
                         key.clone(),
-                        Field {
-                            shape,
-                            nullable,
-                            doc,
-                        },
+                        Field { shape, nullable, doc, default: sub.get("default").cloned() },
                     );
                 }
                 Shape::Object(fields)

@@ -1,0 +1,47 @@
+//! Load the kit a command asked for, with the environment and flag layers.
+
+use crate::cli::KitArgs;
+use crate::error::Failure;
+use crate::kit::{self, layers, KitError, Origin, Override, Resolved};
+
+/// The flag layer: `--set` entries then the common flags (a flag given twice: last wins).
+pub fn flag_overrides(args: &KitArgs) -> Result<Vec<Override>, Failure> {
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for s in &args.set {
+        match layers::set_override(s) {
+            Ok(o) => out.push(o),
+            Err(p) => problems.push(p),
+        }
+    }
+    for (flag, key, value) in args.common() {
+        out.push(Override {
+            path: key.split('.').map(str::to_string).collect(),
+            raw: value.to_string(),
+            origin: Origin::Flag(flag.to_string()),
+        });
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(kit_failure(KitError::Invalid(problems)))
+    }
+}
+
+/// Resolve the kit named by `args` (or the default kit).
+pub fn resolve(args: &KitArgs, env: &[(String, String)]) -> Result<Resolved, Failure> {
+    let flags = flag_overrides(args)?;
+    let src = kit::source(args.kit.as_deref()).map_err(kit_failure)?;
+    kit::resolve(src, env, &flags).map_err(kit_failure)
+}
+
+/// Every kit error is a configuration error (exit code 2).
+#[must_use]
+pub fn kit_failure(e: KitError) -> Failure {
+    let hint = e.hint();
+    let f = Failure::usage(e.to_string());
+    match hint {
+        Some(h) => f.with_hint(h),
+        None => f,
+    }
+}
