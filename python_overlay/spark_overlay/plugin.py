@@ -132,6 +132,29 @@ def process_role() -> str | None:
     return name or None
 
 
+def ensure_vllm_logging() -> None:
+    """Make sure records on the ``vllm`` logger tree reach vLLM's handler.
+
+    vLLM's API server calls the general plugins while it builds its argument
+    parser (``AsyncEngineArgs.add_cli_args``), before ``vllm serve`` applies
+    its logging configuration; an INFO record logged then is dropped. When the
+    ``vllm`` logger has no handler yet, apply vLLM's own configuration (the
+    one derived from ``VLLM_LOGGING_*`` / ``VLLM_CONFIGURE_LOGGING``) now
+    through vLLM's public ``configure_logging_if_needed``. vLLM re-applies its
+    configuration from the parsed arguments later as usual. With
+    ``VLLM_CONFIGURE_LOGGING=0`` nothing is configured: logging then belongs
+    to whoever embeds vLLM.
+    """
+    if logging.getLogger("vllm").handlers:
+        return
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging_if_needed
+
+    config = LoggingConfig()
+    if config.configure_logging:
+        configure_logging_if_needed(config)
+
+
 def _resolve(target: str):
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
@@ -186,6 +209,7 @@ def register() -> Registration:
         else:
             providers = _register_providers(PROVIDERS)
         role = process_role()
+        ensure_vllm_logging()
         _registration = Registration(
             overlay_version=__version__,
             vllm_version=vllm_version,

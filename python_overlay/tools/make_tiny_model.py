@@ -228,8 +228,13 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fsync_tree(root: Path) -> None:
+def finish_tree(root: Path) -> None:
+    """Give the staged tree normal permissions (mkdtemp makes it 0700) and fsync it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(root, 0o777 & ~umask)
     for path in sorted(root.iterdir()):
+        os.chmod(path, 0o666 & ~umask)
         with path.open("rb") as f:
             os.fsync(f.fileno())
     fd = os.open(root, os.O_RDONLY)
@@ -276,7 +281,7 @@ def make_tiny_model(out: Path, seed: int = 0, train_steps: int = DEFAULT_TRAIN_S
             staged / "generation_config.json",
             {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID},
         )
-        fsync_tree(staged)
+        finish_tree(staged)
         summary = {
             "path": str(out),
             "params": params,
