@@ -13,6 +13,8 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per process; boxing the larger variants would only add noise.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// List the built-in launch kits.
     Kits {

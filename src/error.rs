@@ -26,18 +26,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn usage(message: impl Into<String>) -> Self {
-        Self {
-            code: ExitCode::Usage,
-            message: message.into(),
-            hint: None,
-        }
+        Self { code: ExitCode::Usage, message: message.into(), hint: None }
     }
     pub fn runtime(message: impl Into<String>) -> Self {
-        Self {
-            code: ExitCode::Runtime,
-            message: message.into(),
-            hint: None,
-        }
+        Self { code: ExitCode::Runtime, message: message.into(), hint: None }
     }
     #[must_use]
     pub fn with_hint(mut self, hint: impl Into<String>) -> Self {

@@ -9,9 +9,8 @@ use spark_kit::commands::{self, Context};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let env: Vec<(String, String)> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect();
+    let env: Vec<(String, String)> =
+        std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut ctx = Context { env, out: &mut out };

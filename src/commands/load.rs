@@ -4,22 +4,22 @@ use crate::cli::KitArgs;
 use crate::error::Failure;
 use crate::kit::{self, layers, KitError, Origin, Override, Resolved};
 
-/// The flag layer: `--set` entries then the common flags (a flag given twice: last wins).
+/// The flag layer: the common flags, then `--set` entries (highest precedence; later wins).
 pub fn flag_overrides(args: &KitArgs) -> Result<Vec<Override>, Failure> {
     let mut out = Vec::new();
     let mut problems = Vec::new();
-    for s in &args.set {
-        match layers::set_override(s) {
-            Ok(o) => out.push(o),
-            Err(p) => problems.push(p),
-        }
-    }
     for (flag, key, value) in args.common() {
         out.push(Override {
             path: key.split('.').map(str::to_string).collect(),
             raw: value.to_string(),
             origin: Origin::Flag(flag.to_string()),
         });
+    }
+    for s in &args.set {
+        match layers::set_override(s) {
+            Ok(o) => out.push(o),
+            Err(p) => problems.push(p),
+        }
     }
     if problems.is_empty() {
         Ok(out)

@@ -42,14 +42,9 @@ impl FromStr for ByteSize {
     type Err = ByteSizeError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |why| ByteSizeError {
-            input: s.to_string(),
-            why,
-        };
+        let err = |why| ByteSizeError { input: s.to_string(), why };
         let t = s.trim();
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
+        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let unit = unit.trim();
         if num.is_empty() {
@@ -73,19 +68,9 @@ impl FromStr for ByteSize {
             }
             // Exact decimal arithmetic: value = (int * 10^d + frac) * mult / 10^d.
             let digits = u32::try_from(frac.len()).map_err(|_| err("too many decimals"))?;
-            let scale = 10u128
-                .checked_pow(digits)
-                .ok_or_else(|| err("too many decimals"))?;
-            let int: u128 = if int.is_empty() {
-                0
-            } else {
-                int.parse().map_err(|_| err("number too large"))?
-            };
-            let frac: u128 = if frac.is_empty() {
-                0
-            } else {
-                frac.parse().map_err(|_| err("number too large"))?
-            };
+            let scale = 10u128.checked_pow(digits).ok_or_else(|| err("too many decimals"))?;
+            let int: u128 = if int.is_empty() { 0 } else { int.parse().map_err(|_| err("number too large"))? };
+            let frac: u128 = if frac.is_empty() { 0 } else { frac.parse().map_err(|_| err("number too large"))? };
             let total = int
                 .checked_mul(scale)
                 .and_then(|v| v.checked_add(frac))
@@ -98,9 +83,7 @@ impl FromStr for ByteSize {
             Ok(Self(bytes))
         } else {
             let n: u64 = num.parse().map_err(|_| err("number too large"))?;
-            n.checked_mul(mult)
-                .map(Self)
-                .ok_or_else(|| err("number too large"))
+            n.checked_mul(mult).map(Self).ok_or_else(|| err("number too large"))
         }
     }
 }
@@ -143,14 +126,10 @@ impl<'de> Deserialize<'de> for ByteSize {
                 Ok(ByteSize(v))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ByteSize, E> {
-                u64::try_from(v)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom("a byte size cannot be negative"))
+                u64::try_from(v).map(ByteSize).map_err(|_| E::custom("a byte size cannot be negative"))
             }
             fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<ByteSize, E> {
-                Err(E::custom(format!(
-                    "{v} is not a whole number of bytes; add a unit, e.g. 2.5GiB"
-                )))
+                Err(E::custom(format!("{v} is not a whole number of bytes; add a unit, e.g. 2.5GiB")))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteSize, E> {
                 v.parse().map_err(E::custom)
@@ -189,15 +168,7 @@ mod tests {
 
     #[test]
     fn rejects_bad() {
-        for bad in [
-            "",
-            "GiB",
-            "1.2.3GiB",
-            "5 parsecs",
-            "0.3B",
-            "99999999999999999999",
-            "-1",
-        ] {
+        for bad in ["", "GiB", "1.2.3GiB", "5 parsecs", "0.3B", "99999999999999999999", "-1"] {
             assert!(bad.parse::<ByteSize>().is_err(), "{bad}");
         }
     }

@@ -163,12 +163,7 @@ fn merge(
     }
 }
 
-fn mark(
-    v: &Value,
-    path: &mut Vec<String>,
-    origins: &mut BTreeMap<String, Origin>,
-    origin_at: &dyn Fn(&str) -> Origin,
-) {
+fn mark(v: &Value, path: &mut Vec<String>, origins: &mut BTreeMap<String, Origin>, origin_at: &dyn Fn(&str) -> Origin) {
     // Only values the layer really wrote get an origin: a list item's keys that the kit leaves
     // out keep their defaults and must say `default`.
     let key = dotted(path);
@@ -247,10 +242,9 @@ fn entry<'a>(cur: &'a mut Value, seg: &str) -> &'a mut Value {
 pub fn typed_value(raw: &str, shape: &Shape) -> Result<Value, serde_yaml::Error> {
     match shape {
         Shape::Scalar(Scalar::String | Scalar::Enum(_)) => Ok(Value::String(raw.to_string())),
-        Shape::Scalar(Scalar::Bytes) => Ok(raw
-            .trim()
-            .parse::<u64>()
-            .map_or_else(|_| Value::String(raw.to_string()), |n| Value::Number(n.into()))),
+        Shape::Scalar(Scalar::Bytes) => {
+            Ok(raw.trim().parse::<u64>().map_or_else(|_| Value::String(raw.to_string()), |n| Value::Number(n.into())))
+        }
         _ => serde_yaml::from_str(raw),
     }
 }
@@ -288,7 +282,12 @@ pub fn unknown_key(path: &[String], shape: &Shape, origin: Origin) -> Problem {
 }
 
 /// Check every key of a document against the shape; positions locate each problem.
-pub fn check_keys(v: &Value, shape: &Shape, path: &mut Vec<String>, origin_at: &dyn Fn(&str) -> Origin) -> Vec<Problem> {
+pub fn check_keys(
+    v: &Value,
+    shape: &Shape,
+    path: &mut Vec<String>,
+    origin_at: &dyn Fn(&str) -> Origin,
+) -> Vec<Problem> {
     let mut out = Vec::new();
     walk_keys(v, shape, shape, path, origin_at, &mut out);
     out

@@ -55,7 +55,9 @@ impl KitError {
     #[must_use]
     pub fn hint(&self) -> Option<String> {
         match self {
-            Self::NotFound { .. } => Some("run `spark-kit kits` to list built-in kits, or pass --kit path/to/kit.yaml".into()),
+            Self::NotFound { .. } => {
+                Some("run `spark-kit kits` to list built-in kits, or pass --kit path/to/kit.yaml".into())
+            }
             Self::Read { .. } => Some("check the path and its permissions".into()),
             Self::Syntax { .. } => Some("fix the YAML at that position (indentation, quotes, brackets)".into()),
             Self::Invalid(_) | Self::Schema(_) => None,
@@ -97,8 +99,12 @@ pub fn resolve(src: KitSource, env: &[(String, String)], flags: &[Override]) -> 
     let defaults = serde_yaml::to_value(Kit::default()).map_err(|e| KitError::Invalid(vec![internal(&e)]))?;
     let mut layered = Layered::new(defaults);
 
-    let positions = positions::scan(&src.text)
-        .map_err(|e| KitError::Syntax { file: src.display.clone(), line: e.line, col: e.col, msg: e.msg })?;
+    let positions = positions::scan(&src.text).map_err(|e| KitError::Syntax {
+        file: src.display.clone(),
+        line: e.line,
+        col: e.col,
+        msg: e.msg,
+    })?;
     let doc: serde_yaml::Value = serde_yaml::from_str(&src.text).map_err(|e| {
         let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
         KitError::Syntax { file: src.display.clone(), line, col, msg: e.to_string() }
@@ -137,18 +143,34 @@ pub fn resolve(src: KitSource, env: &[(String, String)], flags: &[Override]) -> 
         let key = error_path(e.path());
         let origin = layered.locate(&key);
         let expected = shape.at(&split(&key)).map_or_else(|| "value".to_string(), Shape::type_name);
-        KitError::Invalid(vec![Problem::new(origin, key, e.inner().to_string(), format!("write a {expected}"))])
+        KitError::Invalid(vec![Problem::new(
+            origin,
+            key,
+            plain_types(&e.inner().to_string()),
+            format!("write {}", with_article(&expected)),
+        )])
     })?;
 
     let findings = validate::validate(&kit);
     if !findings.is_empty() {
-        let problems = findings
-            .into_iter()
-            .map(|f| Problem::new(layered.locate(&f.key), f.key, f.message, f.fix))
-            .collect();
+        let problems =
+            findings.into_iter().map(|f| Problem::new(layered.locate(&f.key), f.key, f.message, f.fix)).collect();
         return Err(KitError::Invalid(problems));
     }
     Ok(Resolved { kit, source: src, layered, shape })
+}
+
+/// serde names Rust types (`u32`); users read kit types.
+fn plain_types(msg: &str) -> String {
+    ["u16", "u32", "u64", "usize"]
+        .iter()
+        .fold(msg.to_string(), |m, t| m.replace(&format!("expected {t}"), "expected a whole number ≥ 0"))
+        .replace("expected f64", "expected a number")
+}
+
+fn with_article(noun: &str) -> String {
+    let vowel = noun.starts_with(['a', 'e', 'i', 'o', 'u']);
+    format!("{} {noun}", if vowel { "an" } else { "a" })
 }
 
 fn internal(e: &serde_yaml::Error) -> Problem {

@@ -32,10 +32,7 @@ enum Frame {
 }
 
 fn pos(span: Span) -> Pos {
-    Pos {
-        line: span.start.line(),
-        col: span.start.col() + 1,
-    }
+    Pos { line: span.start.line(), col: span.start.col() + 1 }
 }
 
 fn join(path: &[String], last: &str) -> String {

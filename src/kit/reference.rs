@@ -31,7 +31,9 @@ fn rows(shape: &Shape, prefix: &str, _default: Option<&Json>, out: &mut String) 
             row(&key, field, out);
             match &field.shape {
                 Shape::Object(_) => rows(&field.shape, &key, field.default.as_ref(), out),
-                Shape::List(inner) if matches!(**inner, Shape::Object(_)) => rows(inner, &format!("{key}[]"), None, out),
+                Shape::List(inner) if matches!(**inner, Shape::Object(_)) => {
+                    rows(inner, &format!("{key}[]"), None, out)
+                }
                 _ => {}
             }
         }

@@ -100,20 +100,14 @@ pub fn from_schema(root: &Json) -> Result<Shape, ShapeError> {
 }
 
 fn err(at: &str, what: impl Into<String>) -> ShapeError {
-    ShapeError {
-        at: at.to_string(),
-        what: what.into(),
-    }
+    ShapeError { at: at.to_string(), what: what.into() }
 }
 
 fn resolve<'a>(node: &'a Json, defs: &'a Json, at: &str) -> Result<&'a Json, ShapeError> {
     match node.get("$ref").and_then(Json::as_str) {
         Some(r) => {
-            let name = r
-                .strip_prefix("#/$defs/")
-                .ok_or_else(|| err(at, format!("unsupported $ref {r}")))?;
-            defs.get(name)
-                .ok_or_else(|| err(at, format!("missing definition {name}")))
+            let name = r.strip_prefix("#/$defs/").ok_or_else(|| err(at, format!("unsupported $ref {r}")))?;
+            defs.get(name).ok_or_else(|| err(at, format!("missing definition {name}")))
         }
         None => Ok(node),
     }
@@ -123,10 +117,8 @@ fn resolve<'a>(node: &'a Json, defs: &'a Json, at: &str) -> Result<&'a Json, Sha
 fn convert(node: &Json, defs: &Json, at: &str) -> Result<(Shape, bool), ShapeError> {
     let node = resolve(node, defs, at)?;
     if let Some(any) = node.get("anyOf").and_then(Json::as_array) {
-        let non_null: Vec<&Json> = any
-            .iter()
-            .filter(|v| v.get("type").and_then(Json::as_str) != Some("null"))
-            .collect();
+        let non_null: Vec<&Json> =
+            any.iter().filter(|v| v.get("type").and_then(Json::as_str) != Some("null")).collect();
         if non_null.len() != 1 {
             return Err(err(at, "anyOf must be one type plus null"));
         }
@@ -155,11 +147,7 @@ fn convert(node: &Json, defs: &Json, at: &str) -> Result<(Shape, bool), ShapeErr
     let (ty, nullable) = match node.get("type") {
         Some(Json::String(t)) => (t.as_str(), false),
         Some(Json::Array(ts)) => {
-            let names: Vec<&str> = ts
-                .iter()
-                .filter_map(Json::as_str)
-                .filter(|t| *t != "null")
-                .collect();
+            let names: Vec<&str> = ts.iter().filter_map(Json::as_str).filter(|t| *t != "null").collect();
             if names.len() != 1 {
                 return Err(err(at, "a type list must be one type plus null"));
             }
@@ -174,31 +162,20 @@ fn convert(node: &Json, defs: &Json, at: &str) -> Result<(Shape, bool), ShapeErr
                 for (key, sub) in props {
                     let here = format!("{at}.{key}");
                     let (shape, nullable) = convert(sub, defs, &here)?;
-                    let doc = sub
-                        .get("description")
-                        .and_then(Json::as_str)
-                        .unwrap_or_default()
-                        .to_string();
+                    let doc = sub.get("description").and_then(Json::as_str).unwrap_or_default().to_string();
                     if doc.is_empty() {
                         return Err(err(&here, "undocumented key: add a doc comment"));
                     }
-                    fields.insert(
-                        key.clone(),
-                        Field { shape, nullable, doc, default: sub.get("default").cloned() },
-                    );
+                    fields.insert(key.clone(), Field { shape, nullable, doc, default: sub.get("default").cloned() });
                 }
                 Shape::Object(fields)
             } else {
-                let values = node
-                    .get("additionalProperties")
-                    .ok_or_else(|| err(at, "object without properties"))?;
+                let values = node.get("additionalProperties").ok_or_else(|| err(at, "object without properties"))?;
                 Shape::Map(Box::new(convert(values, defs, at)?.0))
             }
         }
         "array" => {
-            let items = node
-                .get("items")
-                .ok_or_else(|| err(at, "array without items"))?;
+            let items = node.get("items").ok_or_else(|| err(at, "array without items"))?;
             Shape::List(Box::new(convert(items, defs, &format!("{at}[]"))?.0))
         }
         "string" => Shape::Scalar(Scalar::String),
@@ -225,25 +202,14 @@ mod tests {
         let shape = kit_shape().unwrap();
         let port = shape.at(&["engine".into(), "port".into()]).unwrap();
         assert_eq!(port, &Shape::Scalar(Scalar::Integer));
-        let host = shape
-            .at(&["nodes".into(), "0".into(), "ssh_host".into()])
-            .unwrap();
+        let host = shape.at(&["nodes".into(), "0".into(), "ssh_host".into()]).unwrap();
         assert_eq!(host, &Shape::Scalar(Scalar::String));
-        let env = shape
-            .at(&["engine".into(), "extra_env".into(), "ANY".into()])
-            .unwrap();
+        let env = shape.at(&["engine".into(), "extra_env".into(), "ANY".into()]).unwrap();
         assert_eq!(env, &Shape::Scalar(Scalar::String));
         assert!(shape.at(&["engine".into(), "prot".into()]).is_none());
-        let kv = shape
-            .at(&["engine".into(), "kv_cache_bytes".into()])
-            .unwrap();
+        let kv = shape.at(&["engine".into(), "kv_cache_bytes".into()]).unwrap();
         assert_eq!(kv, &Shape::Scalar(Scalar::Bytes));
-        let role = shape
-            .at(&["nodes".into(), "0".into(), "role".into()])
-            .unwrap();
-        assert_eq!(
-            role,
-            &Shape::Scalar(Scalar::Enum(vec!["head".into(), "worker".into()]))
-        );
+        let role = shape.at(&["nodes".into(), "0".into(), "role".into()]).unwrap();
+        assert_eq!(role, &Shape::Scalar(Scalar::Enum(vec!["head".into(), "worker".into()])));
     }
 }

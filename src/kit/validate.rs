@@ -20,7 +20,11 @@ fn finding(key: impl Into<String>, message: impl Into<String>, fix: impl Into<St
 
 fn range(out: &mut Vec<Finding>, key: &str, v: u64, lo: u64, hi: u64) {
     if v < lo || v > hi {
-        out.push(finding(key, format!("{v} is out of range {lo}..={hi}"), format!("use a value between {lo} and {hi}")));
+        out.push(finding(
+            key,
+            format!("{v} is out of range {lo}..={hi}"),
+            format!("use a value between {lo} and {hi}"),
+        ));
     }
 }
 
@@ -56,7 +60,11 @@ fn model(kit: &Kit, out: &mut Vec<Finding>) {
     for (i, f) in m.files.iter().enumerate() {
         if let Some(h) = &f.sha256 {
             if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-                out.push(finding(format!("model.files.{i}.sha256"), "not 64 lower-case hex digits", "copy the LFS sha256"));
+                out.push(finding(
+                    format!("model.files.{i}.sha256"),
+                    "not 64 lower-case hex digits",
+                    "copy the LFS sha256",
+                ));
             }
         }
     }
@@ -73,7 +81,12 @@ fn model(kit: &Kit, out: &mut Vec<Finding>) {
 fn is_repo_id(s: &str) -> bool {
     let mut parts = s.split('/');
     let ok = |p: Option<&str>| {
-        p.is_some_and(|p| !p.is_empty() && p != "." && p != ".." && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)))
+        p.is_some_and(|p| {
+            !p.is_empty()
+                && p != "."
+                && p != ".."
+                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
     };
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
 }
@@ -84,27 +97,40 @@ fn nodes(kit: &Kit, out: &mut Vec<Finding>) {
         return;
     }
     let mut names = BTreeSet::new();
-    let heads: Vec<usize> = kit.nodes.iter().enumerate().filter(|(_, n)| n.role == Role::Head).map(|(i, _)| i).collect();
+    let heads: Vec<usize> =
+        kit.nodes.iter().enumerate().filter(|(_, n)| n.role == Role::Head).map(|(i, _)| i).collect();
     for (i, n) in kit.nodes.iter().enumerate() {
         let key = format!("nodes.{i}");
         if n.name.is_empty() {
             out.push(finding(format!("{key}.name"), "node has no name", "give every node a unique name"));
         } else if !names.insert(n.name.as_str()) {
-            out.push(finding(format!("{key}.name"), format!("duplicate node name `{}`", n.name), "give every node a unique name"));
+            out.push(finding(
+                format!("{key}.name"),
+                format!("duplicate node name `{}`", n.name),
+                "give every node a unique name",
+            ));
         }
         match n.transport {
             Transport::Ssh if n.ssh_host.as_deref().unwrap_or_default().is_empty() => {
                 out.push(finding(format!("{key}.ssh_host"), "transport is ssh but no ssh_host", "set ssh_host"));
             }
             Transport::Exec if n.exec_prefix.is_empty() => {
-                out.push(finding(format!("{key}.exec_prefix"), "transport is exec but no exec_prefix", "set exec_prefix, e.g. [ip, netns, exec, spark2]"));
+                out.push(finding(
+                    format!("{key}.exec_prefix"),
+                    "transport is exec but no exec_prefix",
+                    "set exec_prefix, e.g. [ip, netns, exec, spark2]",
+                ));
             }
             _ => {}
         }
         range(out, &format!("{key}.ssh_port"), u64::from(n.ssh_port), 1, 65535);
         if let Some(ip) = &n.fabric.ipv4 {
             if ip.parse::<std::net::Ipv4Addr>().is_err() {
-                out.push(finding(format!("{key}.fabric.ipv4"), format!("`{ip}` is not an IPv4 address"), "write a dotted quad such as 10.0.0.1"));
+                out.push(finding(
+                    format!("{key}.fabric.ipv4"),
+                    format!("`{ip}` is not an IPv4 address"),
+                    "write a dotted quad such as 10.0.0.1",
+                ));
             }
         }
     }
@@ -153,29 +179,49 @@ fn engine(kit: &Kit, out: &mut Vec<Finding>) {
         out.push(finding("engine.served_model_name", "empty", "name the model clients will ask for"));
     }
     if e.host.parse::<std::net::IpAddr>().is_err() {
-        out.push(finding("engine.host", format!("`{}` is not an IP address", e.host), "use 127.0.0.1 (local only) or 0.0.0.0 (all interfaces)"));
+        out.push(finding(
+            "engine.host",
+            format!("`{}` is not an IP address", e.host),
+            "use 127.0.0.1 (local only) or 0.0.0.0 (all interfaces)",
+        ));
     }
     if e.runtime == Runtime::Docker && e.docker_image.as_deref().unwrap_or_default().is_empty() {
         out.push(finding("engine.docker_image", "runtime is docker but no image", "set engine.docker_image"));
     }
     if e.runtime == Runtime::Venv && e.requirements.is_empty() && e.venv.is_none() {
-        out.push(finding("engine.requirements", "no requirements set and no venv path", "name a requirements set or an existing venv"));
+        out.push(finding(
+            "engine.requirements",
+            "no requirements set and no venv path",
+            "name a requirements set or an existing venv",
+        ));
     }
     range(out, "engine.max_model_len", e.max_model_len, 1, 1_048_576);
     range(out, "engine.max_num_seqs", u64::from(e.max_num_seqs), 1, 4096);
     range(out, "engine.max_num_batched_tokens", u64::from(e.max_num_batched_tokens), 1, 8_388_608);
     if !e.block_size.is_power_of_two() || e.block_size > 256 {
-        out.push(finding("engine.block_size", format!("{} is not a power of two up to 256", e.block_size), "use 16, 32, 64 or 128"));
+        out.push(finding(
+            "engine.block_size",
+            format!("{} is not a power of two up to 256", e.block_size),
+            "use 16, 32, 64 or 128",
+        ));
     }
     if e.kv_cache_bytes.bytes() < MIB {
-        out.push(finding("engine.kv_cache_bytes", format!("{} is below 1MiB", e.kv_cache_bytes), "give the KV pool at least 1MiB, e.g. 64MiB"));
+        out.push(finding(
+            "engine.kv_cache_bytes",
+            format!("{} is below 1MiB", e.kv_cache_bytes),
+            "give the KV pool at least 1MiB, e.g. 64MiB",
+        ));
     }
     let spec = match e.speculative.method {
         SpecMethod::None => 0,
         _ => e.speculative.tokens,
     };
     if e.speculative.method != SpecMethod::None && spec == 0 {
-        out.push(finding("engine.speculative.tokens", "speculation on with 0 tokens", "set tokens ≥ 1 or method: none"));
+        out.push(finding(
+            "engine.speculative.tokens",
+            "speculation on with 0 tokens",
+            "set tokens ≥ 1 or method: none",
+        ));
     }
     let need = u64::from(e.max_num_seqs) * (u64::from(spec) + 1);
     if u64::from(e.max_num_batched_tokens) < need {
@@ -188,12 +234,19 @@ fn engine(kit: &Kit, out: &mut Vec<Finding>) {
     if e.long_prefill_token_threshold > 0 && e.long_prefill_token_threshold + 256 > e.max_num_batched_tokens {
         out.push(finding(
             "engine.long_prefill_token_threshold",
-            format!("{} leaves less than 256 tokens of the {}-token step for decodes", e.long_prefill_token_threshold, e.max_num_batched_tokens),
+            format!(
+                "{} leaves less than 256 tokens of the {}-token step for decodes",
+                e.long_prefill_token_threshold, e.max_num_batched_tokens
+            ),
             format!("use at most {}", e.max_num_batched_tokens.saturating_sub(256)),
         ));
     }
     if e.cudagraph_capture_sizes.windows(2).any(|w| w[0] >= w[1]) || e.cudagraph_capture_sizes.contains(&0) {
-        out.push(finding("engine.cudagraph_capture_sizes", "sizes must be positive and strictly ascending", "sort them, e.g. [1, 2, 4, 8]"));
+        out.push(finding(
+            "engine.cudagraph_capture_sizes",
+            "sizes must be positive and strictly ascending",
+            "sort them, e.g. [1, 2, 4, 8]",
+        ));
     }
     if e.shutdown_timeout_s > 3600 {
         range(out, "engine.shutdown_timeout_s", u64::from(e.shutdown_timeout_s), 0, 3600);
@@ -202,7 +255,11 @@ fn engine(kit: &Kit, out: &mut Vec<Finding>) {
         out.push(finding("engine.ready_timeout_s", "0 seconds", "allow the engine time to start, e.g. 600"));
     }
     if e.hang_timeout_s < 30 {
-        out.push(finding("engine.hang_timeout_s", format!("{} s would flag normal pauses as hangs", e.hang_timeout_s), "use at least 30"));
+        out.push(finding(
+            "engine.hang_timeout_s",
+            format!("{} s would flag normal pauses as hangs", e.hang_timeout_s),
+            "use at least 30",
+        ));
     }
 }
 

@@ -1,0 +1,202 @@
+//! The kit commands through the real binary: precedence, origins, errors and exit codes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+fn spark(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_spark-kit"));
+    cmd.args(args);
+    // A clean SPARK_KIT_* environment: only what the test gives.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SPARK_KIT_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn explain(args: &[&str], env: &[(&str, &str)]) -> Vec<serde_json::Value> {
+    let mut all = vec!["config", "--explain", "--json"];
+    all.extend_from_slice(args);
+    let o = spark(&all, env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn row<'a>(rows: &'a [serde_json::Value], key: &str) -> &'a serde_json::Value {
+    rows.iter().find(|r| r["key"] == key).unwrap_or_else(|| panic!("no row {key}"))
+}
+
+#[test]
+fn issue_example_env_then_flag() {
+    let env = [("SPARK_KIT_ENGINE__PORT", "9999")];
+    let rows = explain(&["--kit", "dgx-spark-2x-dsv41-exl3"], &env);
+    assert_eq!(row(&rows, "engine.port")["value"], 9999);
+    assert_eq!(row(&rows, "engine.port")["origin"], "env SPARK_KIT_ENGINE__PORT");
+    let rows = explain(&["--kit", "dgx-spark-2x-dsv41-exl3", "--port", "7777"], &env);
+    assert_eq!(row(&rows, "engine.port")["value"], 7777);
+    assert_eq!(row(&rows, "engine.port")["origin"], "flag --port");
+}
+
+#[test]
+fn each_layer_overrides_the_one_below() {
+    // default (tiny-cpu does not set master_port) < kit < env < flag < --set
+    let rows = explain(&["--kit", "tiny-cpu"], &[]);
+    assert_eq!(row(&rows, "engine.master_port")["origin"], "default");
+    assert_eq!(row(&rows, "engine.master_port")["value"], 29501);
+    assert_eq!(row(&rows, "engine.port")["origin"], "launch-kits/tiny-cpu.yaml:15:3");
+    let env = [("SPARK_KIT_ENGINE__PORT", "8100"), ("SPARK_KIT_ENGINE__MASTER_PORT", "29600")];
+    let rows = explain(&["--kit", "tiny-cpu"], &env);
+    assert_eq!(row(&rows, "engine.port")["value"], 8100);
+    assert_eq!(row(&rows, "engine.master_port")["origin"], "env SPARK_KIT_ENGINE__MASTER_PORT");
+    let rows = explain(&["--kit", "tiny-cpu", "--port", "8200"], &env);
+    assert_eq!(row(&rows, "engine.port")["value"], 8200);
+    let rows = explain(&["--kit", "tiny-cpu", "--port", "8200", "--set", "engine.port=8300"], &env);
+    assert_eq!(row(&rows, "engine.port")["value"], 8300);
+    assert_eq!(row(&rows, "engine.port")["origin"], "flag --set engine.port");
+}
+
+#[test]
+fn nested_list_keys_from_env_and_set() {
+    let env = [("SPARK_KIT_NODES__1__SSH_HOST", "other-spark")];
+    let rows = explain(&["--kit", "dgx-spark-2x-dsv41-exl3", "--set", "nodes.0.fabric.ipv4=10.1.2.3"], &env);
+    assert_eq!(row(&rows, "nodes.1.ssh_host")["value"], "other-spark");
+    assert_eq!(row(&rows, "nodes.0.fabric.ipv4")["value"], "10.1.2.3");
+    // Keys the kit leaves out of a list item are defaults, not the kit.
+    assert_eq!(row(&rows, "nodes.1.ssh_port")["origin"], "default");
+    // Byte sizes in any form; string-typed keys keep digits as text.
+    let rows = explain(&["--kit", "tiny-cpu", "--kv-cache-bytes", "2.5GiB", "--served-model-name", "123"], &[]);
+    assert_eq!(row(&rows, "engine.kv_cache_bytes")["value"], 2_684_354_560_u64);
+    assert_eq!(row(&rows, "engine.served_model_name")["value"], "123");
+}
+
+#[test]
+fn non_kit_variables_are_ignored() {
+    let env = [("SPARK_KIT_TEST_ANYTHING", "x"), ("SPARK_KIT_LOG", "debug")];
+    explain(&["--kit", "tiny-cpu"], &env);
+}
+
+fn bad_kit(body: &str) -> (String, i32) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.yaml");
+    std::fs::write(&path, body).unwrap();
+    let o = spark(&["config", "--kit", path.to_str().unwrap()], &[]);
+    let err = stderr(&o).replace(path.to_str().unwrap(), "K");
+    (err, o.status.code().unwrap())
+}
+
+const GOOD: &str = "name: t\nmodel:\n  source: tiny-dense\nnodes:\n  - name: a\n    role: head\nengine:\n  served_model_name: t\n  requirements: engine-tiny-cpu\n";
+
+#[test]
+fn good_kit_file_works_like_a_builtin() {
+    let (err, code) = bad_kit(GOOD);
+    assert_eq!((err.as_str(), code), ("", 0));
+}
+
+/// GOOD's lines 1-6 (name, model, one head node) plus an `engine:` section from line 7.
+const HEAD: &str = "name: t\nmodel:\n  source: tiny-dense\nnodes:\n  - name: a\n    role: head\n";
+const ENGINE: &str = "engine:\n  served_model_name: t\n  requirements: engine-tiny-cpu\n";
+
+#[test]
+fn bad_inputs_give_one_line_errors_and_exit_2() {
+    let engine = |extra: &str| format!("{HEAD}{ENGINE}{extra}");
+    let cases: Vec<(String, &str)> = vec![
+        (engine("  prot: 1\n"), "error: K:10:3: engine.prot: unknown key `prot`; fix: did you mean `engine.port`?\n"),
+        (
+            engine("  port: eighty\n"),
+            "error: K:10:3: engine.port: invalid type: string \"eighty\", expected a whole number ≥ 0; fix: write an integer\n",
+        ),
+        (engine("  port: 70000\n"), "error: K:10:3: engine.port: 70000 is out of range 1..=65535; fix: use a value between 1 and 65535\n"),
+        (
+            engine("  kv_cache_bytes: 2.5 parsecs\n"),
+            "error: K:10:3: engine.kv_cache_bytes: `2.5 parsecs` is not a byte size (unknown unit); write e.g. `2684354560`, `512MiB` or `2.5GiB`; fix: write a byte size\n",
+        ),
+        (
+            engine("tensor_parallel_size: 0\n"),
+            "error: K:10:1: tensor_parallel_size: 0 is not a positive multiple of the 1 node(s); fix: use 1 or another multiple of 1\n",
+        ),
+        (
+            engine("  max_num_batched_tokens: 8\n  speculative: {method: dspark, tokens: 3}\n"),
+            "error: K:10:3: engine.max_num_batched_tokens: 8 < max_num_seqs × (speculative tokens + 1) = 64; fix: raise it to at least 64\n",
+        ),
+        (
+            engine("  port: 8000\n  master_port: 8000\n"),
+            "error: K:11:3: engine.master_port: same as engine.port; fix: use a different port for the rendezvous\n",
+        ),
+        (
+            format!("{HEAD}    fabric: {{ipv4: 10.0.0.1}}\n  - name: a\n    fabric: {{ipv4: 10.0.0.2}}\ntensor_parallel_size: 2\n{ENGINE}"),
+            "error: K:8:5: nodes.1.name: duplicate node name `a`; fix: give every node a unique name\n",
+        ),
+        (
+            format!("name: t\nmodel:\n  source: tiny-dense\nnodes:\n  - name: a\n{ENGINE}"),
+            "error: K:4:1: nodes: no node has role head; fix: set role: head on exactly one node\n",
+        ),
+        (
+            format!("{HEAD}    fabric: {{ipv4: 10.0.0.1}}\n  - name: b\n    role: head\n    fabric: {{ipv4: 10.0.0.2}}\ntensor_parallel_size: 2\n{ENGINE}"),
+            "error: K:9:5: nodes.1.role: two heads (nodes.0, nodes.1); fix: set role: head on exactly one node and role: worker on the others\n",
+        ),
+        (
+            "- just\n- a list\n".to_string(),
+            "error: K:1:1: (top level): a kit must be a YAML mapping; fix: start the file with keys such as `name:` and `model:`\n",
+        ),
+        (
+            format!("{HEAD}{ENGINE}  extra_args: [--a\n"),
+            "error: K:11:1: YAML syntax error: while parsing a flow sequence, expected ',' or ']'\nhint: fix the YAML at that position (indentation, quotes, brackets)\n",
+        ),
+    ];
+    for (body, want) in &cases {
+        let (err, code) = bad_kit(body);
+        assert_eq!(code, 2, "{body}\n{err}");
+        assert_eq!(&err, want, "case:\n{body}");
+    }
+}
+
+#[test]
+fn bad_flags_and_env_name_their_source() {
+    let o = spark(&["config", "--kit", "tiny-cpu", "--set", "engine.port"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "error: flag --set engine.port: engine.port: missing `=`; fix: write --set KEY=VALUE, e.g. --set engine.port=8888\n"
+    );
+    let o = spark(&["config", "--kit", "tiny-cpu"], &[("SPARK_KIT_ENGIN__PORT", "1")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr(&o),
+        "error: env SPARK_KIT_ENGIN__PORT: engin.port: unknown key `engin`; fix: did you mean `engine`?\n"
+    );
+    let o = spark(&["config", "--kit", "no-such-kit"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).starts_with("error: no kit named `no-such-kit` and no such file; built-in kits: dgx-spark-2x-dsv41-exl3, tiny-cpu, tiny-cpu-2node\nhint: "));
+    let o = spark(&["config", "--no-such-flag"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn kits_lists_builtins_and_kit_show_prints_text() {
+    let o = spark(&["kits", "--json"], &[]);
+    assert!(o.status.success());
+    let v: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = v.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["dgx-spark-2x-dsv41-exl3", "tiny-cpu", "tiny-cpu-2node"]);
+    let o = spark(&["kit", "show", "tiny-cpu"], &[]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert_eq!(
+        text,
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/launch-kits/tiny-cpu.yaml")).unwrap()
+    );
+}
+
+#[test]
+fn completions_and_version() {
+    let o = spark(&["completions", "bash"], &[]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("spark-kit"));
+    let o = spark(&["--version"], &[]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), format!("spark-kit {}", env!("CARGO_PKG_VERSION")));
+}

@@ -1,0 +1,28 @@
+//! docs/configuration.md is generated from the schema and must not drift.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+#[test]
+fn configuration_md_matches_schema() {
+    let shape = spark_kit::kit::shape::kit_shape().unwrap();
+    let want = spark_kit::kit::reference::markdown(&shape);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");
+    if std::env::var_os("SPARK_KIT_TEST_BLESS").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "docs/configuration.md is out of date; regenerate: SPARK_KIT_TEST_BLESS=1 cargo test --test kit_reference"
+    );
+}
+
+#[test]
+fn every_key_is_documented_in_the_reference() {
+    let shape = spark_kit::kit::shape::kit_shape().unwrap();
+    let md = spark_kit::kit::reference::markdown(&shape);
+    for key in ["engine.port", "engine.kv_cache_bytes", "nodes[].fabric.ipv4", "memory.guard.policy", "paths.logs"] {
+        assert!(md.contains(&format!("| `{key}` |")), "{key} missing");
+    }
+}
