@@ -27,6 +27,13 @@ pub enum Command {
     Kit(KitCommand),
     /// Show the effective configuration (all layers applied).
     Config(ConfigArgs),
+    /// Create (or find) the kit's engine venv, cached by a hash of its requirements.
+    Setup(SetupArgs),
+    /// Bring the deployment up in the foreground; Ctrl-C or SIGTERM drains and stops it.
+    Up(UpArgs),
+    /// (internal) The engine process: embedded Python running vLLM. Started by `up`.
+    #[command(name = "__engine", hide = true)]
+    Engine(EngineArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell to generate for.
@@ -53,6 +60,43 @@ pub struct ConfigArgs {
     pub json: bool,
     #[command(flatten)]
     pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Print a JSON summary ({requirements, key, python, path, seconds, cached}).
+    #[arg(long)]
+    pub json: bool,
+    /// No progress lines.
+    #[arg(long, short)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Also show the engine's log lines, tagged with the node name.
+    #[arg(long, short)]
+    pub verbose: bool,
+    /// Seconds in-flight requests get to finish at shutdown (engine.shutdown_timeout_s).
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout: Option<String>,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// The engine venv.
+    #[arg(long)]
+    pub venv: std::path::PathBuf,
+    /// Seconds between SIGTERM and SIGKILL of the group when the parent dies.
+    #[arg(long, default_value_t = 30)]
+    pub grace: u64,
+    /// Arguments for `vllm` (after `--`).
+    #[arg(last = true, required = true)]
+    pub vllm: Vec<String>,
 }
 
 /// Kit selection and overrides, shared by every command that reads a kit.

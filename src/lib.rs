@@ -3,7 +3,12 @@
 //! The library never prints: commands write to the writer they are given, and long work
 //! reports through traits. `main.rs` owns the terminal and the exit code.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod commands;
+pub mod dirs;
+pub mod engine;
 pub mod error;
 pub mod kit;
+pub mod plan;
+pub mod supervisor;

@@ -13,7 +13,8 @@ fn main() -> ExitCode {
         std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut ctx = Context { env, out: &mut out };
+    let mut err_out = std::io::stderr();
+    let mut ctx = Context { env, out: &mut out, err: &mut err_out };
     let result = commands::run(cli, &mut ctx);
     let _ = out.flush();
     match result {

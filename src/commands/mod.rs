@@ -5,8 +5,12 @@
 
 pub mod completions;
 pub mod config;
+pub mod engine;
 pub mod kits;
 pub mod load;
+pub mod progress;
+pub mod setup;
+pub mod up;
 
 use std::io::Write;
 
@@ -18,6 +22,8 @@ pub struct Context<'a> {
     /// The process environment as pairs (the only place it is read is `main`).
     pub env: Vec<(String, String)>,
     pub out: &'a mut dyn Write,
+    /// Progress and human messages (stderr).
+    pub err: &'a mut dyn Write,
 }
 
 /// Run the parsed command line.
@@ -26,6 +32,9 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Command::Kits { json } => kits::list(json, ctx),
         Command::Kit(KitCommand::Show { kit }) => kits::show(kit.as_deref(), ctx),
         Command::Config(args) => config::run(&args, ctx),
+        Command::Setup(args) => setup::run(&args, ctx),
+        Command::Up(args) => up::run(&args, ctx),
+        Command::Engine(args) => engine::run(&args, ctx),
         Command::Completions { shell } => completions::run(shell, ctx),
     }
 }

@@ -17,7 +17,7 @@ use super::suggest::closest;
 pub const ENV_PREFIX: &str = "SPARK_KIT_";
 
 /// `SPARK_KIT_*` variables that are not kit keys.
-pub const ENV_RESERVED: &[&str] = &["SPARK_KIT_LOG"];
+pub const ENV_RESERVED: &[&str] = &["SPARK_KIT_LOG", "SPARK_KIT_CACHE"];
 
 /// Variables with this prefix belong to the test suite, not to kits.
 pub const ENV_TEST_PREFIX: &str = "SPARK_KIT_TEST_";

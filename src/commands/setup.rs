@@ -1,0 +1,38 @@
+//! `spark-kit setup`: the kit's engine venv.
+
+use super::{io_failure, load, progress::Lines, Context};
+use crate::cli::SetupArgs;
+use crate::dirs::Dirs;
+use crate::engine::{recipe::Recipe, venv};
+use crate::error::Failure;
+use crate::kit::schema::Runtime;
+
+pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let kit = &resolved.kit;
+    if kit.engine.runtime == Runtime::Docker {
+        return Err(Failure::usage(format!(
+            "kit {} runs the engine from the docker image {}; `setup` makes venvs only",
+            kit.name,
+            kit.engine.docker_image.as_deref().unwrap_or("?")
+        )));
+    }
+    let dirs = Dirs::from_env(&ctx.env);
+    let recipe = Recipe::load(&kit.engine.requirements).map_err(|e| Failure::usage(e.to_string()))?;
+    let reporter = Lines::new(args.quiet || args.json);
+    let info = venv::ensure(&dirs.cache, &recipe, &reporter).map_err(|e| {
+        let hint = e.log().map(|l| format!("full install log: {}", l.display()));
+        let f = Failure::runtime(e.to_string());
+        match hint {
+            Some(h) => f.with_hint(h),
+            None => f,
+        }
+    })?;
+    if args.json {
+        let text = serde_json::to_string_pretty(&info).map_err(|e| Failure::runtime(e.to_string()))?;
+        writeln!(ctx.out, "{text}").map_err(|e| io_failure(&e))
+    } else {
+        let how = if info.cached { "ready (cached)" } else { "built" };
+        writeln!(ctx.out, "engine venv {how}: {}", info.path.display()).map_err(|e| io_failure(&e))
+    }
+}

@@ -1,0 +1,62 @@
+//! Where spark-kit keeps things: the cache root and `~` expansion. Pure over the environment
+//! pairs `main` hands in.
+
+use std::path::{Path, PathBuf};
+
+/// Resolved base directories.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirs {
+    pub home: PathBuf,
+    /// `~/.cache/spark-kit` unless `SPARK_KIT_CACHE` is set.
+    pub cache: PathBuf,
+}
+
+fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    env.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
+}
+
+impl Dirs {
+    #[must_use]
+    pub fn from_env(env: &[(String, String)]) -> Self {
+        let home = PathBuf::from(get(env, "HOME").unwrap_or("/root"));
+        let cache = match (get(env, "SPARK_KIT_CACHE"), get(env, "XDG_CACHE_HOME")) {
+            (Some(c), _) => PathBuf::from(c),
+            (None, Some(x)) => Path::new(x).join("spark-kit"),
+            (None, None) => home.join(".cache/spark-kit"),
+        };
+        Self { home, cache }
+    }
+
+    /// Expand a leading `~/` (or a lone `~`) against the home directory.
+    #[must_use]
+    pub fn expand(&self, p: &str) -> PathBuf {
+        if p == "~" {
+            self.home.clone()
+        } else if let Some(rest) = p.strip_prefix("~/") {
+            self.home.join(rest)
+        } else {
+            PathBuf::from(p)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect()
+    }
+
+    #[test]
+    fn cache_precedence_and_tilde() {
+        let d = Dirs::from_env(&env(&[("HOME", "/h")]));
+        assert_eq!(d.cache, PathBuf::from("/h/.cache/spark-kit"));
+        assert_eq!(d.expand("~/x/y"), PathBuf::from("/h/x/y"));
+        assert_eq!(d.expand("/abs"), PathBuf::from("/abs"));
+        let d = Dirs::from_env(&env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/c")]));
+        assert_eq!(d.cache, PathBuf::from("/c/spark-kit"));
+        let d = Dirs::from_env(&env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/c"), ("SPARK_KIT_CACHE", "/s")]));
+        assert_eq!(d.cache, PathBuf::from("/s"));
+    }
+}

@@ -1,0 +1,11 @@
+//! The engine: the embedded Python overlay, the engine venv, the vLLM command per node, the
+//! engine process (PyO3 on its main thread) and its process group.
+
+pub mod argv;
+pub mod embed;
+pub mod model;
+pub mod overlay;
+pub mod pgroup;
+pub mod process;
+pub mod recipe;
+pub mod venv;

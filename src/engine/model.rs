@@ -1,0 +1,146 @@
+//! Where the served model comes from, per `model.source`: made locally (tiny kits), a local
+//! directory, or a snapshot in the Hugging Face cache.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::kit::schema::{Kit, ModelSource};
+
+/// Why the model directory is not available.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model.path {0} does not exist or has no config.json")]
+    MissingLocal(PathBuf),
+    #[error("{repo} is not in the Hugging Face cache {cache} (no refs/{revision}); run `spark-kit download`")]
+    NotDownloaded { repo: String, revision: String, cache: PathBuf },
+    #[error("the tiny model maker failed ({status}); see {log}")]
+    Maker { status: String, log: PathBuf },
+    #[error("cannot run the tiny model maker {python}: {source}")]
+    MakerStart { python: PathBuf, source: std::io::Error },
+    #[error("model.source `tiny-exl3` needs the EXL3 variant of the tiny model maker, which this build does not have; use `tiny-dense`")]
+    NoExl3Maker,
+}
+
+/// The cache directory of a repo: `models--owner--name`.
+#[must_use]
+pub fn repo_dir(hf_cache: &Path, repo: &str) -> PathBuf {
+    hf_cache.join(format!("models--{}", repo.replace('/', "--")))
+}
+
+/// The snapshot directory of `repo` at `revision` in the HF cache (a commit or a ref name).
+pub fn hub_snapshot(hf_cache: &Path, repo: &str, revision: &str) -> Result<PathBuf, ModelError> {
+    let dir = repo_dir(hf_cache, repo);
+    let is_commit = revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit());
+    let commit = if is_commit {
+        Some(revision.to_string())
+    } else {
+        fs::read_to_string(dir.join("refs").join(revision)).ok().map(|s| s.trim().to_string())
+    };
+    let missing =
+        || ModelError::NotDownloaded { repo: repo.into(), revision: revision.into(), cache: hf_cache.to_path_buf() };
+    let snap = dir.join("snapshots").join(commit.ok_or_else(missing)?);
+    if snap.join("config.json").exists() {
+        Ok(snap)
+    } else {
+        Err(missing())
+    }
+}
+
+/// Make (once) or find the model directory of `kit`. Tiny models are made by the overlay's
+/// maker with the engine venv's python into `<data_dir>/models/`, its output logged to `log`.
+pub fn ensure(
+    kit: &Kit,
+    data_dir: &Path,
+    hf_cache: &Path,
+    python: &Path,
+    overlay: &Path,
+    log: &Path,
+) -> Result<PathBuf, ModelError> {
+    match kit.model.source {
+        ModelSource::Local => {
+            let p = PathBuf::from(kit.model.path.clone().unwrap_or_default());
+            if p.join("config.json").exists() {
+                Ok(p)
+            } else {
+                Err(ModelError::MissingLocal(p))
+            }
+        }
+        ModelSource::Hub => hub_snapshot(hf_cache, &kit.model.repo, &kit.model.revision),
+        ModelSource::TinyExl3 => Err(ModelError::NoExl3Maker),
+        ModelSource::TinyDense => {
+            let maker = overlay.join("tools/make_tiny_model.py");
+            // The directory name carries the overlay's content hash, so a changed maker
+            // makes a new model rather than reusing an old one.
+            let tag = overlay.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let dir = data_dir.join("models").join(format!("tiny-dense-{tag}"));
+            if dir.join("config.json").exists() && dir.join("model.safetensors").exists() {
+                return Ok(dir);
+            }
+            if let Some(p) = log.parent() {
+                let _ = fs::create_dir_all(p);
+            }
+            let out =
+                fs::File::create(log).map_err(|source| ModelError::MakerStart { python: python.into(), source })?;
+            let err = out.try_clone().map_err(|source| ModelError::MakerStart { python: python.into(), source })?;
+            let status = Command::new(python)
+                .arg(&maker)
+                .arg("--out")
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                .status()
+                .map_err(|source| ModelError::MakerStart { python: python.into(), source })?;
+            if status.success() && dir.join("config.json").exists() {
+                Ok(dir)
+            } else {
+                Err(ModelError::Maker { status: status.to_string(), log: log.to_path_buf() })
+            }
+        }
+    }
+}
+
+/// The HF hub cache: kit `paths.hf_cache`, else `HF_HUB_CACHE`, `HF_HOME/hub`, `~/.cache/huggingface/hub`.
+#[must_use]
+pub fn hf_cache(configured: Option<&Path>, env: &[(String, String)], home: &Path) -> PathBuf {
+    let get = |k: &str| env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+    if let Some(p) = configured {
+        return p.to_path_buf();
+    }
+    if let Some(p) = get("HF_HUB_CACHE") {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = get("HF_HOME") {
+        return Path::new(&p).join("hub");
+    }
+    home.join(".cache/huggingface/hub")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hf_cache_precedence() {
+        let e = |v: &[(&str, &str)]| v.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect::<Vec<_>>();
+        let home = Path::new("/h");
+        assert_eq!(hf_cache(None, &e(&[]), home), PathBuf::from("/h/.cache/huggingface/hub"));
+        assert_eq!(hf_cache(None, &e(&[("HF_HOME", "/x")]), home), PathBuf::from("/x/hub"));
+        assert_eq!(hf_cache(None, &e(&[("HF_HOME", "/x"), ("HF_HUB_CACHE", "/y")]), home), PathBuf::from("/y"));
+        assert_eq!(hf_cache(Some(Path::new("/k")), &e(&[("HF_HUB_CACHE", "/y")]), home), PathBuf::from("/k"));
+    }
+
+    #[test]
+    fn hub_snapshot_via_ref() {
+        let t = tempfile::tempdir().unwrap();
+        let c = "a".repeat(40);
+        let repo = repo_dir(t.path(), "o/n");
+        fs::create_dir_all(repo.join("refs")).unwrap();
+        fs::write(repo.join("refs/main"), &c).unwrap();
+        assert!(matches!(hub_snapshot(t.path(), "o/n", "main"), Err(ModelError::NotDownloaded { .. })));
+        fs::create_dir_all(repo.join("snapshots").join(&c)).unwrap();
+        fs::write(repo.join("snapshots").join(&c).join("config.json"), "{}").unwrap();
+        assert_eq!(hub_snapshot(t.path(), "o/n", "main").unwrap(), repo.join("snapshots").join(&c));
+    }
+}

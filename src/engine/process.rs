@@ -1,0 +1,182 @@
+//! The engine as a child process: its own process group, oom_score_adj 1000, dies with its
+//! parent; stdout/stderr go to a log file (and, tagged, to a sink when asked); stopping it means
+//! stopping the whole group: SIGTERM, a drain window, SIGKILL, then a check from /proc.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use super::pgroup::{members, Stat};
+
+/// Receives each engine output line (for `--verbose` and the hang detector).
+pub type LineSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How to start one engine process.
+#[derive(Clone)]
+pub struct Launch {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// Added to a minimal base environment (PATH, HOME, LANG, TERM, USER, TMPDIR).
+    pub env: BTreeMap<String, String>,
+    pub log: PathBuf,
+    pub sink: Option<LineSink>,
+}
+
+/// A running engine and the group it leads.
+pub struct Engine {
+    child: Child,
+    pub pgid: i32,
+    pub log: PathBuf,
+    pumps: Vec<thread::JoinHandle<()>>,
+}
+
+/// Errors starting the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("cannot open the engine log {path}: {source}")]
+    Log { path: PathBuf, source: std::io::Error },
+    #[error("cannot start the engine {program}: {source}")]
+    Start { program: PathBuf, source: std::io::Error },
+}
+
+const BASE_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TERM", "USER", "LOGNAME", "TMPDIR"];
+
+/// Start the engine described by `launch`. `base_env` is the caller's environment, from which
+/// only [`BASE_ENV`] names are passed on.
+pub fn spawn(launch: &Launch, base_env: &[(String, String)]) -> Result<Engine, SpawnError> {
+    if let Some(dir) = launch.log.parent() {
+        fs::create_dir_all(dir).map_err(|source| SpawnError::Log { path: launch.log.clone(), source })?;
+    }
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&launch.log)
+        .map_err(|source| SpawnError::Log { path: launch.log.clone(), source })?;
+    let mut cmd = Command::new(&launch.program);
+    cmd.args(&launch.args).env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in base_env.iter().filter(|(k, _)| BASE_ENV.contains(&k.as_str())) {
+        cmd.env(k, v);
+    }
+    cmd.envs(&launch.env);
+    cmd.process_group(0);
+    // SAFETY: runs between fork and exec; prctl is async-signal-safe and touches no Rust state.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| SpawnError::Start { program: launch.program.clone(), source })?;
+    let pgid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    let log = Arc::new(Mutex::new(log));
+    let mut pumps = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        pumps.push(pump(out, Arc::clone(&log), launch.sink.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        pumps.push(pump(err, Arc::clone(&log), launch.sink.clone()));
+    }
+    Ok(Engine { child, pgid, log: launch.log.clone(), pumps })
+}
+
+fn pump(
+    stream: impl Read + Send + 'static,
+    log: Arc<Mutex<fs::File>>,
+    sink: Option<LineSink>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if let Ok(mut f) = log.lock() {
+                        let _ = f.write_all(&buf);
+                    }
+                    if let Some(s) = &sink {
+                        s(String::from_utf8_lossy(&buf).trim_end());
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// What stopping the group found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StopReport {
+    /// The group emptied after SIGTERM alone.
+    pub graceful: bool,
+    pub seconds: f64,
+    /// Processes still in the group at the end (must be empty).
+    pub survivors: Vec<String>,
+}
+
+impl Engine {
+    /// The engine's exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The process id of the engine (the group leader).
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM the group, wait up to `drain` for it to empty, then SIGKILL it and wait up to
+    /// ten more seconds; report what (if anything) survived.
+    pub fn stop(&mut self, drain: Duration) -> StopReport {
+        let started = Instant::now();
+        let pg = Pid::from_raw(self.pgid);
+        let _ = killpg(pg, Signal::SIGTERM);
+        let graceful = self.wait_empty(drain);
+        if !graceful {
+            let _ = killpg(pg, Signal::SIGKILL);
+            self.wait_empty(Duration::from_secs(10));
+        }
+        let _ = self.child.wait();
+        for p in self.pumps.drain(..) {
+            let _ = p.join();
+        }
+        let survivors = members(self.pgid).into_iter().map(|s: Stat| format!("{} ({})", s.pid, s.comm)).collect();
+        StopReport { graceful, seconds: started.elapsed().as_secs_f64(), survivors }
+    }
+
+    fn wait_empty(&mut self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            let _ = self.child.try_wait();
+            if members(self.pgid).is_empty() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The log's last `n` lines.
+    #[must_use]
+    pub fn log_tail(&self, n: usize) -> String {
+        super::venv::tail(&self.log, n)
+    }
+}
+
+/// Path of a node's engine log.
+#[must_use]
+pub fn log_path(logs: &Path, kit: &str, node: &str) -> PathBuf {
+    logs.join(format!("{kit}-{node}-engine.log"))
+}

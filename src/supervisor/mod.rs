@@ -1,0 +1,4 @@
+//! Bringing a deployment up and keeping it alive.
+
+pub mod health;
+pub mod local;

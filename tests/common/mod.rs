@@ -1,0 +1,58 @@
+//! Shared helpers of the integration tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The spark-kit binary under test, with a clean `SPARK_KIT_*` environment (test variables kept).
+pub fn spark_kit() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_spark-kit"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SPARK_KIT_") && !k.starts_with("SPARK_KIT_TEST_") && k != "SPARK_KIT_CACHE" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The tiny-cpu engine venv's python (from `spark-kit setup --json`, instant when built).
+pub fn venv_python() -> PathBuf {
+    let out = spark_kit().args(["setup", "--kit", "tiny-cpu", "--json"]).output().unwrap();
+    assert!(out.status.success(), "setup: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    PathBuf::from(v["path"].as_str().unwrap()).join("bin/python")
+}
+
+fn stats() -> Vec<spark_kit::engine::pgroup::Stat> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|s| spark_kit::engine::pgroup::parse_stat(&s))
+        .filter(|s| s.state != 'Z')
+        .collect()
+}
+
+/// Pids whose parent is `pid`.
+pub fn children_of(pid: i32) -> Vec<i32> {
+    stats().into_iter().filter(|s| s.ppid == pid).map(|s| s.pid).collect()
+}
+
+/// Live members of a process group, as "pid (comm)".
+pub fn group_members(pgid: i32) -> Vec<String> {
+    spark_kit::engine::pgroup::members(pgid).into_iter().map(|s| format!("{} ({})", s.pid, s.comm)).collect()
+}
+
+/// Every live process that looks like an engine or vLLM process, as (pid, comm).
+pub fn engine_processes() -> Vec<(i32, String)> {
+    stats()
+        .into_iter()
+        .filter(|s| s.comm.starts_with("VLLM") || s.comm == "spark-kit")
+        .map(|s| (s.pid, s.comm))
+        .collect()
+}

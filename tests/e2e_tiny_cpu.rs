@@ -1,0 +1,191 @@
+//! End to end on CPU: `spark-kit up --kit tiny-cpu` really serves through the overlay.
+//!
+//! Needs the tiny-cpu engine venv (`spark-kit setup --kit tiny-cpu`, ~4 min the first time);
+//! `tests/run-all.sh` builds it and sets SPARK_KIT_TEST_E2E=1. Without that variable these
+//! tests print why and skip. The tests share one lock: two vLLM servers on 2 cores only
+//! slow each other down.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{free_port, group_members, spark_kit, venv_python};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn enabled() -> bool {
+    if std::env::var_os("SPARK_KIT_TEST_E2E").is_some() {
+        return true;
+    }
+    eprintln!("skipping: SPARK_KIT_TEST_E2E is not set (run `bash tests/run-all.sh`, which builds the engine venv)");
+    false
+}
+
+struct Up {
+    child: Child,
+    stdout: Vec<String>,
+    engine_pgid: i32,
+}
+
+/// Start `up`, wait for its "ready" banner; returns the process and the engine's group.
+fn up(extra: &[&str], logs: &std::path::Path) -> Up {
+    let mut cmd = spark_kit();
+    cmd.args(["up", "--kit", "tiny-cpu", "--set", &format!("paths.logs={}", logs.display())]);
+    cmd.args(extra).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut stdout = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) => {
+                let done = line.starts_with("Ctrl-C");
+                stdout.push(line);
+                if done {
+                    break;
+                }
+            }
+            Err(_) => {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("up exited before ready: {status}; stdout: {stdout:?}");
+                }
+                assert!(Instant::now() < deadline, "not ready in 600 s");
+            }
+        }
+    }
+    let engine_pgid = common::children_of(child.id() as i32).into_iter().next().expect("engine child");
+    Up { child, stdout, engine_pgid }
+}
+
+fn interrupt_and_check_clean(mut u: Up) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(u.child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let t = Instant::now();
+    loop {
+        if group_members(u.engine_pgid).is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "engine group still alive 30 s after SIGINT: {:?}",
+            group_members(u.engine_pgid)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("engine group gone {:.1} s after SIGINT", t.elapsed().as_secs_f64());
+    let status = u.child.wait().unwrap();
+    assert!(status.success(), "up exit status {status}");
+}
+
+const CLIENT: &str = r#"
+import json, sys
+from openai import OpenAI
+c = OpenAI(base_url=sys.argv[1], api_key="none")
+models = [m.id for m in c.models.list().data]
+chat = c.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "def main():"}],
+                                 max_tokens=24, temperature=0)
+stream = c.completions.create(model="tiny-llama", prompt="import os\n", max_tokens=24, temperature=0, stream=True)
+pieces = [ch.choices[0].text for ch in stream if ch.choices]
+print(json.dumps({"models": models, "chat": chat.choices[0].message.content, "stream": "".join(pieces),
+                  "chunks": len(pieces)}))
+"#;
+
+fn query(base: &str) -> serde_json::Value {
+    let out = Command::new(venv_python()).args(["-c", CLIENT, base]).output().unwrap();
+    assert!(out.status.success(), "client failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn serves_chat_and_stream_deterministically_and_stops_clean() {
+    if !enabled() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let logs = tempfile::tempdir().unwrap();
+    let mut answers = Vec::new();
+    for boot in 0..2 {
+        let port = free_port();
+        let u = up(&["--port", &port.to_string()], logs.path());
+        assert!(u.stdout.iter().any(|l| l == &format!("endpoint: http://127.0.0.1:{port}/v1")), "{:?}", u.stdout);
+        let r = query(&format!("http://127.0.0.1:{port}/v1"));
+        assert_eq!(r["models"], serde_json::json!(["tiny-llama"]));
+        assert!(r["chunks"].as_u64().unwrap() > 1, "stream came in one piece: {r}");
+        answers.push((r["chat"].clone(), r["stream"].clone()));
+        interrupt_and_check_clean(u);
+        if boot == 0 {
+            // The overlay's plugin line: exactly once in every vLLM process.
+            let log = std::fs::read_to_string(logs.path().join("tiny-cpu-local-engine.log")).unwrap();
+            let pids: Vec<&str> = log
+                .lines()
+                .filter_map(|l| l.split("spark_overlay ").nth(1))
+                .filter_map(|l| l.split("registered in pid=").nth(1))
+                .map(|l| l.split_whitespace().next().unwrap_or(""))
+                .collect();
+            let mut unique = pids.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            eprintln!("overlay registered in pids {pids:?}");
+            assert!(unique.len() >= 2, "expected the API server and engine processes: {pids:?}");
+            assert_eq!(unique.len(), pids.len(), "a process logged the overlay twice: {pids:?}");
+        }
+    }
+    assert_eq!(answers[0], answers[1], "greedy output differs across boots");
+    assert!(!answers[0].0.as_str().unwrap_or_default().is_empty());
+}
+
+fn failing_up(extra: &[&str]) -> (i32, String) {
+    let logs = tempfile::tempdir().unwrap();
+    let mut cmd = spark_kit();
+    cmd.args(["up", "--kit", "tiny-cpu", "--set", &format!("paths.logs={}", logs.path().display())]);
+    cmd.args(extra);
+    let before = common::engine_processes();
+    let out = cmd.output().unwrap();
+    let after = common::engine_processes();
+    let leftover: Vec<_> = after.iter().filter(|p| !before.contains(p)).collect();
+    assert!(leftover.is_empty(), "processes left behind: {leftover:?}");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_inputs_fail_with_one_clear_error() {
+    if !enabled() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Port in use: refused before anything starts.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let (code, err) = failing_up(&["--port", &port]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&format!("error: port {port} on 127.0.0.1 is already in use")), "{err}");
+    assert!(err.contains("hint: stop what listens there or pick another port with --port"), "{err}");
+
+    // Missing venv python.
+    let (code, err) = failing_up(&["--port", &free_port().to_string(), "--set", "engine.venv=/nonexistent/venv"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("/nonexistent/venv/bin/python"), "{err}");
+
+    // Model dir missing.
+    let (code, err) = failing_up(&["--set", "model.source=local", "--set", "model.path=/nonexistent/model"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("error: model.path /nonexistent/model does not exist or has no config.json"), "{err}");
+
+    // vLLM exits during start (an argument it rejects).
+    let (code, err) =
+        failing_up(&["--port", &free_port().to_string(), "--set", "engine.extra_args=[--no-such-vllm-flag]"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("error: vLLM exited during start"), "{err}");
+    assert!(err.contains("hint: full engine log: "), "{err}");
+}
