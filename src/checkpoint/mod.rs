@@ -10,7 +10,7 @@ pub mod names;
 pub mod safetensors;
 pub mod virtual_ckpt;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -188,6 +188,12 @@ impl<'a> MarkerReader<'a> {
         Self { ckpt, open: HashMap::new() }
     }
 
+    /// Where the checkpoint came from.
+    #[must_use]
+    pub const fn origin(&self) -> &Origin {
+        &self.ckpt.origin
+    }
+
     /// The first 4 bytes of `t`'s data: read from the file (only those 4 bytes), or the recorded
     /// value of a virtual checkpoint (`None` when it recorded none).
     ///
@@ -252,16 +258,19 @@ fn index_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, CheckpointError
     let bad = |why: String| CheckpointError::Index { path: index.to_path_buf(), why };
     let text = std::fs::read(index).map_err(|source| CheckpointError::Io { path: index.to_path_buf(), source })?;
     let value: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let map = value.get("weight_map").and_then(serde_json::Value::as_object).ok_or_else(|| bad("no `weight_map` object".into()))?;
-    let mut files = BTreeMap::new();
+    let map = value
+        .get("weight_map")
+        .and_then(serde_json::Value::as_object)
+        .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let mut files = BTreeSet::new();
     for (tensor, file) in map {
         let file = file.as_str().ok_or_else(|| bad(format!("`weight_map[{tensor}]` is not a file name")))?;
         if file.contains('/') || file.contains('\\') || file == ".." {
             return Err(bad(format!("`weight_map[{tensor}]` = `{file}` is not a plain file name")));
         }
-        files.insert(file.to_string(), ());
+        files.insert(file.to_string());
     }
-    let files: Vec<PathBuf> = files.into_keys().map(|f| dir.join(f)).collect();
+    let files: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
     if let Some(missing) = files.iter().find(|f| !f.is_file()) {
         return Err(bad(format!("names shard `{}`, which is missing", missing.display())));
     }

@@ -89,7 +89,10 @@ pub enum Split {
 /// What a module prefix (a tensor name without its last component) means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Role {
+    /// The reporting class (MTP blocks report as [`Class::Mtp`]).
     pub class: Class,
+    /// What the tensor is regardless of MTP (an MTP expert is `RoutedExperts` here).
+    pub base: Class,
     /// Decoder layer, when the name has one (`layers.N.`); MTP layers keep their own index.
     pub layer: Option<u32>,
     pub split: Split,
@@ -122,12 +125,7 @@ pub fn classify(prefix: &str, num_hidden_layers: u32) -> Role {
     };
     let has = |s: &str| parts.contains(&s);
     // The leaf: for `wo_a.slice.3` the module is `wo_a`.
-    let leaf = parts
-        .iter()
-        .rev()
-        .find(|p| p.parse::<u32>().is_err() && **p != "slice")
-        .copied()
-        .unwrap_or_default();
+    let leaf = parts.iter().rev().find(|p| p.parse::<u32>().is_err() && **p != "slice").copied().unwrap_or_default();
     let layer = layer_of(parts).or_else(|| mtp_index(parts));
     let is_mtp = mtp_index(parts).is_some()
         || parts.first() == Some(&"mtp")
@@ -164,6 +162,8 @@ pub fn classify(prefix: &str, num_hidden_layers: u32) -> Role {
         (Class::Norm, Split::Replicated)
     } else if has("attn") || has("self_attn") {
         (Class::Attention, split_of_leaf())
+    } else if leaf == "main_proj" || leaf == "eh_proj" {
+        (Class::Mtp, Split::Replicated)
     } else if (has("ffn") || has("mlp")) && (leaf == "gate" || leaf == "router") {
         (Class::Router, Split::Replicated)
     } else if has("mlp") || has("ffn") {
@@ -176,8 +176,9 @@ pub fn classify(prefix: &str, num_hidden_layers: u32) -> Role {
         (Class::Other, Split::Replicated)
     };
     // MTP is its own class for reporting, but keeps the split of what the matrix is.
+    let base = class;
     let class = if is_mtp && !matches!(class, Class::Norm | Class::Router | Class::Other) { Class::Mtp } else { class };
-    Role { class, layer, split }
+    Role { class, base, layer, split }
 }
 
 #[cfg(test)]
@@ -200,6 +201,7 @@ mod tests {
         let r = classify("mtp.0.ffn.experts.3.w2", 40);
         assert_eq!((r.class, r.split), (Class::Mtp, Split::Row));
         assert_eq!(classify("model.layers.40.attn.wq_b", 40).class, Class::Mtp);
+        assert_eq!(classify("mtp.0.main_proj", 40).class, Class::Mtp);
         assert_eq!(classify("head", 40).class, Class::Head);
         assert_eq!(classify("embed", 40).split, Split::VocabRows);
         assert_eq!(classify("layers.2.ffn.gate", 40).class, Class::Router);

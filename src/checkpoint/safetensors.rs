@@ -361,7 +361,7 @@ fn parse_header_json(path: &Path, json: &[u8], header_len: u64, file_len: u64) -
         }
         tensors.push(tensor);
     }
-    tensors.sort_by(|a, b| (a.begin, a.end).cmp(&(b.begin, b.end)));
+    tensors.sort_by_key(|t| (t.begin, t.end));
     let gaps = check_layout(path, &tensors, data_len)?;
     Ok(ShardHeader { path: path.to_path_buf(), header_len, file_len, metadata, tensors, gaps })
 }
@@ -402,10 +402,8 @@ fn parse_entry(path: &Path, name: String, value: &Value) -> Result<TensorHeader,
         .map(Value::as_u64)
         .collect::<Option<Vec<u64>>>()
         .ok_or_else(|| bad(&name, "`shape` holds something other than non-negative integers"))?;
-    let offsets = obj
-        .get("data_offsets")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad(&name, "missing array `data_offsets`"))?;
+    let offsets =
+        obj.get("data_offsets").and_then(Value::as_array).ok_or_else(|| bad(&name, "missing array `data_offsets`"))?;
     let (begin, end) = match offsets.as_slice() {
         [b, e] => match (b.as_u64(), e.as_u64()) {
             (Some(b), Some(e)) => (b, e),

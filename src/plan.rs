@@ -1,0 +1,533 @@
+//! The per-node memory plan (`spark-kit plan`): pure functions over numbers from the kit, the
+//! checkpoint headers (weight budget) and, when run on a node, its measured memory.
+//!
+//! Per node: weights (per rank × ranks on the node) + KV pool + runtime overhead (CUDA context,
+//! NCCL, graphs) + OS reserve, against the node's memory → headroom. The boot rule is the
+//! reference kit's: MemAvailable ≥ weights + boot margin (reference-kit.md A.3 step 9). The
+//! largest safe prompt comes from the reference kit's measured prefill floor (reference-kit.md D):
+//! the MemAvailable floor comes during long prefill, each +0.5 GiB of KV pool costs ≈ 1 GiB of
+//! it, and a 3 GiB pool died at ~470k tokens of a 600k prompt.
+//!
+//! Every number that is not an input carries its source in [`Plan::assumptions`]; every warning
+//! carries a fix.
+
+use serde::Serialize;
+
+use crate::kit::bytes::{GIB, MIB};
+use crate::kit::schema::{GuardPolicy, Kit};
+
+/// A value the plan relies on and where it comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Assumption {
+    pub name: String,
+    pub value: String,
+    pub source: String,
+}
+
+/// Something that will go wrong, and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Warning {
+    pub node: Option<String>,
+    pub message: String,
+    pub fix: String,
+}
+
+/// One node as the planner sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeInput {
+    pub name: String,
+    /// Total memory (kit `memory_total`, or MemTotal measured on the node).
+    pub memory_total: Option<u64>,
+    /// Where `memory_total` came from.
+    pub memory_source: String,
+    /// MemAvailable measured on the node now, if `plan` runs there.
+    pub mem_available: Option<u64>,
+}
+
+/// Everything the planner needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlanInput {
+    /// Weights on the largest rank (from the weight budget).
+    pub weights_per_rank: u64,
+    /// Where that number came from (a checkpoint directory, a virtual checkpoint, …).
+    pub weights_source: String,
+    pub tensor_parallel_size: u32,
+    pub nodes: Vec<NodeInput>,
+    /// KV pool per rank (`--kv-cache-memory-bytes`).
+    pub kv_cache_bytes: u64,
+    /// KV bytes per token (0 = unknown).
+    pub kv_bytes_per_token: u64,
+    pub max_model_len: u64,
+    /// Per rank.
+    pub runtime_overhead: u64,
+    /// Per node.
+    pub os_reserve: u64,
+    pub boot_margin: u64,
+    /// The memory guard's hard floor, `None` when the guard is off.
+    pub guard_hard_floor: Option<u64>,
+}
+
+/// The KV pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KvPlan {
+    pub pool_bytes: u64,
+    pub bytes_per_token: u64,
+    /// `pool_bytes / bytes_per_token` (None when bytes per token is unknown).
+    pub tokens: Option<u64>,
+}
+
+/// The boot margin check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BootCheck {
+    /// Weights on the node + boot margin.
+    pub required_mem_available: u64,
+    pub mem_available: u64,
+    /// `measured` or how it was estimated.
+    pub mem_available_source: String,
+    pub ok: bool,
+}
+
+/// What limits the largest safe prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptLimit {
+    MaxModelLen,
+    KvPool,
+    PrefillFloor,
+    GuardHardFloor,
+}
+
+/// The long-prefill memory floor and the largest safe prompt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PrefillPlan {
+    /// Predicted MemAvailable floor during a prefill of `max_model_len` tokens (may be negative).
+    pub floor_at_max_model_len: i64,
+    /// MemAvailable the prefill must stay above: the derived OOM floor + safety margin, or the
+    /// guard's hard floor if that is higher.
+    pub required_floor: i64,
+    pub safe_max_prompt: u64,
+    pub limited_by: PromptLimit,
+}
+
+/// One node's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodePlan {
+    pub name: String,
+    pub ranks: u32,
+    pub memory_total: Option<u64>,
+    pub memory_source: String,
+    pub weights: u64,
+    pub kv_pool: u64,
+    pub runtime_overhead: u64,
+    pub os_reserve: u64,
+    /// weights + kv_pool + runtime_overhead + os_reserve.
+    pub committed: u64,
+    /// memory_total − committed (None when the memory is unknown).
+    pub headroom: Option<i64>,
+    pub boot: Option<BootCheck>,
+    pub prefill: Option<PrefillPlan>,
+}
+
+/// The whole plan (`spark-kit plan --json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub weights_per_rank: u64,
+    pub weights_source: String,
+    pub tensor_parallel_size: u32,
+    pub kv: KvPlan,
+    pub max_model_len: u64,
+    pub nodes: Vec<NodePlan>,
+    pub assumptions: Vec<Assumption>,
+    pub warnings: Vec<Warning>,
+}
+
+/// The reference kit's measurements the prefill model is calibrated on (reference-kit.md D).
+mod reference {
+    use super::GIB;
+    /// "Memory per node (121.7 GiB)".
+    pub const MEMORY_GIB: f64 = 121.7;
+    /// "weights/rank 99.5 GiB".
+    pub const WEIGHTS_GIB: f64 = 99.5;
+    /// "KV 2.5" GiB pool.
+    pub const POOL_GIB: f64 = 2.5;
+    /// "context/NCCL/graphs ~5–7" GiB: midpoint.
+    pub const OVERHEAD_GIB: f64 = 6.0;
+    /// "processes/OS/desktop ~9" GiB.
+    pub const OS_GIB: f64 = 9.0;
+    /// "long-prefill floor 2.56 at 455k / 2.1 at 601k" (head MemAvailable, GiB).
+    pub const FLOOR_A: (f64, f64) = (455_000.0, 2.56);
+    pub const FLOOR_B: (f64, f64) = (601_000.0, 2.10);
+    /// "+0.5 GiB pool ≈ −1 GiB prefill margin": GiB of floor lost per GiB of pool.
+    pub const POOL_SENSITIVITY: f64 = 2.0;
+    /// "A 3 GiB pool dies at ~470k of 600k".
+    pub const DEATH_POOL_GIB: f64 = 3.0;
+    pub const DEATH_TOKENS: f64 = 470_000.0;
+    /// spark-kit's margin above the derived OOM floor: half the swing that +0.5 GiB of pool causes.
+    pub const SAFETY_MARGIN_GIB: f64 = 0.5;
+
+    /// Planned headroom of the reference configuration.
+    pub fn headroom_gib() -> f64 {
+        MEMORY_GIB - WEIGHTS_GIB - POOL_GIB - OVERHEAD_GIB - OS_GIB
+    }
+    /// Slope of the floor with prompt length, GiB per token.
+    pub fn slope() -> f64 {
+        (FLOOR_B.1 - FLOOR_A.1) / (FLOOR_B.0 - FLOOR_A.0)
+    }
+    /// Floor of the reference configuration at `tokens`, GiB.
+    pub fn floor_gib(tokens: f64) -> f64 {
+        FLOOR_A.1 + slope() * (tokens - FLOOR_A.0)
+    }
+    /// The floor at which the 3 GiB pool died (GiB): the reference floor at ~470k, less the pool effect.
+    pub fn death_floor_gib() -> f64 {
+        floor_gib(DEATH_TOKENS) - POOL_SENSITIVITY * (DEATH_POOL_GIB - POOL_GIB)
+    }
+    #[allow(clippy::cast_precision_loss)]
+    pub fn gib(bytes: u64) -> f64 {
+        bytes as f64 / GIB as f64
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn gib_i(bytes: i64) -> f64 {
+    bytes as f64 / GIB as f64
+}
+
+/// GiB → bytes, rounded toward zero; saturates far outside any real memory size.
+#[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+fn bytes_of(gib: f64) -> i64 {
+    (gib * GIB as f64) as i64
+}
+
+fn fmt_gib(bytes: u64) -> String {
+    format!("{:.2} GiB", reference::gib(bytes))
+}
+
+fn fmt_gib_i(bytes: i64) -> String {
+    format!("{:.2} GiB", gib_i(bytes))
+}
+
+/// Planner input from a kit: node memory from the kit (or measured, via `measured`:
+/// `(node name, MemTotal, MemAvailable)`), weights from a budget.
+#[must_use]
+pub fn input_from_kit(
+    kit: &Kit,
+    weights_per_rank: u64,
+    weights_source: impl Into<String>,
+    measured: &[(String, u64, u64)],
+) -> PlanInput {
+    let node_input = |name: &str, kit_total: Option<u64>| {
+        let m = measured.iter().find(|(n, _, _)| n == name);
+        let (memory_total, memory_source) = match (m, kit_total) {
+            (Some((_, total, _)), _) => (Some(*total), "measured: /proc/meminfo MemTotal".to_string()),
+            (None, Some(t)) => (Some(t), "kit: nodes[].memory_total".to_string()),
+            (None, None) => (None, "unknown: the kit sets no nodes[].memory_total".to_string()),
+        };
+        NodeInput { name: name.to_string(), memory_total, memory_source, mem_available: m.map(|(_, _, a)| *a) }
+    };
+    let nodes = if kit.nodes.is_empty() {
+        vec![node_input("local", None)]
+    } else {
+        kit.nodes.iter().map(|n| node_input(&n.name, n.memory_total.map(|b| b.bytes()))).collect()
+    };
+    PlanInput {
+        weights_per_rank,
+        weights_source: weights_source.into(),
+        tensor_parallel_size: kit.tensor_parallel_size,
+        nodes,
+        kv_cache_bytes: kit.engine.kv_cache_bytes.bytes(),
+        kv_bytes_per_token: kit.engine.kv_bytes_per_token,
+        max_model_len: kit.engine.max_model_len,
+        runtime_overhead: kit.memory.runtime_overhead.bytes(),
+        os_reserve: kit.memory.os_reserve.bytes(),
+        boot_margin: kit.memory.boot_margin.bytes(),
+        guard_hard_floor: (kit.memory.guard.policy != GuardPolicy::Off).then(|| kit.memory.guard.hard_floor.bytes()),
+    }
+}
+
+/// KV tokens in a pool: `pool / bytes_per_token`, rounded down (None when bytes per token is 0).
+#[must_use]
+pub fn kv_tokens(pool_bytes: u64, bytes_per_token: u64) -> Option<u64> {
+    pool_bytes.checked_div(bytes_per_token)
+}
+
+/// The sources every plan relies on.
+fn base_assumptions(input: &PlanInput) -> Vec<Assumption> {
+    let a = |name: &str, value: String, source: &str| Assumption {
+        name: name.to_string(),
+        value,
+        source: source.to_string(),
+    };
+    vec![
+        a("weights per rank", fmt_gib(input.weights_per_rank), &input.weights_source),
+        a("KV pool per rank", fmt_gib(input.kv_cache_bytes), "kit: engine.kv_cache_bytes"),
+        a("KV bytes per token", input.kv_bytes_per_token.to_string(), "kit: engine.kv_bytes_per_token"),
+        a("runtime overhead per rank", fmt_gib(input.runtime_overhead), "kit: memory.runtime_overhead (reference-kit.md D: context/NCCL/graphs ~5–7 GiB)"),
+        a("OS reserve per node", fmt_gib(input.os_reserve), "kit: memory.os_reserve (reference-kit.md D: processes/OS/desktop ~9 GiB)"),
+        a("boot margin", fmt_gib(input.boot_margin), "kit: memory.boot_margin; rule MemAvailable ≥ weights + margin (reference-kit.md A.3 step 9)"),
+        a(
+            "prefill floor vs prompt",
+            format!("{:.2} GiB at 455k, {:.2} GiB at 601k tokens, linear", reference::FLOOR_A.1, reference::FLOOR_B.1),
+            "reference-kit.md D: head MemAvailable long-prefill floor, DeepSeek V4.1 Flash TP2 on GB10, 2.5 GiB pool",
+        ),
+        a(
+            "prefill floor vs KV pool",
+            format!("−{:.1} GiB of floor per +1 GiB of pool", reference::POOL_SENSITIVITY),
+            "reference-kit.md D: +0.5 GiB pool ≈ −1 GiB prefill margin",
+        ),
+        a(
+            "OOM floor",
+            format!("{:.2} GiB", reference::death_floor_gib()),
+            "derived from reference-kit.md D: a 3 GiB pool died at ~470k of a 600k prompt",
+        ),
+        a(
+            "safety margin above the OOM floor",
+            format!("{:.2} GiB", reference::SAFETY_MARGIN_GIB),
+            "spark-kit: half the 1 GiB swing of +0.5 GiB pool (run-to-run variance)",
+        ),
+        a(
+            "reference headroom",
+            format!("{:.2} GiB", reference::headroom_gib()),
+            "reference-kit.md D: 121.7 − 99.5 weights − 2.5 KV − ~6 runtime − ~9 OS; other headroom shifts the floor 1:1",
+        ),
+    ]
+}
+
+/// Predicted prefill floor (GiB) at `tokens` for a node with `headroom_gib` and `pool_gib`.
+fn floor_gib(tokens: f64, headroom_gib: f64, pool_gib: f64) -> f64 {
+    // Headroom already counts the pool once; the reference's sensitivity is twice that.
+    reference::floor_gib(tokens) + (headroom_gib - reference::headroom_gib())
+        - (reference::POOL_SENSITIVITY - 1.0) * (pool_gib - reference::POOL_GIB)
+}
+
+/// Largest prompt (tokens) whose predicted floor stays at or above `required_gib`.
+fn tokens_for_floor(required_gib: f64, headroom_gib: f64, pool_gib: f64) -> u64 {
+    let at_zero = floor_gib(0.0, headroom_gib, pool_gib);
+    if at_zero < required_gib {
+        return 0;
+    }
+    // The slope is negative: floor(t) = at_zero + slope·t.
+    let t = (required_gib - at_zero) / reference::slope();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let t = if t.is_finite() && t > 0.0 { t.min(1e15) as u64 } else { 0 };
+    t
+}
+
+fn prefill_plan(input: &PlanInput, headroom: i64, tokens: Option<u64>) -> PrefillPlan {
+    let headroom_gib = gib_i(headroom);
+    let pool_gib = reference::gib(input.kv_cache_bytes);
+    let oom_required = reference::death_floor_gib() + reference::SAFETY_MARGIN_GIB;
+    let guard = input.guard_hard_floor.map(reference::gib);
+    let (required, floor_limit) = match guard {
+        Some(g) if g > oom_required => (g, PromptLimit::GuardHardFloor),
+        _ => (oom_required, PromptLimit::PrefillFloor),
+    };
+    let by_floor = tokens_for_floor(required, headroom_gib, pool_gib);
+    let mut limits = vec![(input.max_model_len, PromptLimit::MaxModelLen), (by_floor, floor_limit)];
+    if let Some(t) = tokens {
+        limits.push((t, PromptLimit::KvPool));
+    }
+    let (safe, limited_by) = limits.into_iter().min_by_key(|(t, _)| *t).unwrap_or((0, PromptLimit::PrefillFloor));
+    #[allow(clippy::cast_precision_loss)]
+    let at_max = floor_gib(input.max_model_len as f64, headroom_gib, pool_gib);
+    PrefillPlan {
+        floor_at_max_model_len: bytes_of(at_max),
+        required_floor: bytes_of(required),
+        safe_max_prompt: safe,
+        limited_by,
+    }
+}
+
+/// Build the plan.
+#[must_use]
+pub fn plan(input: &PlanInput) -> Plan {
+    let mut warnings = Vec::new();
+    let warn =
+        |node: Option<&str>, message: String, fix: String| Warning { node: node.map(str::to_string), message, fix };
+    let tp = input.tensor_parallel_size.max(1);
+    let node_count = u32::try_from(input.nodes.len()).unwrap_or(u32::MAX).max(1);
+    let ranks = tp.div_ceil(node_count);
+    if tp % node_count != 0 {
+        warnings.push(warn(
+            None,
+            format!(
+                "tensor_parallel_size {tp} is not a multiple of the {node_count} nodes; planned {ranks} ranks per node"
+            ),
+            "set tensor_parallel_size to a multiple of the number of nodes".into(),
+        ));
+    }
+    let tokens = kv_tokens(input.kv_cache_bytes, input.kv_bytes_per_token);
+    match tokens {
+        None => warnings.push(warn(
+            None,
+            "KV bytes per token unknown: cannot size the KV pool in tokens or bound the prompt by it".into(),
+            "set engine.kv_bytes_per_token (3466 for DeepSeek V4.1 Flash fp8_ds_mla: 774,400 tokens in 2.5 GiB, reference-kit.md D)".into(),
+        )),
+        Some(t) if t < input.max_model_len => {
+            let need = input.max_model_len.saturating_mul(input.kv_bytes_per_token);
+            warnings.push(warn(
+                None,
+                format!("the KV pool holds {t} tokens, fewer than max_model_len {}", input.max_model_len),
+                format!(
+                    "raise engine.kv_cache_bytes to at least {need} ({}) or lower engine.max_model_len to {t}",
+                    fmt_gib(need)
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
+
+    let nodes = input
+        .nodes
+        .iter()
+        .map(|n| {
+            let r = u64::from(ranks);
+            let weights = input.weights_per_rank.saturating_mul(r);
+            let kv_pool = input.kv_cache_bytes.saturating_mul(r);
+            let runtime_overhead = input.runtime_overhead.saturating_mul(r);
+            let committed =
+                weights.saturating_add(kv_pool).saturating_add(runtime_overhead).saturating_add(input.os_reserve);
+            let headroom = n
+                .memory_total
+                .map(|t| i64::try_from(t).unwrap_or(i64::MAX) - i64::try_from(committed).unwrap_or(i64::MAX));
+            let boot = n.memory_total.map(|total| {
+                let required = weights.saturating_add(input.boot_margin);
+                let (available, source) = match n.mem_available {
+                    Some(a) => (a, "measured: /proc/meminfo MemAvailable".to_string()),
+                    None => {
+                        (total.saturating_sub(input.os_reserve), "estimated: memory_total − os_reserve".to_string())
+                    }
+                };
+                BootCheck {
+                    required_mem_available: required,
+                    mem_available: available,
+                    mem_available_source: source,
+                    ok: available >= required,
+                }
+            });
+            let prefill = headroom.map(|h| prefill_plan(input, h, tokens));
+            node_warnings(input, n, weights, headroom, boot.as_ref(), prefill.as_ref(), &mut warnings);
+            NodePlan {
+                name: n.name.clone(),
+                ranks,
+                memory_total: n.memory_total,
+                memory_source: n.memory_source.clone(),
+                weights,
+                kv_pool,
+                runtime_overhead,
+                os_reserve: input.os_reserve,
+                committed,
+                headroom,
+                boot,
+                prefill,
+            }
+        })
+        .collect();
+
+    Plan {
+        weights_per_rank: input.weights_per_rank,
+        weights_source: input.weights_source.clone(),
+        tensor_parallel_size: tp,
+        kv: KvPlan { pool_bytes: input.kv_cache_bytes, bytes_per_token: input.kv_bytes_per_token, tokens },
+        max_model_len: input.max_model_len,
+        nodes,
+        assumptions: base_assumptions(input),
+        warnings,
+    }
+}
+
+fn node_warnings(
+    input: &PlanInput,
+    n: &NodeInput,
+    weights: u64,
+    headroom: Option<i64>,
+    boot: Option<&BootCheck>,
+    prefill: Option<&PrefillPlan>,
+    out: &mut Vec<Warning>,
+) {
+    let node = Some(n.name.clone());
+    let Some(headroom) = headroom else {
+        out.push(Warning {
+            node,
+            message: "node memory unknown: no headroom, boot check or prompt limit".into(),
+            fix: format!("set memory_total for node `{}` in the kit, or run `spark-kit plan` on that node", n.name),
+        });
+        return;
+    };
+    if headroom < 0 {
+        out.push(Warning {
+            node: node.clone(),
+            message: format!("planned use exceeds the node's memory by {}", fmt_gib_i(-headroom)),
+            fix: format!(
+                "free {}: lower engine.kv_cache_bytes or memory.runtime_overhead, use a smaller quant, or add nodes",
+                fmt_gib_i(-headroom)
+            ),
+        });
+    }
+    if let Some(b) = boot.filter(|b| !b.ok) {
+        out.push(Warning {
+            node: node.clone(),
+            message: format!(
+                "MemAvailable {} < weights {} + boot margin {} = {} ({})",
+                fmt_gib(b.mem_available),
+                fmt_gib(weights),
+                fmt_gib(input.boot_margin),
+                fmt_gib(b.required_mem_available),
+                b.mem_available_source
+            ),
+            fix: format!(
+                "free {} on the node before boot (stop other containers/processes, drop page cache)",
+                fmt_gib(b.required_mem_available - b.mem_available)
+            ),
+        });
+    }
+    if let Some(p) = prefill.filter(|p| p.floor_at_max_model_len < p.required_floor) {
+        let short = p.required_floor - p.floor_at_max_model_len;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let pool_cut = ((gib_i(short) / reference::POOL_SENSITIVITY) * 1024.0).ceil().max(1.0) as u64 * MIB;
+        let why = if p.limited_by == PromptLimit::GuardHardFloor {
+            "the memory guard's hard floor"
+        } else {
+            "the OOM floor + safety margin"
+        };
+        out.push(Warning {
+            node,
+            message: format!(
+                "a {}-token prefill is predicted to take MemAvailable down to {}, below {} ({why}); prompts are safe up to {} tokens",
+                input.max_model_len,
+                fmt_gib_i(p.floor_at_max_model_len),
+                fmt_gib_i(p.required_floor),
+                p.safe_max_prompt
+            ),
+            fix: format!(
+                "lower engine.max_model_len to {}, or shrink engine.kv_cache_bytes by {} (each 0.5 GiB less raises the floor ~1 GiB){}",
+                p.safe_max_prompt,
+                fmt_gib(pool_cut),
+                if p.limited_by == PromptLimit::GuardHardFloor { ", or lower memory.guard.hard_floor" } else { "" }
+            ),
+        });
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_model_reproduces_its_own_anchors() {
+        assert!((reference::floor_gib(455_000.0) - 2.56).abs() < 1e-9);
+        assert!((reference::floor_gib(601_000.0) - 2.10).abs() < 1e-9);
+        // 3 GiB pool at 470k sits exactly on the derived OOM floor.
+        let h = reference::headroom_gib() - 0.5;
+        assert!((floor_gib(470_000.0, h, 3.0) - reference::death_floor_gib()).abs() < 1e-9);
+        // Empty-prompt floor ≈ MemAvailable after warm-up (4.07–4.21 GiB, reference-kit.md D).
+        let idle = reference::floor_gib(0.0);
+        assert!((3.9..4.3).contains(&idle), "{idle}");
+    }
+
+    #[test]
+    fn kv_tokens_is_floor_division() {
+        assert_eq!(kv_tokens(2_684_354_560, 3466), Some(774_481));
+        assert_eq!(kv_tokens(10, 0), None);
+    }
+}
