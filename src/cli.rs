@@ -34,6 +34,10 @@ pub enum Command {
     /// (internal) The engine process: embedded Python running vLLM. Started by `up`.
     #[command(name = "__engine", hide = true)]
     Engine(EngineArgs),
+    /// Check a checkpoint; `--structure` audits the EXL3 headers (K, codebook markers, shapes).
+    Verify(VerifyArgs),
+    /// Per-node memory plan: weights per rank, KV pool in tokens, headroom, boot margin, safe prompt.
+    Plan(PlanArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell to generate for.
@@ -97,6 +101,43 @@ pub struct EngineArgs {
     /// Arguments for `vllm` (after `--`).
     #[arg(last = true, required = true)]
     pub vllm: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Header-only EXL3 structural audit: every packed matrix's trellis/suh/svh/marker, K vs the kit's k_map.
+    #[arg(long)]
+    pub structure: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Checkpoint directory (or one .safetensors file); default: the kit's model.path.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<std::path::PathBuf>,
+    /// Audit the modelled DeepSeek V4.1 Flash EXL3 checkpoint (shapes only, no files).
+    #[arg(long = "virtual", conflicts_with = "model")]
+    pub r#virtual: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Checkpoint directory for the weight budget; default: the kit's model.path, else the modelled
+    /// DeepSeek V4.1 Flash EXL3 checkpoint for kits that serve it.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<std::path::PathBuf>,
+    /// Use the modelled DeepSeek V4.1 Flash EXL3 checkpoint (shapes only, no files).
+    #[arg(long = "virtual", conflicts_with = "model")]
+    pub r#virtual: bool,
+    /// Measure this machine's MemTotal/MemAvailable (/proc/meminfo) for the kit's local node.
+    #[arg(long)]
+    pub measure: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
 }
 
 /// Kit selection and overrides, shared by every command that reads a kit.

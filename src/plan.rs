@@ -97,6 +97,19 @@ pub enum PromptLimit {
     GuardHardFloor,
 }
 
+impl PromptLimit {
+    /// Snake-case name, as in JSON.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            PromptLimit::MaxModelLen => "max_model_len",
+            PromptLimit::KvPool => "kv_pool",
+            PromptLimit::PrefillFloor => "prefill_floor",
+            PromptLimit::GuardHardFloor => "guard_hard_floor",
+        }
+    }
+}
+
 /// The long-prefill memory floor and the largest safe prompt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PrefillPlan {
@@ -242,6 +255,19 @@ pub fn input_from_kit(
         boot_margin: kit.memory.boot_margin.bytes(),
         guard_hard_floor: (kit.memory.guard.policy != GuardPolicy::Off).then(|| kit.memory.guard.hard_floor.bytes()),
     }
+}
+
+/// `(MemTotal, MemAvailable)` in bytes from the text of `/proc/meminfo` (`None` if either is missing).
+#[must_use]
+pub fn parse_meminfo(text: &str) -> Option<(u64, u64)> {
+    let field = |key: &str| {
+        text.lines().find_map(|l| {
+            let rest = l.strip_prefix(key)?.strip_prefix(':')?.trim();
+            let kib: u64 = rest.strip_suffix("kB").unwrap_or(rest).trim().parse().ok()?;
+            kib.checked_mul(1024)
+        })
+    };
+    Some((field("MemTotal")?, field("MemAvailable")?))
 }
 
 /// KV tokens in a pool: `pool / bytes_per_token`, rounded down (None when bytes per token is 0).
@@ -523,6 +549,13 @@ mod tests {
         // Empty-prompt floor ≈ MemAvailable after warm-up (4.07–4.21 GiB, reference-kit.md D).
         let idle = reference::floor_gib(0.0);
         assert!((3.9..4.3).contains(&idle), "{idle}");
+    }
+
+    #[test]
+    fn meminfo() {
+        let text = "MemTotal:       127601076 kB\nMemFree:         1000 kB\nMemAvailable:   4264000 kB\n";
+        assert_eq!(parse_meminfo(text), Some((127_601_076 * 1024, 4_264_000 * 1024)));
+        assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
     }
 
     #[test]

@@ -8,9 +8,11 @@ pub mod config;
 pub mod engine;
 pub mod kits;
 pub mod load;
+pub mod plan;
 pub mod progress;
 pub mod setup;
 pub mod up;
+pub mod verify;
 
 use std::io::Write;
 
@@ -35,6 +37,8 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Command::Setup(args) => setup::run(&args, ctx),
         Command::Up(args) => up::run(&args, ctx),
         Command::Engine(args) => engine::run(&args, ctx),
+        Command::Verify(args) => verify::run(&args, ctx),
+        Command::Plan(args) => plan::run(&args, ctx),
         Command::Completions { shell } => completions::run(shell, ctx),
     }
 }

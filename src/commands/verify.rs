@@ -1,0 +1,155 @@
+//! `spark-kit verify --structure [--json]`: the header-only EXL3 structural audit.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use super::{io_failure, load, Context};
+use crate::checkpoint::exl3_audit::{audit, AuditOptions, AuditReport, Severity};
+use crate::checkpoint::virtual_ckpt::{deepseek_v41_flash_exl3, DeepSeekV41Dims};
+use crate::checkpoint::Checkpoint;
+use crate::cli::VerifyArgs;
+use crate::error::Failure;
+use crate::kit::bytes::{GIB, KIB, MIB};
+use crate::kit::schema::Kit;
+
+/// Findings printed in the human report before "… and N more".
+const MAX_FINDINGS_SHOWN: usize = 40;
+
+/// Whether the kit serves the checkpoint the virtual model describes.
+fn is_dsv41_flash_exl3(kit: &Kit) -> bool {
+    kit.model.repo.to_ascii_lowercase().contains("deepseek-v4.1-flash-exl3")
+}
+
+/// The checkpoint a command works on: `--model`, else the kit's `model.path`, else (when
+/// `allow_virtual`) the modelled DeepSeek V4.1 Flash for kits that serve it. Returns it with a
+/// label saying where it came from.
+pub(super) fn checkpoint_for(
+    kit: &Kit,
+    model: Option<&PathBuf>,
+    use_virtual: bool,
+    allow_virtual: bool,
+) -> Result<(Checkpoint, String), Failure> {
+    let modelled = || {
+        deepseek_v41_flash_exl3(&DeepSeekV41Dims::default())
+            .map(|c| (c, "virtual DeepSeek V4.1 Flash EXL3 (modelled shapes, no files)".to_string()))
+            .map_err(|e| Failure::runtime(e.to_string()))
+    };
+    if use_virtual {
+        return modelled();
+    }
+    let path = model.cloned().or_else(|| kit.model.path.as_ref().map(PathBuf::from));
+    match path {
+        Some(p) => {
+            let ckpt = Checkpoint::open(&p).map_err(|e| Failure::runtime(e.to_string()))?;
+            Ok((ckpt, format!("checkpoint headers in {}", p.display())))
+        }
+        None if allow_virtual && is_dsv41_flash_exl3(kit) => modelled(),
+        None => Err(Failure::usage(format!("kit `{}` names no local checkpoint directory", kit.name)).with_hint(
+            "pass --model DIR (a directory of *.safetensors shards), or --virtual for the modelled DeepSeek V4.1 Flash",
+        )),
+    }
+}
+
+/// `812.0 KiB`, `3.4 MiB`, `182.571 GiB`.
+#[allow(clippy::cast_precision_loss)]
+fn size(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes >= GIB {
+        format!("{:.3} GiB", b / GIB as f64)
+    } else if bytes >= MIB {
+        format!("{:.1} MiB", b / MIB as f64)
+    } else {
+        format!("{:.1} KiB", b / KIB as f64)
+    }
+}
+
+pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    if !args.structure {
+        return Err(Failure::usage("`verify` needs a check to run").with_hint(
+            "`spark-kit verify --structure` audits the EXL3 checkpoint headers; size and hash checks come with `download`",
+        ));
+    }
+    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let kit = &resolved.kit;
+    let (ckpt, label) = checkpoint_for(kit, args.model.as_ref(), args.r#virtual, false)?;
+    let report =
+        audit(&ckpt, &AuditOptions { k_map: kit.model.k_map.clone() }).map_err(|e| Failure::runtime(e.to_string()))?;
+    let text = if args.json {
+        serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
+    } else {
+        human(&report, &label)
+    };
+    writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
+    match report.errors() {
+        0 => Ok(()),
+        n => Err(Failure::runtime(format!("{n} structural error(s) in the checkpoint ({label})"))
+            .with_hint("a checkpoint with structural errors will not load; re-download the named shards")),
+    }
+}
+
+fn human(r: &AuditReport, label: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{label}: {} shards, {} tensors, {}", r.shards, r.tensors, size(r.total_bytes));
+    let codebooks: Vec<String> = r.codebooks.iter().map(|(c, n)| format!("{} {n}", c.name())).collect();
+    let _ = writeln!(
+        s,
+        "packed matrices {}, native tensors {}, codebooks: {}{}",
+        r.packed_matrices,
+        r.native_tensors,
+        if codebooks.is_empty() { "none".to_string() } else { codebooks.join(", ") },
+        if r.markers_checked { "" } else { " (marker bytes not checked)" }
+    );
+    let _ = writeln!(
+        s,
+        "\n{:<15} {:>7} {:>7} {:>12} {:>6} {:>8}  K",
+        "CLASS", "PACKED", "NATIVE", "SIZE", "BPW", "EFF.BPW"
+    );
+    for c in &r.classes {
+        let ks: Vec<String> = c.k_counts.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+        let (bpw, eff) = if c.packed_matrices > 0 {
+            (format!("{:.3}", c.bpw), format!("{:.3}", c.effective_bpw))
+        } else {
+            ("-".into(), "-".into())
+        };
+        let line = format!(
+            "{:<15} {:>7} {:>7} {:>12} {:>6} {:>8}  {}",
+            c.class.name(),
+            c.packed_matrices,
+            c.native_tensors,
+            size(c.bytes),
+            bpw,
+            eff,
+            ks.join(" ")
+        );
+        let _ = writeln!(s, "{}", line.trim_end());
+    }
+    if !r.k_map_disagreements.is_empty() {
+        let _ = writeln!(s, "\nK map disagreements (the trellis wins, as at load):");
+        for d in &r.k_map_disagreements {
+            let layer = d.layer.map(|l| format!(" layer {l}")).unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "  {}{layer}: k_map `{}` = {}, trellis K = {} ({} matrices, e.g. `{}`)",
+                d.class.name(),
+                d.key,
+                d.expected,
+                d.trellis,
+                d.matrices,
+                d.example
+            );
+        }
+    }
+    if r.findings.is_empty() {
+        let _ = writeln!(s, "\nno structural problems");
+    } else {
+        let _ = writeln!(s);
+        for f in r.findings.iter().take(MAX_FINDINGS_SHOWN) {
+            let sev = if f.severity == Severity::Error { "error" } else { "warning" };
+            let _ = writeln!(s, "{sev}: {}", f.message);
+        }
+        if r.findings.len() > MAX_FINDINGS_SHOWN {
+            let _ = writeln!(s, "… and {} more (see --json)", r.findings.len() - MAX_FINDINGS_SHOWN);
+        }
+    }
+    s
+}

@@ -1,0 +1,90 @@
+//! `spark-kit verify --structure` and `spark-kit plan` through the real binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common_ckpt;
+
+use std::process::{Command, Output};
+
+use common_ckpt::{packed, write_safetensors, Marker, Rng};
+
+fn spark(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_spark-kit"));
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("SPARK_KIT_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn verify_structure_clean_and_broken() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = Rng::new(5);
+    let mut specs = Vec::new();
+    packed(&mut specs, &mut rng, "model.layers.0.mlp.gate_proj", 256, 512, 48, Marker::Mul1);
+    packed(&mut specs, &mut rng, "lm_head", 256, 1024, 96, Marker::Mul1);
+    let file = dir.path().join("model.safetensors");
+    write_safetensors(&file, &specs);
+    let dir_s = dir.path().to_str().unwrap();
+
+    let o = spark(&["verify", "--structure", "--kit", "tiny-cpu", "--model", dir_s]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("packed matrices 2, native tensors 0, codebooks: mul1 2"), "{out}");
+    assert!(out.contains("no structural problems"), "{out}");
+
+    let o = spark(&["verify", "--structure", "--json", "--kit", "tiny-cpu", "--model", dir_s]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["packed_matrices"], 2);
+    assert_eq!(json["classes"][0]["class"], "head");
+
+    specs.retain(|s| s.name != "lm_head.svh");
+    write_safetensors(&file, &specs);
+    let o = spark(&["verify", "--structure", "--kit", "tiny-cpu", "--model", dir_s]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stdout).contains("error: packed matrix `lm_head` has no `lm_head.svh` (F16 [1024])"));
+    assert!(text(&o.stderr).contains("error: 1 structural error(s) in the checkpoint"), "{}", text(&o.stderr));
+
+    let o = spark(&["verify", "--kit", "tiny-cpu", "--model", dir_s]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("hint: `spark-kit verify --structure`"));
+}
+
+#[test]
+fn verify_header_error_names_the_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    std::fs::write(&file, 1_000_000u64.to_le_bytes()).unwrap();
+    let o = spark(&["verify", "--structure", "--kit", "tiny-cpu", "--model", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        text(&o.stderr).lines().next().unwrap(),
+        format!(
+            "error: {}: header length 1000000 runs past the end of the 8-byte file (truncated or corrupt shard)",
+            file.display()
+        )
+    );
+}
+
+#[test]
+fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
+    let o = spark(&["plan", "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["kv"]["tokens"], 774_481);
+    assert_eq!(json["nodes"].as_array().unwrap().len(), 2);
+    assert!(json["weights_source"].as_str().unwrap().contains("virtual DeepSeek V4.1 Flash"));
+    let o = spark(&["plan", "--kv-cache-bytes", "3GiB", "--set", "memory.os_reserve=12GiB"]);
+    let out = text(&o.stdout);
+    assert!(out.contains("warning: spark-1: a 600000-token prefill is predicted"), "{out}");
+    assert!(out.contains("  fix: lower engine.max_model_len to"), "{out}");
+    let o = spark(&["plan", "--kit", "tiny-cpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("hint: pass --model DIR"), "{}", text(&o.stderr));
+}
