@@ -9,6 +9,18 @@ export CARGO_TERM_COLOR=never
 
 step() { printf '\n== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 
+step "system packages (tests/apt-packages.txt)"
+mapfile -t pkgs < <(grep -vE '^\s*(#|$)' tests/apt-packages.txt)
+missing=()
+for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p"); done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "missing packages (need root to install): ${missing[*]}; tests that need them will say so and skip" >&2
+  fi
+fi
+
 step "cargo fmt --check"
 cargo fmt --check
 
