@@ -123,6 +123,17 @@ fn index_json_names_the_shards() {
     let index = dir.path().join("model.safetensors.index.json");
     std::fs::write(&index, json!({"metadata": {}, "weight_map": weight_map}).to_string()).unwrap();
     assert_eq!(Checkpoint::open(dir.path()).unwrap().shards.len(), 3);
+    // An index entry whose shard lacks the tensor: the download is incomplete.
+    let mut stale = weight_map.clone();
+    stale.insert("head.trellis".into(), json!("model-00001-of-00003.safetensors"));
+    std::fs::write(&index, json!({"weight_map": stale}).to_string()).unwrap();
+    let e = Checkpoint::open(dir.path()).unwrap_err().to_string();
+    let want = format!(
+        "`weight_map` puts `head.trellis` in `model-00001-of-00003.safetensors`, but it is in `{}`",
+        paths[2].display()
+    );
+    assert!(e.ends_with(&want), "{e}");
+    std::fs::write(&index, json!({"metadata": {}, "weight_map": weight_map}).to_string()).unwrap();
     std::fs::remove_file(&paths[1]).unwrap();
     let e = Checkpoint::open(dir.path()).unwrap_err().to_string();
     assert!(e.contains("model-00002-of-00003.safetensors") && e.contains("missing"), "{e}");

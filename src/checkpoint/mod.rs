@@ -10,7 +10,7 @@ pub mod names;
 pub mod safetensors;
 pub mod virtual_ckpt;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -107,10 +107,11 @@ impl Checkpoint {
     /// # Errors
     /// Unreadable files, malformed headers, a broken index, a tensor in two shards.
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
-        let (dir, files) = if path.is_file() {
-            (path.parent().map(Path::to_path_buf).unwrap_or_default(), vec![path.to_path_buf()])
+        let (dir, files, index) = if path.is_file() {
+            (path.parent().map(Path::to_path_buf).unwrap_or_default(), vec![path.to_path_buf()], None)
         } else {
-            (path.to_path_buf(), shard_files(path)?)
+            let (files, index) = shard_files(path)?;
+            (path.to_path_buf(), files, index)
         };
         let mut shards = Vec::with_capacity(files.len());
         let mut tensors = Vec::new();
@@ -131,7 +132,31 @@ impl Checkpoint {
                 end: t.end,
             }));
         }
-        Self::assemble(Origin::Files { dir }, shards, tensors, HashMap::new())
+        let ckpt = Self::assemble(Origin::Files { dir }, shards, tensors, HashMap::new())?;
+        if let Some(index) = index {
+            ckpt.check_index(&index)?;
+        }
+        Ok(ckpt)
+    }
+
+    /// Every tensor the index names must be in the shard it names.
+    fn check_index(&self, index: &Index) -> Result<(), CheckpointError> {
+        for (tensor, file) in &index.weight_map {
+            let found = self.get(tensor).map(|t| self.shard_path(t));
+            let expected = index.dir.join(file);
+            if found.as_ref() != Some(&expected) {
+                let why = match found {
+                    Some(other) => {
+                        format!("`weight_map` puts `{tensor}` in `{file}`, but it is in `{}`", other.display())
+                    }
+                    None => {
+                        format!("`weight_map` names `{tensor}` in `{file}`, which does not hold it (incomplete shard?)")
+                    }
+                };
+                return Err(CheckpointError::Index { path: index.path.clone(), why });
+            }
+        }
+        Ok(())
     }
 
     /// Build a checkpoint from parts (used by the virtual checkpoint): sorts by name and refuses
@@ -222,15 +247,22 @@ impl<'a> MarkerReader<'a> {
     }
 }
 
-/// The shard files of a checkpoint directory, in order.
-fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+/// `model.safetensors.index.json`: which shard holds which tensor.
+struct Index {
+    path: PathBuf,
+    dir: PathBuf,
+    weight_map: BTreeMap<String, String>,
+}
+
+/// The shard files of a checkpoint directory, in order, and its index if it has one.
+fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<Index>), CheckpointError> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
-        return index_files(dir, &index);
+        return index_files(dir, &index).map(|(f, i)| (f, Some(i)));
     }
     let single = dir.join("model.safetensors");
     if single.is_file() {
-        return Ok(vec![single]);
+        return Ok((vec![single], None));
     }
     let io = |source| CheckpointError::Io { path: dir.to_path_buf(), source };
     let mut all = Vec::new();
@@ -250,11 +282,11 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     if files.is_empty() {
         return Err(CheckpointError::NoShards { dir: dir.to_path_buf() });
     }
-    Ok(files)
+    Ok((files, None))
 }
 
 /// Shards named by `model.safetensors.index.json`'s `weight_map`.
-fn index_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+fn index_files(dir: &Path, index: &Path) -> Result<(Vec<PathBuf>, Index), CheckpointError> {
     let bad = |why: String| CheckpointError::Index { path: index.to_path_buf(), why };
     let text = std::fs::read(index).map_err(|source| CheckpointError::Io { path: index.to_path_buf(), source })?;
     let value: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
@@ -263,12 +295,14 @@ fn index_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, CheckpointError
         .and_then(serde_json::Value::as_object)
         .ok_or_else(|| bad("no `weight_map` object".into()))?;
     let mut files = BTreeSet::new();
+    let mut weight_map = BTreeMap::new();
     for (tensor, file) in map {
         let file = file.as_str().ok_or_else(|| bad(format!("`weight_map[{tensor}]` is not a file name")))?;
         if file.contains('/') || file.contains('\\') || file == ".." {
             return Err(bad(format!("`weight_map[{tensor}]` = `{file}` is not a plain file name")));
         }
         files.insert(file.to_string());
+        weight_map.insert(tensor.clone(), file.to_string());
     }
     let files: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
     if let Some(missing) = files.iter().find(|f| !f.is_file()) {
@@ -277,5 +311,5 @@ fn index_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, CheckpointError
     if files.is_empty() {
         return Err(CheckpointError::NoShards { dir: dir.to_path_buf() });
     }
-    Ok(files)
+    Ok((files, Index { path: index.to_path_buf(), dir: dir.to_path_buf(), weight_map }))
 }
