@@ -78,7 +78,7 @@ def test_register_twice_logs_once_and_returns_same(fresh, vllm_log):
     assert first.pid == os.getpid()
     assert first.overlay_version == spark_overlay.__version__
     assert plugin.release_of(first.vllm_version) in plugin.SUPPORTED_VLLM_VERSIONS
-    assert first.providers == ()
+    assert first.providers == tuple(p.name for p in plugin.PROVIDERS)
     assert fresh.registration() is first
 
     lines = _overlay_lines(vllm_log)
