@@ -3,12 +3,16 @@
 //! The library never prints: commands write to the writer they are given, and long work
 //! reports through traits. `main.rs` owns the terminal and the exit code.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
+pub mod cluster;
 pub mod commands;
 pub mod dirs;
 pub mod engine;
 pub mod error;
+pub mod hub;
 pub mod kit;
+pub mod memguard;
 pub mod plan;
 pub mod supervisor;

@@ -152,6 +152,8 @@ pub struct Node {
     pub ssh_user: Option<String>,
     /// SSH port (transport `ssh`).
     pub ssh_port: u32,
+    /// Extra `ssh` options (transport `ssh`), e.g. `[-i, ~/.ssh/spark, -o, UserKnownHostsFile=/x]`.
+    pub ssh_options: Vec<String>,
     /// Command prefix (transport `exec`), e.g. `[ip, netns, exec, spark2]`.
     pub exec_prefix: Vec<String>,
     /// The node's fabric (the link between nodes).
@@ -171,6 +173,7 @@ impl Default for Node {
             ssh_host: None,
             ssh_user: None,
             ssh_port: 22,
+            ssh_options: Vec::new(),
             exec_prefix: Vec::new(),
             fabric: Fabric::default(),
             memory_total: None,

@@ -1,0 +1,274 @@
+//! The node agent (`spark-kit node --rank N`): owns this node's engine. Commands arrive as JSON
+//! lines on stdin, events leave as JSON lines on stdout. When stdin closes (the supervisor is
+//! gone, or ssh dropped) the agent stops its engine and exits: no orphans.
+
+use std::io::{BufRead, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::protocol::{decode, encode, Command, Event, VERSION};
+use crate::dirs::Dirs;
+use crate::engine::process::{Engine, LineSink};
+use crate::engine::venv::SetupReporter;
+use crate::kit::schema::{Kit, Role};
+use crate::supervisor::health::probe_host;
+use crate::supervisor::{hang, local};
+
+/// Where events go (stdout in production, a buffer in tests).
+pub trait Emit {
+    fn emit(&mut self, ev: &Event);
+}
+
+/// JSON lines on a writer; a write error means the supervisor is gone, which stdin EOF reports.
+pub struct JsonLines<W: Write>(pub W);
+impl<W: Write> Emit for JsonLines<W> {
+    fn emit(&mut self, ev: &Event) {
+        if let Ok(line) = encode(ev) {
+            let _ = writeln!(self.0, "{line}");
+            let _ = self.0.flush();
+        }
+    }
+}
+
+/// Phases of preparation, reported as events.
+struct PhaseEvents<'a> {
+    out: std::sync::Mutex<&'a mut dyn Emit>,
+}
+impl SetupReporter for PhaseEvents<'_> {
+    fn step(&self, index: usize, total: usize, label: &str) {
+        if let Ok(mut o) = self.out.lock() {
+            o.emit(&Event::Phase { name: "setup".into(), detail: format!("[{index}/{total}] {label}") });
+        }
+    }
+    fn step_done(&self, _: &str, _: f64) {}
+}
+impl local::UpReporter for PhaseEvents<'_> {
+    fn phase(&self, name: &str, detail: &str) {
+        if let Ok(mut o) = self.out.lock() {
+            o.emit(&Event::Phase { name: name.into(), detail: detail.into() });
+        }
+    }
+    fn phase_done(&self, _: &str, _: f64) {}
+}
+
+/// `HTTP/1.x 200 …` → 200.
+#[must_use]
+pub fn status_code(status_line: &str) -> Option<u16> {
+    let mut parts = status_line.split_whitespace();
+    let proto = parts.next()?;
+    if !proto.starts_with("HTTP/") {
+        return None;
+    }
+    parts.next()?.parse().ok()
+}
+
+/// One `/health` probe with a short timeout; true on 200.
+#[must_use]
+pub fn probe_health(host: &str, port: u32) -> bool {
+    let Some(addr) = (host, u16::try_from(port).unwrap_or(0)).to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return false;
+    };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
+    if s.write_all(format!("GET /health HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).unwrap_or(0);
+    let head = String::from_utf8_lossy(&buf[..n]);
+    status_code(head.lines().next().unwrap_or_default()) == Some(200)
+}
+
+struct Running {
+    engine: Engine,
+    kit: Box<Kit>,
+    node: usize,
+    started: Instant,
+    exited_reported: bool,
+    ready_reported: bool,
+}
+
+/// Run the agent until stdin closes. `env` is the process environment.
+pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'static, out: &mut dyn Emit) -> i32 {
+    let (tx, rx) = mpsc::channel::<Option<String>>();
+    std::thread::spawn(move || {
+        let reader = std::io::BufReader::new(input);
+        for line in reader.lines() {
+            match line {
+                Ok(l) => {
+                    if tx.send(Some(l)).is_err() {
+                        return;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let _ = tx.send(None);
+    });
+    let name = format!("rank{rank}");
+    out.emit(&Event::Hello {
+        version: env!("CARGO_PKG_VERSION").into(),
+        protocol: VERSION,
+        node: name,
+        pid: std::process::id(),
+    });
+    let dirs = Dirs::from_env(env);
+    let clock = Instant::now();
+    let last_line = Arc::new(AtomicU64::new(0));
+    let mut running: Option<Running> = None;
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(Some(line)) => match decode::<Command>(&line) {
+                Ok(Command::Start { kit, node }) => {
+                    if let Some(r) = running.as_mut() {
+                        if r.engine.try_wait().is_none() {
+                            out.emit(&Event::Error { message: "an engine is already running on this node".into(), fatal: false });
+                            continue;
+                        }
+                    }
+                    last_line.store(ms(clock), Ordering::Relaxed);
+                    match start(&kit, node, &dirs, env, &last_line, clock, out) {
+                        Ok(engine) => {
+                            out.emit(&Event::Started { pgid: engine.pgid, log: engine.log.display().to_string() });
+                            running = Some(Running {
+                                engine,
+                                kit,
+                                node,
+                                started: Instant::now(),
+                                exited_reported: false,
+                                ready_reported: false,
+                            });
+                        }
+                        Err(message) => out.emit(&Event::Error { message, fatal: false }),
+                    }
+                }
+                Ok(Command::Stop { drain_s }) => stop(&mut running, drain_s, out),
+                Ok(Command::CheckFiles { root, files }) => out.emit(&check_files(&dirs.expand(&root), &files)),
+                Err(e) => out.emit(&Event::Error { message: e.to_string(), fatal: false }),
+            },
+            Ok(None) | Err(RecvTimeoutError::Disconnected) => {
+                let drain = running.as_ref().map_or(0, |r| u64::from(r.kit.engine.shutdown_timeout_s) + 5);
+                stop(&mut running, drain, out);
+                return 0;
+            }
+            Err(RecvTimeoutError::Timeout) => heartbeat(&mut running, &last_line, clock, out),
+        }
+    }
+}
+
+fn ms(clock: Instant) -> u64 {
+    u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+fn start(
+    kit: &Kit,
+    node: usize,
+    dirs: &Dirs,
+    env: &[(String, String)],
+    last_line: &Arc<AtomicU64>,
+    clock: Instant,
+    out: &mut dyn Emit,
+) -> Result<Engine, String> {
+    if node >= kit.nodes.len() {
+        return Err(format!("node index {node} is not in the kit ({} nodes)", kit.nodes.len()));
+    }
+    let prep = {
+        let rep = PhaseEvents { out: std::sync::Mutex::new(out) };
+        local::prepare(kit, dirs, env, &rep).map_err(|e| e.to_string())?
+    };
+    if kit.nodes[node].role == Role::Head {
+        local::check_port(&kit.engine.host, kit.engine.port).map_err(|e| e.to_string())?;
+    }
+    let ll = Arc::clone(last_line);
+    let sink: LineSink = Arc::new(move |line: &str| {
+        if hang::counts_as_progress(line) {
+            ll.store(ms(clock), Ordering::Relaxed);
+        }
+    });
+    let key = local::api_key(kit, env, dirs)?;
+    let extra: Vec<(String, String)> = key.into_iter().map(|k| ("VLLM_API_KEY".to_string(), k)).collect();
+    local::launch(kit, node, &prep, env, &extra, Some(sink)).map_err(|e| e.to_string())
+}
+
+fn stop(running: &mut Option<Running>, drain_s: u64, out: &mut dyn Emit) {
+    if let Some(mut r) = running.take() {
+        let rep = r.engine.stop(Duration::from_secs(drain_s));
+        out.emit(&Event::Stopped { graceful: rep.graceful, seconds: rep.seconds, survivors: rep.survivors });
+    } else {
+        out.emit(&Event::Stopped { graceful: true, seconds: 0.0, survivors: Vec::new() });
+    }
+}
+
+fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instant, out: &mut dyn Emit) {
+    let mem_available =
+        std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| crate::plan::parse_meminfo(&t)).map(|(_, a)| a);
+    let quiet_s = (ms(clock).saturating_sub(last_line.load(Ordering::Relaxed))) as f64 / 1000.0;
+    let Some(r) = running.as_mut() else {
+        out.emit(&Event::Heartbeat { engine_alive: false, quiet_s: 0.0, mem_available, healthy: None });
+        return;
+    };
+    if let Some(status) = r.engine.try_wait() {
+        if !r.exited_reported {
+            r.exited_reported = true;
+            out.emit(&Event::Exited { status: status.to_string(), log_tail: r.engine.log_tail(20) });
+        }
+        out.emit(&Event::Heartbeat { engine_alive: false, quiet_s, mem_available, healthy: None });
+        return;
+    }
+    let healthy = (r.kit.nodes[r.node].role == Role::Head)
+        .then(|| probe_health(probe_host(&r.kit.engine.host), r.kit.engine.port));
+    if healthy == Some(true) && !r.ready_reported {
+        r.ready_reported = true;
+        out.emit(&Event::Ready { seconds: r.started.elapsed().as_secs_f64() });
+    }
+    out.emit(&Event::Heartbeat { engine_alive: true, quiet_s, mem_available, healthy });
+}
+
+fn check_files(root: &std::path::Path, files: &[String]) -> Event {
+    let mut present = Vec::new();
+    let mut missing = Vec::new();
+    for f in files {
+        match std::fs::metadata(root.join(f)) {
+            Ok(m) if m.is_file() => present.push((f.clone(), m.len())),
+            _ => missing.push(f.clone()),
+        }
+    }
+    Event::Files { present, missing }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines() {
+        assert_eq!(status_code("HTTP/1.1 200 OK"), Some(200));
+        assert_eq!(status_code("HTTP/1.0 503 Service Unavailable"), Some(503));
+        assert_eq!(status_code("garbage"), None);
+    }
+
+    struct Buf(Vec<Event>);
+    impl Emit for Buf {
+        fn emit(&mut self, ev: &Event) {
+            self.0.push(ev.clone());
+        }
+    }
+
+    #[test]
+    fn agent_says_hello_answers_files_and_exits_on_eof() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), b"xyz").unwrap();
+        let cmd = encode(&Command::CheckFiles { root: dir.path().display().to_string(), files: vec!["a".into(), "b".into()] })
+            .unwrap();
+        let input = std::io::Cursor::new(format!("{cmd}\nnot json\n").into_bytes());
+        let mut out = Buf(Vec::new());
+        assert_eq!(run(1, &[], input, &mut out), 0);
+        assert!(matches!(out.0[0], Event::Hello { .. }));
+        assert!(out.0.contains(&Event::Files { present: vec![("a".into(), 3)], missing: vec!["b".into()] }));
+        assert!(out.0.iter().any(|e| matches!(e, Event::Error { fatal: false, .. })));
+        assert!(matches!(out.0.last(), Some(Event::Stopped { .. })));
+    }
+}
