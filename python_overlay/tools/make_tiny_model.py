@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -80,6 +81,8 @@ MODEL_CONFIG = {
     "pad_token_id": PAD_ID,
     "torch_dtype": "float32",
 }
+log = logging.getLogger("make_tiny_model")
+
 DEFAULT_TRAIN_STEPS = 300
 TRAIN_BATCH = 8
 TRAIN_SEQ_LEN = 128
@@ -195,7 +198,7 @@ def build_model(seed: int, train_steps: int, token_ids: list[int]):
             optimizer.step()
             final_loss = float(loss.detach())
             if (step + 1) % 50 == 0 or step + 1 == train_steps:
-                print(f"train step {step + 1}/{train_steps} loss {final_loss:.3f}", file=sys.stderr)
+                log.info("train step %d/%d loss %.3f", step + 1, train_steps, final_loss)
         model.eval()
     return model, final_loss
 
@@ -311,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"training steps after init, 0 = random weights ({DEFAULT_TRAIN_STEPS})",
     )
     args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="make_tiny_model: %(message)s")
     if args.train_steps < 0:
         parser.error("--train-steps must be >= 0")
     # Only the summary goes to stdout; anything a library prints goes to stderr.
