@@ -310,6 +310,10 @@ fn header_errors_name_file_and_tensor() {
             "s.safetensors: tensor `t`: U8 [4294967296, 4294967296] overflows a 64-bit byte count",
         ),
         (r#"{"__metadata__":{"a":1}}"#, "s.safetensors: `__metadata__` key `a` is 1, expected a string"),
+        (
+            r#"{"t":5}"#,
+            "s.safetensors: header is not valid JSON: tensor `t`: invalid type: integer `5`, expected a tensor entry object at line 1 column 6",
+        ),
         (r#"[1,2]"#, "s.safetensors: header is not valid JSON: invalid type: sequence, expected a JSON object of tensor entries at line 1 column 0"),
     ];
     for (json, want) in cases {

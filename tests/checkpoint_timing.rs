@@ -1,7 +1,8 @@
 //! `verify --structure` speed: the header-only audit over a 39-shard checkpoint of the real
 //! DeepSeek V4.1 Flash EXL3 layout (47,892 packed matrices, ~197 GiB apparent size). Shards are
 //! sparse files: real headers and real marker bytes, holes elsewhere, so the test needs no disk.
-//! Re-run: `cargo test --release --test checkpoint_timing -- --nocapture`.
+//! Re-run: `cargo test --release --test checkpoint_timing -- --nocapture`; add
+//! `SPARK_KIT_SPARSE_DIR=/tmp/dsv41-sparse` to keep the shards for `spark-kit verify --structure --model`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 mod common_ckpt;
@@ -18,12 +19,16 @@ fn header_only_audit_of_39_realistic_shards() {
     let markers = builder.markers().clone();
     let layout = builder.build(39).unwrap();
     let dir = tempfile::tempdir().unwrap();
+    // SPARK_KIT_SPARSE_DIR=<dir> keeps the shards there, to time `spark-kit verify --structure --model <dir>`.
+    let keep = std::env::var_os("SPARK_KIT_SPARSE_DIR").map(std::path::PathBuf::from);
+    let out = keep.as_deref().unwrap_or(dir.path());
+    std::fs::create_dir_all(out).unwrap();
     let t0 = Instant::now();
-    let apparent = common_ckpt::write_sparse(dir.path(), &layout, &markers);
+    let apparent = common_ckpt::write_sparse(out, &layout, &markers);
     println!("generated 39 sparse shards in {:.2} s", t0.elapsed().as_secs_f64());
 
     let start = Instant::now();
-    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let ckpt = Checkpoint::open(out).unwrap();
     let opened = start.elapsed();
     let report = audit(&ckpt, &AuditOptions { k_map: reference_k_map() }).unwrap();
     let total = start.elapsed();

@@ -12,6 +12,7 @@ pub mod virtual_ckpt;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
+#[cfg(not(unix))]
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -241,8 +242,7 @@ impl<'a> MarkerReader<'a> {
             std::collections::hash_map::Entry::Vacant(v) => v.insert(File::open(&shard.path).map_err(err)?),
         };
         let mut buf = [0u8; 4];
-        file.seek(SeekFrom::Start(shard.data_start + t.begin)).map_err(err)?;
-        file.read_exact(&mut buf).map_err(err)?;
+        read_at(file, shard.data_start + t.begin, &mut buf).map_err(err)?;
         Ok(Some(buf))
     }
 }
@@ -252,6 +252,19 @@ struct Index {
     path: PathBuf,
     dir: PathBuf,
     weight_map: BTreeMap<String, String>,
+}
+
+/// Read exactly `buf.len()` bytes at `offset` (one `pread` on Unix).
+#[cfg(unix)]
+fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+/// Read exactly `buf.len()` bytes at `offset`.
+#[cfg(not(unix))]
+fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    file.seek(SeekFrom::Start(offset))?;
+    file.read_exact(buf)
 }
 
 /// The shard files of a checkpoint directory, in order, and its index if it has one.

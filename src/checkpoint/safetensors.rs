@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, Visitor};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -311,8 +311,53 @@ fn check_prefix(
     Ok(header_len)
 }
 
+/// One tensor entry as read: only the three fields we use, each kept as a small JSON value so a
+/// wrong type becomes an error naming the tensor. Other keys are skipped unread.
+#[derive(Default)]
+struct RawEntry {
+    dtype: Option<Value>,
+    shape: Option<Value>,
+    data_offsets: Option<Value>,
+}
+
+/// A header key and what it holds.
+enum RawItem {
+    Metadata(Value),
+    Tensor(RawEntry),
+}
+
+struct RawEntrySeed;
+
+impl<'de> DeserializeSeed<'de> for RawEntrySeed {
+    type Value = RawEntry;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<RawEntry, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RawEntrySeed {
+    type Value = RawEntry;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a tensor entry object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawEntry, A::Error> {
+        let mut e = RawEntry::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "dtype" => e.dtype = Some(map.next_value()?),
+                "shape" => e.shape = Some(map.next_value()?),
+                "data_offsets" => e.data_offsets = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(e)
+    }
+}
+
 /// The top-level JSON object as an ordered list, so duplicate keys are seen rather than merged.
-struct Entries(Vec<(String, Value)>);
+struct Entries(Vec<(String, RawItem)>);
 
 impl<'de> Deserialize<'de> for Entries {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -324,8 +369,16 @@ impl<'de> Deserialize<'de> for Entries {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
                 let mut entries = Vec::new();
-                while let Some(entry) = map.next_entry::<String, Value>()? {
-                    entries.push(entry);
+                while let Some(key) = map.next_key::<String>()? {
+                    let item = if key == "__metadata__" {
+                        RawItem::Metadata(map.next_value()?)
+                    } else {
+                        match map.next_value_seed(RawEntrySeed) {
+                            Ok(e) => RawItem::Tensor(e),
+                            Err(e) => return Err(A::Error::custom(format_args!("tensor `{key}`: {e}"))),
+                        }
+                    };
+                    entries.push((key, item));
                 }
                 Ok(Entries(entries))
             }
@@ -342,15 +395,18 @@ fn parse_header_json(path: &Path, json: &[u8], header_len: u64, file_len: u64) -
     let mut seen = HashSet::with_capacity(entries.len());
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::with_capacity(entries.len());
-    for (name, value) in entries {
+    for (name, item) in entries {
         if !seen.insert(name.clone()) {
             return Err(HeaderError::DuplicateTensor { path: path.to_path_buf(), tensor: name });
         }
-        if name == "__metadata__" {
-            metadata = parse_metadata(path, value)?;
-            continue;
-        }
-        let tensor = parse_entry(path, name, &value)?;
+        let raw = match item {
+            RawItem::Metadata(value) => {
+                metadata = parse_metadata(path, value)?;
+                continue;
+            }
+            RawItem::Tensor(raw) => raw,
+        };
+        let tensor = parse_entry(path, name, &raw)?;
         if tensor.end > data_len {
             return Err(HeaderError::OutOfBounds {
                 path: path.to_path_buf(),
@@ -379,31 +435,32 @@ fn parse_metadata(path: &Path, value: Value) -> Result<BTreeMap<String, String>,
         .collect()
 }
 
-fn parse_entry(path: &Path, name: String, value: &Value) -> Result<TensorHeader, HeaderError> {
+fn parse_entry(path: &Path, name: String, raw: &RawEntry) -> Result<TensorHeader, HeaderError> {
     let bad = |name: &str, why: &str| HeaderError::BadEntry {
         path: path.to_path_buf(),
         tensor: name.to_string(),
         why: why.to_string(),
     };
-    let Value::Object(obj) = value else {
-        return Err(bad(&name, "entry is not a JSON object"));
-    };
-    let dtype_name = obj.get("dtype").and_then(Value::as_str).ok_or_else(|| bad(&name, "missing string `dtype`"))?;
+    let dtype_name = raw.dtype.as_ref().and_then(Value::as_str).ok_or_else(|| bad(&name, "missing string `dtype`"))?;
     let dtype = Dtype::parse(dtype_name).ok_or_else(|| HeaderError::UnknownDtype {
         path: path.to_path_buf(),
         tensor: name.clone(),
         dtype: dtype_name.to_string(),
     })?;
-    let shape = obj
-        .get("shape")
+    let shape = raw
+        .shape
+        .as_ref()
         .and_then(Value::as_array)
         .ok_or_else(|| bad(&name, "missing array `shape`"))?
         .iter()
         .map(Value::as_u64)
         .collect::<Option<Vec<u64>>>()
         .ok_or_else(|| bad(&name, "`shape` holds something other than non-negative integers"))?;
-    let offsets =
-        obj.get("data_offsets").and_then(Value::as_array).ok_or_else(|| bad(&name, "missing array `data_offsets`"))?;
+    let offsets = raw
+        .data_offsets
+        .as_ref()
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad(&name, "missing array `data_offsets`"))?;
     let (begin, end) = match offsets.as_slice() {
         [b, e] => match (b.as_u64(), e.as_u64()) {
             (Some(b), Some(e)) => (b, e),
