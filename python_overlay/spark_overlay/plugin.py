@@ -52,9 +52,11 @@ class Provider:
     target: str  # "package.module:callable", called with no arguments
 
 
-# Registered in order, once per process. Empty today: the overlay registers
-# only itself.
-PROVIDERS: tuple[Provider, ...] = ()
+# Registered in order, once per process.
+PROVIDERS: tuple[Provider, ...] = (
+    # The "exl3" quantization method (Exl3Config, linear and MoE methods).
+    Provider("exl3", "spark_overlay.exl3.vllm_config:register"),
+)
 
 
 class UnsupportedVllmVersion(RuntimeError):

@@ -1,0 +1,332 @@
+"""vLLM linear method for EXL3 checkpoints (column, row, merged, QKV parallel layers and the LM head).
+
+Loading: every EXL3 tensor kind of a linear (trellis, suh, svh, marker, legacy
+su/sv) is a placeholder parameter whose `weight_loader` checks the incoming
+checkpoint tensor against the layer (dtype, shape from the model config,
+marker value; errors name the tensor) and keeps the rank's part
+(`shards.rank_part`). vLLM's fused layers receive their sub-linears with a
+shard id: "q"/"k"/"v" for QKVParallelLinear, 0/1/... for
+MergedColumnParallelLinear (q_proj -> qkv_proj "q", gate_proj -> gate_up_proj 0),
+so one fused layer collects several EXL3 linears, each with its own K and
+scales, and concatenates them along the output dimension.
+
+After loading, every shard must be complete (a missing suh / svh / trellis
+fails naming it). Back ends:
+
+* CPU: each shard is decoded once into the compute dtype and the layer runs
+  vLLM's own unquantized GEMM on it (bit-identical to serving the decoded
+  weights as a dense model).
+* CUDA: exllamav3's extension (`exllamav3_ext`) must be importable; the layer
+  keeps its trellis tiles on the GPU and runs `exl3_gemm`. Without the
+  extension the load fails with the install hint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .errors import Exl3FormatError
+from .shards import PART_DTYPES, PART_KINDS, ShardSpec, check_part, decode_shard, rank_part, shard_k
+
+logger = logging.getLogger("vllm.spark_overlay.exl3")
+
+QKV_SHARDS = {"q": 0, "k": 1, "v": 2}
+
+
+@dataclass(frozen=True)
+class OutputShard:
+    """One checkpoint linear inside a (possibly fused) vLLM layer, for this rank."""
+
+    key: object  # vLLM shard id: None, "q"/"k"/"v", or an int
+    spec: ShardSpec
+    # Rows of the layer's local weight this shard fills, and any zero rows
+    # after it (the LM head pads the vocabulary per rank).
+    local_out: int
+    pad_rows: int = 0
+
+
+class _FirstUse:
+    """Logs one line per process the first time any EXL3 layer computes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pids: set[int] = set()
+
+    def __call__(self, prefix: str, backend: str, x: torch.Tensor) -> None:
+        pid = os.getpid()
+        if pid in self._pids:
+            return
+        with self._lock:
+            if pid in self._pids:
+                return
+            self._pids.add(pid)
+        from spark_overlay.plugin import process_role
+
+        logger.info(
+            "exl3: first %s forward through %s (x %s %s) in pid=%d (%s)",
+            backend,
+            prefix,
+            list(x.shape),
+            str(x.dtype).removeprefix("torch."),
+            pid,
+            process_role() or "unknown role",
+        )
+
+
+first_use = _FirstUse()
+
+
+def _checkpoint_name(prefix: str, key: object, packed_modules_mapping: dict[str, list[str]]) -> str:
+    """The checkpoint prefix of shard `key` of the vLLM layer `prefix` (q_proj for qkv_proj "q")."""
+    if key is None:
+        return prefix
+    parent, _, leaf = prefix.rpartition(".")
+    index = QKV_SHARDS[key] if isinstance(key, str) else key
+    names = packed_modules_mapping.get(leaf)
+    if names is None or not isinstance(index, int) or index >= len(names):
+        return f"{prefix}[shard {key}]"
+    return f"{parent}.{names[index]}" if parent else names[index]
+
+
+def output_shards(layer: torch.nn.Module, prefix: str, packed: dict[str, list[str]]) -> list[OutputShard]:
+    """This rank's shards of a vLLM linear layer, in the order of its output rows."""
+    from vllm.model_executor.layers.linear import (
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        ReplicatedLinear,
+        RowParallelLinear,
+    )
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    kind = type(layer)
+    if kind is ParallelLMHead:
+        idx = layer.shard_indices
+        lo, hi = idx.org_vocab_start_index, idx.org_vocab_end_index
+        spec = ShardSpec(prefix, layer.embedding_dim, layer.org_vocab_size, (0, layer.embedding_dim), (lo, hi))
+        return [OutputShard(None, spec, hi - lo, layer.num_embeddings_per_partition - (hi - lo))]
+    rank, size = layer.tp_rank, layer.tp_size
+    full_in = layer.input_size
+    if kind is RowParallelLinear:
+        per = layer.input_size_per_partition
+        spec = ShardSpec(prefix, full_in, layer.output_size, (rank * per, (rank + 1) * per), (0, layer.output_size))
+        return [OutputShard(None, spec, layer.output_size)]
+    if kind is ReplicatedLinear:
+        spec = ShardSpec(prefix, full_in, layer.output_size, (0, full_in), (0, layer.output_size))
+        return [OutputShard(None, spec, layer.output_size)]
+    if kind is QKVParallelLinear:
+        sizes = {
+            "q": (layer.total_num_heads * layer.head_size, layer.num_heads * layer.head_size, rank),
+            "k": (
+                layer.total_num_kv_heads * layer.head_size,
+                layer.num_kv_heads * layer.head_size,
+                rank // layer.num_kv_head_replicas,
+            ),
+            "v": (
+                layer.total_num_kv_heads * layer.v_head_size,
+                layer.num_kv_heads * layer.v_head_size,
+                rank // layer.num_kv_head_replicas,
+            ),
+        }
+        out = []
+        for key, (full, local, index) in sizes.items():
+            name = _checkpoint_name(prefix, key, packed)
+            spec = ShardSpec(name, full_in, full, (0, full_in), (index * local, (index + 1) * local))
+            out.append(OutputShard(key, spec, local))
+        return out
+    if kind is MergedColumnParallelLinear:
+        out = []
+        for key, full in enumerate(layer.output_sizes):
+            local = full // size
+            name = _checkpoint_name(prefix, key, packed)
+            spec = ShardSpec(name, full_in, full, (0, full_in), (rank * local, (rank + 1) * local))
+            out.append(OutputShard(key, spec, local))
+        return out
+    if kind is ColumnParallelLinear:
+        local = layer.output_size_per_partition
+        spec = ShardSpec(prefix, full_in, layer.output_size, (0, full_in), (rank * local, (rank + 1) * local))
+        return [OutputShard(None, spec, local)]
+    raise Exl3FormatError(f"{prefix}: layer type {kind.__name__} is not supported by the EXL3 linear method")
+
+
+def supported_layer(layer: torch.nn.Module) -> bool:
+    from vllm.model_executor.layers.linear import (
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        ReplicatedLinear,
+        RowParallelLinear,
+    )
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    return type(layer) in (
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        ReplicatedLinear,
+        RowParallelLinear,
+        ParallelLMHead,
+    )
+
+
+def cuda_extension():
+    """exllamav3's compiled extension, or an Exl3FormatError saying how to get it."""
+    try:
+        from exllamav3.ext import exllamav3_ext
+    except Exception as err:  # ImportError, or a failed JIT build
+        raise Exl3FormatError(
+            "EXL3 on CUDA needs exllamav3's extension (exllamav3_ext) and it could not be imported "
+            f"({type(err).__name__}: {err}); install exllamav3 1.6.5 with a CUDA toolchain matching torch "
+            "into the engine venv (tests/gpu/README.md shows the build), or serve on the CPU back end"
+        ) from err
+    return exllamav3_ext
+
+
+def _linear_method_base():
+    from vllm.model_executor.layers.linear import LinearMethodBase
+
+    return LinearMethodBase
+
+
+class Exl3LinearMethod(_linear_method_base()):
+    """EXL3 for one vLLM linear layer (or the LM head); see the module docstring."""
+
+    def __init__(self, config, prefix: str) -> None:
+        self.config = config
+        self.prefix = prefix
+        self._dense = None
+        self.backend = None
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
+        layer.exl3_parts = {}
+        layer.exl3_params_dtype = params_dtype
+        layer.exl3_output_partition_sizes = list(output_partition_sizes)
+        layer.exl3_input_size_per_partition = input_size_per_partition
+        for kind in PART_KINDS:
+            dtype = PART_DTYPES.get(kind, params_dtype)
+            param = torch.nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
+            param.weight_loader = self._loader(layer, kind)
+            layer.register_parameter(kind, param)
+
+    def _shards(self, layer: torch.nn.Module) -> list[OutputShard]:
+        shards = getattr(layer, "exl3_shards", None)
+        if shards is None:
+            shards = output_shards(layer, self.prefix, self.config.packed_modules_mapping)
+            local = sum(s.local_out + s.pad_rows for s in shards)
+            if local != sum(layer.exl3_output_partition_sizes):
+                raise Exl3FormatError(
+                    f"{self.prefix}: EXL3 shards give {local} output rows, vLLM expects "
+                    f"{sum(layer.exl3_output_partition_sizes)}"
+                )
+            layer.exl3_shards = shards
+        return shards
+
+    def _loader(self, layer: torch.nn.Module, kind: str):
+        def load(param: torch.nn.Parameter, loaded: torch.Tensor, shard_id=None, *args, **kwargs) -> None:
+            if shard_id is None:
+                shard_id = getattr(loaded, "shard_id", None)
+            shards = self._shards(layer)
+            match = [s for s in shards if s.key == shard_id]
+            if len(match) != 1:
+                keys = ", ".join(repr(s.key) for s in shards)
+                raise Exl3FormatError(
+                    f"{self.prefix}.{kind}: shard id {shard_id!r} does not name one of this layer's EXL3 "
+                    f"linears ({keys}); EXL3 checkpoints store every linear separately (no fused q/k/v "
+                    "or gate/up on disk)"
+                )
+            shard = match[0]
+            check_part(shard.spec, kind, loaded)
+            parts = layer.exl3_parts.setdefault(shard.key, {})
+            name = f"{shard.spec.name}.{kind}"
+            if kind in parts:
+                raise Exl3FormatError(f"{name}: loaded twice (duplicate tensor in the checkpoint)")
+            parts[kind] = rank_part(shard.spec, kind, loaded.detach().to("cpu")).clone()
+
+        return load
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        shards = self._shards(layer)
+        expected = self.config.codebook
+        for shard in shards:
+            parts = layer.exl3_parts.get(shard.key, {})
+            if "trellis" not in parts:
+                raise Exl3FormatError(
+                    f"{shard.spec.name}.trellis: missing from the checkpoint (no EXL3 tensors for this "
+                    "linear; is the model an EXL3 conversion of this architecture?)"
+                )
+        for kind in PART_KINDS:
+            if hasattr(layer, kind):
+                delattr(layer, kind)
+        layer.exl3_k = [shard_k(layer.exl3_parts[s.key]) for s in shards]
+        if _on_cuda():
+            self._process_cuda(layer, shards, expected)
+        else:
+            self._process_cpu(layer, shards, expected)
+        del layer.exl3_parts
+        self.config.note_loaded(self.prefix, self.backend, layer.exl3_k)
+
+    def _process_cpu(self, layer: torch.nn.Module, shards: list[OutputShard], expected: str | None) -> None:
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            UnquantizedEmbeddingMethod,
+        )
+
+        dtype = layer.exl3_params_dtype
+        rows = []
+        for shard in shards:
+            w = decode_shard(shard.spec, layer.exl3_parts[shard.key], expected)
+            rows.append(w.to(dtype))
+            if shard.pad_rows:
+                rows.append(torch.zeros(shard.pad_rows, w.shape[1], dtype=dtype))
+        weight = torch.cat(rows, 0) if len(rows) > 1 else rows[0]
+        want = (sum(layer.exl3_output_partition_sizes), layer.exl3_input_size_per_partition)
+        if tuple(weight.shape) != want:
+            raise Exl3FormatError(f"{self.prefix}: decoded weight {list(weight.shape)} != vLLM's {list(want)}")
+        layer.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
+        self._dense = UnquantizedEmbeddingMethod() if type(layer) is ParallelLMHead else UnquantizedLinearMethod()
+        self._dense.process_weights_after_loading(layer)
+        self.backend = "cpu"
+
+    def _process_cuda(self, layer: torch.nn.Module, shards: list[OutputShard], expected: str | None) -> None:
+        from .cuda_backend import prepare_cuda_layer
+
+        prepare_cuda_layer(layer, shards, expected, cuda_extension())
+        self.backend = "cuda"
+
+    # -- compute -----------------------------------------------------------------------------
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        first_use(self.prefix, self.backend or "unprocessed", x)
+        if self.backend == "cpu":
+            return self._dense.apply(layer, x, bias)
+        if self.backend == "cuda":
+            from .cuda_backend import cuda_linear
+
+            return cuda_linear(layer, x, bias)
+        raise Exl3FormatError(f"{self.prefix}: EXL3 layer used before its weights were processed")
+
+    def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
+        raise Exl3FormatError(f"{self.prefix}: an EXL3 layer cannot be used as a token embedding")
+
+
+def _on_cuda() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda()
