@@ -447,3 +447,20 @@ fn real_fixture_exl3_tiny_llama_b3() {
     assert!(budget.per_rank_bytes < budget.total_bytes);
     println!("fixture: {} bytes total, {} per rank at TP2", budget.total_bytes, budget.per_rank_bytes);
 }
+
+#[test]
+fn gaps_beyond_alignment_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    // a: [0, 6), 2 bytes of padding to 8, b: [8, 12), then 20 stray bytes.
+    let json = r#"{"a":{"dtype":"U8","shape":[6],"data_offsets":[0,6]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(json.as_bytes());
+    bytes.resize(bytes.len() + 32, 0);
+    std::fs::write(&file, bytes).unwrap();
+    let r = run_audit(dir.path());
+    assert_eq!(r.gap_bytes, 22);
+    let msgs: Vec<&str> = r.findings.iter().map(|f| f.message.as_str()).collect();
+    assert_eq!(msgs, [format!("{}: 20 data bytes [12, 32) belong to no tensor", file.display())]);
+    assert_eq!(r.findings[0].tensor.as_deref(), Some("b"));
+}

@@ -219,3 +219,23 @@ fn warnings_carry_fixes() {
     let p = plan(&input);
     assert!(p.warnings.iter().any(|w| w.fix.contains("set engine.kv_bytes_per_token")));
 }
+
+#[test]
+fn engram_tables_are_excluded_from_the_budget() {
+    use spark_kit::checkpoint::safetensors::Dtype;
+    use spark_kit::checkpoint::virtual_ckpt::VirtualBuilder;
+    // reference-kit.md C.4: `layers.{1,14}.engram.embed.weight` F8_E4M3 [rows, 256] + `.scale` F8_E8M0 [rows, 8].
+    let mut b = VirtualBuilder::new("engram");
+    b.native("layers.1.engram.embed.weight", Dtype::F8E4M3, &[1000, 256]);
+    b.native("layers.1.engram.embed.scale", Dtype::F8E8M0, &[1000, 8]);
+    b.packed("layers.1.engram.wkv", 6144, 5120, 5.0, Codebook::Mul1).unwrap();
+    let ckpt = b.build(1).unwrap();
+    let budget = weight_budget(&ckpt, 2, 40).unwrap();
+    assert_eq!(budget.excluded_bytes, 1000 * 264);
+    let table = budget.class(Class::EngramTable).unwrap();
+    assert_eq!((table.total_bytes, table.per_rank_bytes), (264_000, 0));
+    // Engram wkv is replicated.
+    let wkv = budget.class(Class::EngramWkv).unwrap();
+    assert_eq!(wkv.per_rank_bytes, wkv.total_bytes);
+    assert_eq!(budget.per_rank_bytes, wkv.total_bytes);
+}

@@ -22,6 +22,9 @@ pub const MCG_MARKER: [u8; 4] = 0xCBAC_1FED_u32.to_le_bytes();
 /// boundary past which `layers.N` names an MTP block.
 pub const DEFAULT_NUM_HIDDEN_LAYERS: u32 = 40;
 
+/// Alignment padding tolerated between tensors, in bytes.
+const GAP_ALIGN: u64 = 8;
+
 /// Valid trellis last dimensions: 16·K for K = 1..8, and 24/40/56 for K = 1.5/2.5/3.5.
 const TRELLIS_LAST_DIMS: [u64; 11] = [16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128];
 
@@ -111,7 +114,8 @@ pub struct AuditReport {
     pub codebooks: BTreeMap<Codebook, u64>,
     /// False for a virtual checkpoint without recorded marker bytes: marker values were not checked.
     pub markers_checked: bool,
-    /// Data-area bytes no tensor covers, over all shards.
+    /// Data-area bytes no tensor covers, over all shards (alignment padding included; padding of
+    /// fewer than 8 bytes up to an 8-byte boundary is not reported as a finding).
     pub gap_bytes: u64,
     pub k_map_disagreements: Vec<KDisagreement>,
     pub findings: Vec<Finding>,
@@ -386,7 +390,8 @@ pub fn audit(ckpt: &Checkpoint, opts: &AuditOptions) -> Result<AuditReport, Chec
 
     let gap_bytes = ckpt.shards.iter().flat_map(|s| &s.gaps).map(|g| g.end - g.begin).sum();
     for shard in &ckpt.shards {
-        for g in &shard.gaps {
+        // Padding that only aligns the next tensor (or the end) to 8 bytes is not a gap.
+        for g in shard.gaps.iter().filter(|g| g.end - g.begin >= GAP_ALIGN || g.end % GAP_ALIGN != 0) {
             findings.push(Finding {
                 severity: Severity::Warning,
                 tensor: g.after.clone(),
