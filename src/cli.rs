@@ -31,13 +31,32 @@ pub enum Command {
     Setup(SetupArgs),
     /// Bring the deployment up in the foreground; Ctrl-C or SIGTERM drains and stops it.
     Up(UpArgs),
+    /// Show the running deployment: state, per-node engine, memory, health, tokens/s.
+    Status(StatusArgs),
+    /// Print (or follow) the engine logs of one or all nodes.
+    Logs(LogsArgs),
+    /// Stop the running deployment: drain, then kill the engines' process groups on every node.
+    Down(ControlArgs),
+    /// Validate the kit, then stop the running deployment and bring it up again (detached).
+    Restart(UpArgs),
+    /// (internal) The node agent: owns this node's engine, speaks JSON lines on stdin/stdout.
+    #[command(name = "node", hide = true)]
+    Node(NodeArgs),
     /// (internal) The engine process: embedded Python running vLLM. Started by `up`.
     #[command(name = "__engine", hide = true)]
     Engine(EngineArgs),
-    /// Check a checkpoint; `--structure` audits the EXL3 headers (K, codebook markers, shapes).
+    /// Download the kit's model and Engram files from the Hub into the HF cache, verified (resumable).
+    Download(DownloadArgs),
+    /// Check the downloaded files against spark-kit.lock (SHA-256; --fast: sizes); `--structure` audits the EXL3 headers.
     Verify(VerifyArgs),
     /// Per-node memory plan: weights per rank, KV pool in tokens, headroom, boot margin, safe prompt.
     Plan(PlanArgs),
+    /// Check every node before `up`: GB10, driver parity, memory, disk, CX7 link/MTU/RoCE v2 GID, ssh, ports, clock.
+    Preflight(PreflightArgs),
+    /// Run the memory guard standalone next to an engine (the node agent runs it in-process).
+    Guard(GuardArgs),
+    /// Measure an OpenAI-compatible endpoint: TTFT, decode (per stream, aggregate), prefill; JSON, plot, receipt.
+    Bench(BenchArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell to generate for.
@@ -80,14 +99,54 @@ pub struct SetupArgs {
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
-    /// Also show the engine's log lines, tagged with the node name.
+    /// Also show the engine's log lines, tagged with the node name (local nodes).
     #[arg(long, short)]
     pub verbose: bool,
+    /// Run the supervisor in the background; return once the endpoint is ready.
+    #[arg(long, short)]
+    pub detach: bool,
     /// Seconds in-flight requests get to finish at shutdown (engine.shutdown_timeout_s).
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_timeout: Option<String>,
     #[command(flatten)]
     pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the status snapshot as JSON (schema in docs/operations.md).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// Only this node (name from the kit).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Keep printing new lines.
+    #[arg(long, short)]
+    pub follow: bool,
+    /// Lines of history to print first.
+    #[arg(long, short = 'n', default_value_t = 50)]
+    pub lines: usize,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// This node's rank (head = 0).
+    #[arg(long)]
+    pub rank: usize,
 }
 
 #[derive(Debug, Args)]
@@ -103,11 +162,56 @@ pub struct EngineArgs {
     pub vllm: Vec<String>,
 }
 
+/// Which repo `download --only` fetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Only {
+    /// The model repo (every file at the pinned revision).
+    Model,
+    /// The Engram files (and the slim embed-only directory).
+    Engram,
+}
+
+#[derive(Debug, Args)]
+pub struct DownloadArgs {
+    /// Fetch only the model repo or only the Engram files.
+    #[arg(long, value_enum)]
+    pub only: Option<Only>,
+    /// Concurrent range requests across all files.
+    #[arg(long, default_value_t = 16)]
+    pub jobs: usize,
+    /// Show what would be fetched (files, sizes, what is cached) without downloading.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print a JSON summary (files, bytes, seconds, retries, resumed bytes) on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Seconds without a byte before a range request is abandoned and retried.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub idle_timeout: u64,
+    /// Attempts per range request (the count restarts whenever bytes arrive).
+    #[arg(long, default_value_t = 8)]
+    pub retries: u32,
+    /// Bytes per range request.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", hide = true)]
+    pub range_size: String,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// Header-only EXL3 structural audit: every packed matrix's trellis/suh/svh/marker, K vs the kit's k_map.
     #[arg(long)]
     pub structure: bool,
+    /// Lock-file check of sizes and presence only (no hashing).
+    #[arg(long, conflicts_with = "structure")]
+    pub fast: bool,
+    /// Files hashed in parallel (default: the number of CPUs, at most 8).
+    #[arg(long, value_name = "N", conflicts_with = "structure")]
+    pub jobs: Option<usize>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -136,6 +240,129 @@ pub struct PlanArgs {
     /// Measure this machine's MemTotal/MemAvailable (/proc/meminfo) for the kit's local node.
     #[arg(long)]
     pub measure: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    #[command(flatten)]
+    pub run: BenchRunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Print two results side by side with B/A ratios.
+    Compare {
+        /// The baseline result (JSON written by `spark-kit bench --json`).
+        a: std::path::PathBuf,
+        /// The result compared with it.
+        b: std::path::PathBuf,
+        /// Print the rows as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct BenchRunArgs {
+    /// Server base URL, e.g. http://127.0.0.1:8000 (default: the kit's engine host and port).
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Model id to request (default: the kit's served_model_name, else the only model listed).
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// Concurrency levels of the decode waves, run in ascending order.
+    #[arg(long, value_name = "N,N,...", default_value = "1,2,4")]
+    pub concurrency: String,
+    /// Prompt lengths of the prefill ladder (k = 1024 tokens), or `none`. Default 1k,4k,16k,64k,
+    /// leaving out lengths above the model's max_model_len.
+    #[arg(long, value_name = "LEN,LEN,...")]
+    pub prefill: Option<String>,
+    /// Requests per prefill length.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub prefill_repeats: u32,
+    /// Tokens generated per decode stream (default 256, less if max_model_len is smaller).
+    #[arg(long, value_name = "N")]
+    pub decode_tokens: Option<u64>,
+    /// Prompt length of decode streams in tokens (default 256, less if max_model_len is smaller).
+    #[arg(long, value_name = "N")]
+    pub decode_prompt_tokens: Option<u64>,
+    /// Seconds one decode request may take (prefill: min(2700, 60 + 0.008 x tokens)).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub timeout: f64,
+    /// Let the model think (sent as chat_template_kwargs); off by default, as in the reference numbers.
+    #[arg(long)]
+    pub thinking: bool,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Environment variable holding the API key (sent as Authorization: Bearer; never printed).
+    #[arg(long, value_name = "NAME", conflicts_with = "api_key_file")]
+    pub api_key_env: Option<String>,
+    /// File whose first non-empty line is the API key.
+    #[arg(long, value_name = "PATH")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Write the versioned JSON result here (`-` = stdout instead of the table).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<std::path::PathBuf>,
+    /// Draw decode vs concurrency and prefill vs length to this .svg or .png file.
+    #[arg(long, value_name = "PATH")]
+    pub plot: Option<std::path::PathBuf>,
+    /// No progress lines.
+    #[arg(long, short)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PreflightArgs {
+    /// Print the report as JSON ({kit, status, checks: [{node, id, verdict, message, fix}]}).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct GuardArgs {
+    /// Process group of the engine: stopped (drain, then kill) when it grew or to protect the host.
+    #[arg(long, value_name = "PGID")]
+    pub pgid: Option<i32>,
+    /// Soft floor on MemAvailable, e.g. 4GiB (memory.guard.soft_floor): drop model page cache, warn.
+    #[arg(long, value_name = "SIZE")]
+    pub soft: Option<String>,
+    /// Hard floor on MemAvailable, e.g. 2.5GiB (memory.guard.hard_floor): act per the policy.
+    #[arg(long, value_name = "SIZE")]
+    pub hard: Option<String>,
+    /// protect-host, kill-offender or off (memory.guard.policy).
+    #[arg(long, value_name = "POLICY")]
+    pub policy: Option<String>,
+    /// Directory for the JSON receipts (default: the kit's paths.logs/guard).
+    #[arg(long, value_name = "DIR")]
+    pub receipts: Option<std::path::PathBuf>,
+    /// A process name (comm; `prefix*`) that may be killed to save the engine; repeatable (memory.guard.sacrificable).
+    #[arg(long = "sacrificable", value_name = "NAME")]
+    pub sacrificable: Vec<String>,
+    /// Model directory or file whose page cache the soft floor drops; repeatable (default: model.path).
+    #[arg(long = "model", value_name = "PATH")]
+    pub model: Vec<std::path::PathBuf>,
+    /// Only descendants of this pid may be killed as offenders (a safety scope on shared hosts).
+    #[arg(long, value_name = "PID")]
+    pub victims_under: Option<i32>,
+    /// Seconds between SIGTERM and SIGKILL of the engine group (default: engine.shutdown_timeout_s, at most 10).
+    #[arg(long, value_name = "SECONDS")]
+    pub drain: Option<f64>,
+    /// The node's idle MemAvailable for the restart gate (default: measured at start if no engine runs).
+    #[arg(long, value_name = "SIZE")]
+    pub baseline: Option<String>,
+    /// One JSON object per event on stdout.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub kit: KitArgs,
 }

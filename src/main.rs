@@ -14,7 +14,8 @@ fn main() -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut err_out = std::io::stderr();
-    let mut ctx = Context { env, out: &mut out, err: &mut err_out };
+    let args: Vec<String> = std::env::args().collect();
+    let mut ctx = Context { env, out: &mut out, err: &mut err_out, args };
     let result = commands::run(cli, &mut ctx);
     let _ = out.flush();
     match result {

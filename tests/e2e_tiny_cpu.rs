@@ -65,7 +65,7 @@ fn up(extra: &[&str], logs: &std::path::Path) -> Up {
             }
         }
     }
-    let engine_pgid = common::children_of(child.id() as i32).into_iter().next().expect("engine child");
+    let engine_pgid = common::engine_pgid_under(child.id() as i32).expect("engine process under up");
     Up { child, stdout, engine_pgid }
 }
 
@@ -180,7 +180,7 @@ fn bad_inputs_fail_with_one_clear_error() {
     // Model dir missing.
     let (code, err) = failing_up(&["--set", "model.source=local", "--set", "model.path=/nonexistent/model"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("error: model.path /nonexistent/model does not exist or has no config.json"), "{err}");
+    assert!(err.contains("model.path /nonexistent/model does not exist or has no config.json"), "{err}");
 
     // vLLM exits during start (an argument it rejects).
     let (code, err) =

@@ -65,21 +65,39 @@ pub fn status_code(status_line: &str) -> Option<u16> {
     parts.next()?.parse().ok()
 }
 
-/// One `/health` probe with a short timeout; true on 200.
+/// A small HTTP/1.0 GET with short timeouts: (status, body). Used on the node itself only.
 #[must_use]
-pub fn probe_health(host: &str, port: u32) -> bool {
-    let Some(addr) = (host, u16::try_from(port).unwrap_or(0)).to_socket_addrs().ok().and_then(|mut a| a.next()) else {
-        return false;
+pub fn http_get(host: &str, port: u32, path: &str) -> Option<(u16, String)> {
+    let addr = (host, u16::try_from(port).ok()?).to_socket_addrs().ok()?.next()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes()).ok()?;
+    let mut buf = Vec::new();
+    let _ = s.take(4 << 20).read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = status_code(text.lines().next()?)?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// (requests running, generated tokens so far) from vLLM's Prometheus text, summed over labels.
+#[must_use]
+pub fn parse_progress(metrics: &str) -> Option<(f64, f64)> {
+    let sum = |name: &str| -> Option<f64> {
+        let mut found = false;
+        let mut total = 0.0;
+        for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+            let key = line.split(['{', ' ']).next().unwrap_or_default();
+            if key == name {
+                if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+                    total += v;
+                    found = true;
+                }
+            }
+        }
+        found.then_some(total)
     };
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return false };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
-    if s.write_all(format!("GET /health HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes()).is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 64];
-    let n = s.read(&mut buf).unwrap_or(0);
-    let head = String::from_utf8_lossy(&buf[..n]);
-    status_code(head.lines().next().unwrap_or_default()) == Some(200)
+    Some((sum("vllm:num_requests_running")?, sum("vllm:generation_tokens_total")?))
 }
 
 struct Running {
@@ -125,7 +143,10 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                 Ok(Command::Start { kit, node }) => {
                     if let Some(r) = running.as_mut() {
                         if r.engine.try_wait().is_none() {
-                            out.emit(&Event::Error { message: "an engine is already running on this node".into(), fatal: false });
+                            out.emit(&Event::Error {
+                                message: "an engine is already running on this node".into(),
+                                fatal: false,
+                            });
                             continue;
                         }
                     }
@@ -207,7 +228,7 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
         std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| crate::plan::parse_meminfo(&t)).map(|(_, a)| a);
     let quiet_s = (ms(clock).saturating_sub(last_line.load(Ordering::Relaxed))) as f64 / 1000.0;
     let Some(r) = running.as_mut() else {
-        out.emit(&Event::Heartbeat { engine_alive: false, quiet_s: 0.0, mem_available, healthy: None });
+        out.emit(&Event::Heartbeat { engine_alive: false, quiet_s: 0.0, mem_available, healthy: None, progress: None });
         return;
     };
     if let Some(status) = r.engine.try_wait() {
@@ -215,16 +236,22 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
             r.exited_reported = true;
             out.emit(&Event::Exited { status: status.to_string(), log_tail: r.engine.log_tail(20) });
         }
-        out.emit(&Event::Heartbeat { engine_alive: false, quiet_s, mem_available, healthy: None });
+        out.emit(&Event::Heartbeat { engine_alive: false, quiet_s, mem_available, healthy: None, progress: None });
         return;
     }
-    let healthy = (r.kit.nodes[r.node].role == Role::Head)
-        .then(|| probe_health(probe_host(&r.kit.engine.host), r.kit.engine.port));
+    let head = r.kit.nodes[r.node].role == Role::Head;
+    let (host, port) = (probe_host(&r.kit.engine.host).to_string(), r.kit.engine.port);
+    let healthy = head.then(|| http_get(&host, port, "/health").is_some_and(|(c, _)| c == 200));
+    let progress = if healthy == Some(true) {
+        http_get(&host, port, "/metrics").and_then(|(c, body)| (c == 200).then(|| parse_progress(&body)).flatten())
+    } else {
+        None
+    };
     if healthy == Some(true) && !r.ready_reported {
         r.ready_reported = true;
         out.emit(&Event::Ready { seconds: r.started.elapsed().as_secs_f64() });
     }
-    out.emit(&Event::Heartbeat { engine_alive: true, quiet_s, mem_available, healthy });
+    out.emit(&Event::Heartbeat { engine_alive: true, quiet_s, mem_available, healthy, progress });
 }
 
 fn check_files(root: &std::path::Path, files: &[String]) -> Event {
@@ -244,6 +271,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn metrics_progress() {
+        let m = "# HELP x\nvllm:num_requests_running{model_name=\"t\"} 2.0\nvllm:generation_tokens_total{model_name=\"t\"} 1234.0\nvllm:generation_tokens_created 5\n";
+        assert_eq!(parse_progress(m), Some((2.0, 1234.0)));
+        assert_eq!(parse_progress("vllm:num_requests_running 1\n"), None);
+    }
+
+    #[test]
     fn status_lines() {
         assert_eq!(status_code("HTTP/1.1 200 OK"), Some(200));
         assert_eq!(status_code("HTTP/1.0 503 Service Unavailable"), Some(503));
@@ -261,8 +295,11 @@ mod tests {
     fn agent_says_hello_answers_files_and_exits_on_eof() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a"), b"xyz").unwrap();
-        let cmd = encode(&Command::CheckFiles { root: dir.path().display().to_string(), files: vec!["a".into(), "b".into()] })
-            .unwrap();
+        let cmd = encode(&Command::CheckFiles {
+            root: dir.path().display().to_string(),
+            files: vec!["a".into(), "b".into()],
+        })
+        .unwrap();
         let input = std::io::Cursor::new(format!("{cmd}\nnot json\n").into_bytes());
         let mut out = Buf(Vec::new());
         assert_eq!(run(1, &[], input, &mut out), 0);

@@ -45,6 +45,9 @@ pub enum Event {
         mem_available: Option<u64>,
         /// Head only: the last `/health` probe answered 200.
         healthy: Option<bool>,
+        /// Head only, from `/metrics`: (requests running, generated tokens so far).
+        #[serde(default)]
+        progress: Option<(f64, f64)>,
     },
     /// The engine exited on its own.
     Exited { status: String, log_tail: String },
@@ -93,7 +96,13 @@ mod tests {
 
     #[test]
     fn round_trip_and_version() {
-        let e = Event::Heartbeat { engine_alive: true, quiet_s: 1.5, mem_available: Some(7), healthy: None };
+        let e = Event::Heartbeat {
+            engine_alive: true,
+            quiet_s: 1.5,
+            mem_available: Some(7),
+            healthy: None,
+            progress: None,
+        };
         let line = encode(&e).unwrap();
         assert!(line.contains(r#""ev":"heartbeat""#) && line.contains(r#""v":1"#), "{line}");
         assert_eq!(decode::<Event>(&line).unwrap(), e);

@@ -49,7 +49,10 @@ pub fn ensure(node: &Node, exe: &Path, sha: &str) -> Result<String, PushError> {
         .output()
         .map_err(|e| PushError::Reach { node: node.name.clone(), why: e.to_string() })?;
     if !out.status.success() && out.stdout.is_empty() {
-        return Err(PushError::Reach { node: node.name.clone(), why: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+        return Err(PushError::Reach {
+            node: node.name.clone(),
+            why: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut lines = text.lines().collect::<Vec<_>>();
@@ -73,13 +76,18 @@ pub fn ensure(node: &Node, exe: &Path, sha: &str) -> Result<String, PushError> {
     if let Some(mut stdin) = child.stdin.take() {
         stdin.write_all(&bytes).map_err(|e| PushError::Failed { node: node.name.clone(), why: e.to_string() })?;
     }
-    let out = child.wait_with_output().map_err(|e| PushError::Failed { node: node.name.clone(), why: e.to_string() })?;
+    let out =
+        child.wait_with_output().map_err(|e| PushError::Failed { node: node.name.clone(), why: e.to_string() })?;
     if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok" {
         Ok(resolved)
     } else {
         Err(PushError::Failed {
             node: node.name.clone(),
-            why: format!("{} {}", String::from_utf8_lossy(&out.stdout).trim(), String::from_utf8_lossy(&out.stderr).trim()),
+            why: format!(
+                "{} {}",
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
         })
     }
 }

@@ -22,10 +22,11 @@ pub fn wrap(node: &Node, argv: &[String]) -> Vec<String> {
         Transport::Local => argv.to_vec(),
         Transport::Exec => node.exec_prefix.iter().cloned().chain(argv.iter().cloned()).collect(),
         Transport::Ssh => {
-            let mut out: Vec<String> = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5"]
-                .iter()
-                .map(|s| (*s).to_string())
-                .collect();
+            let mut out: Vec<String> =
+                ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5"]
+                    .iter()
+                    .map(|s| (*s).to_string())
+                    .collect();
             out.extend(["-o".into(), "ServerAliveCountMax=3".into(), "-p".into(), node.ssh_port.to_string()]);
             out.extend(node.ssh_options.iter().cloned());
             let host = node.ssh_host.clone().unwrap_or_default();

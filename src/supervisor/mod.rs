@@ -1,5 +1,7 @@
 //! Bringing a deployment up and keeping it alive.
 
+pub mod cluster;
+pub mod control;
 pub mod hang;
 pub mod health;
 pub mod local;

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 /// Where the deployment is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// Engines are being prepared and started; not serving yet.
@@ -85,12 +85,15 @@ pub struct Machine {
     pub restarts: Vec<f64>,
     /// Why the last stop or restart happened.
     pub reason: Option<String>,
+    /// The deployment was Ready at least once. Failures before that are boot failures:
+    /// deterministic more often than not, so they fail at once instead of restarting.
+    pub ever_ready: bool,
 }
 
 impl Machine {
     #[must_use]
     pub fn new(policy: Policy) -> Self {
-        Self { state: State::Starting, policy, restarts: Vec::new(), reason: None }
+        Self { state: State::Starting, policy, restarts: Vec::new(), reason: None, ever_ready: false }
     }
 
     /// Restarts within the window ending at `now`.
@@ -111,10 +114,14 @@ impl Machine {
         if dump {
             out.push(Action::DumpStacks);
         }
-        if self.recent_restarts(now) >= self.policy.max_restarts {
+        if !self.ever_ready {
             self.state = State::Failed;
-            out.push(Action::StopAll { reason: format!("{why}; giving up after {} restarts", self.policy.max_restarts) });
-            out.push(Action::Exit(1));
+            out.push(Action::StopAll { reason: format!("{why}; the deployment never became ready, not restarting") });
+        } else if self.recent_restarts(now) >= self.policy.max_restarts {
+            self.state = State::Failed;
+            out.push(Action::StopAll {
+                reason: format!("{why}; giving up after {} restarts", self.policy.max_restarts),
+            });
         } else {
             self.state = State::Restarting;
             self.restarts.push(now);
@@ -140,6 +147,7 @@ impl Machine {
             }
             (S::Starting, Input::HeadReady) => {
                 self.state = S::Ready;
+                self.ever_ready = true;
                 Vec::new()
             }
             (S::Ready, Input::Health(false)) => {
@@ -207,6 +215,15 @@ mod tests {
     }
 
     #[test]
+    fn boot_failure_fails_at_once() {
+        let mut m = Machine::new(Policy::default());
+        let a = m.step(Input::StartFailed { node: "h".into(), why: "port in use".into() }, 1.0);
+        assert_eq!(m.state, State::Failed);
+        assert!(matches!(&a[..], [Action::StopAll { reason }] if reason.contains("never became ready")));
+        assert_eq!(m.step(Input::AllStopped, 2.0), vec![Action::Exit(1)]);
+    }
+
+    #[test]
     fn hang_dumps_stacks_first() {
         let mut m = Machine::new(Policy::default());
         m.step(Input::HeadReady, 0.0);
@@ -218,16 +235,20 @@ mod tests {
     #[test]
     fn too_many_restarts_fail() {
         let mut m = Machine::new(Policy { max_restarts: 2, ..Policy::default() });
+        m.step(Input::HeadReady, 0.0);
         for t in [0.0, 100.0] {
             m.step(dead(), t);
             m.step(Input::AllStopped, t + 1.0);
             m.step(Input::RestartDue, t + 10.0);
+            m.step(Input::HeadReady, t + 20.0);
         }
         let a = m.step(dead(), 200.0);
         assert_eq!(m.state, State::Failed);
-        assert_eq!(a.last(), Some(&Action::Exit(1)));
+        assert!(matches!(&a[..], [Action::StopAll { reason }] if reason.contains("giving up after 2 restarts")));
+        assert_eq!(m.step(Input::AllStopped, 201.0), vec![Action::Exit(1)]);
         // Outside the window the count starts again.
         let mut m = Machine::new(Policy { max_restarts: 1, window_s: 60.0, ..Policy::default() });
+        m.step(Input::HeadReady, 0.0);
         m.step(dead(), 0.0);
         m.step(Input::AllStopped, 1.0);
         m.step(Input::RestartDue, 6.0);
@@ -238,6 +259,7 @@ mod tests {
     #[test]
     fn stop_during_restart_and_late_inputs() {
         let mut m = Machine::new(Policy::default());
+        m.step(Input::HeadReady, 0.0);
         m.step(dead(), 0.0);
         m.step(Input::StopRequested, 1.0);
         assert_eq!(m.state, State::Stopping);

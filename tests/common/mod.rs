@@ -56,3 +56,24 @@ pub fn engine_processes() -> Vec<(i32, String)> {
         .map(|s| (s.pid, s.comm))
         .collect()
 }
+
+/// Every descendant of `pid` (children, grandchildren, …).
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let all = stats();
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for s in all.iter().filter(|s| s.ppid == p) {
+            out.push(s.pid);
+            frontier.push(s.pid);
+        }
+    }
+    out
+}
+
+/// The process group of the engine (`spark-kit __engine`) started under `pid`, if any.
+pub fn engine_pgid_under(pid: i32) -> Option<i32> {
+    descendants(pid).into_iter().find(|p| {
+        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"__engine"))
+    })
+}

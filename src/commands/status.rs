@@ -1,0 +1,77 @@
+//! `spark-kit status [--json]` and `spark-kit down`.
+
+use std::time::Duration;
+
+use super::{io_failure, load, Context};
+use crate::cli::{ControlArgs, StatusArgs};
+use crate::dirs::Dirs;
+use crate::error::Failure;
+use crate::supervisor::cluster::Snapshot;
+use crate::supervisor::control::{request, socket_path};
+use crate::supervisor::local::logs_dir;
+
+fn gib(b: Option<u64>) -> String {
+    #[allow(clippy::cast_precision_loss)] // display only
+    b.map_or_else(|| "-".into(), |b| format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30)))
+}
+
+/// Human table of a snapshot.
+#[must_use]
+pub fn render(s: &Snapshot) -> String {
+    let mut out = format!(
+        "kit {}  state {:?}  restarts {}  up {:.0} s  supervisor pid {}\nendpoint {}  model {}\n",
+        s.kit, s.state, s.restarts, s.uptime_s, s.supervisor_pid, s.endpoint, s.model
+    );
+    if let Some(r) = &s.reason {
+        out.push_str(&format!("last event: {r}\n"));
+    }
+    out.push_str("NODE        RANK  AGENT   ENGINE PGID  ALIVE  HEALTH  MEMAVAILABLE  TOK/S   UPTIME  NOTE\n");
+    for n in &s.nodes {
+        out.push_str(&format!(
+            "{:<11} {:>4}  {:<7} {:>11}  {:<5}  {:<6}  {:>12}  {:>6}  {:>6}  {}\n",
+            n.name,
+            n.rank,
+            if n.agent_connected { "ok" } else { "lost" },
+            n.engine_pgid.map_or_else(|| "-".into(), |p| p.to_string()),
+            if n.engine_alive { "yes" } else { "no" },
+            n.healthy.map_or("-", |h| if h { "ok" } else { "fail" }),
+            gib(n.mem_available),
+            n.tokens_per_s.map_or_else(|| "-".into(), |t| format!("{t:.1}")),
+            n.uptime_s.map_or_else(|| "-".into(), |u| format!("{u:.0}s")),
+            n.last_error.as_deref().unwrap_or(""),
+        ));
+    }
+    out
+}
+
+pub fn run(args: &StatusArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    let kit = load::resolve(&args.kit, &ctx.env)?.kit;
+    let logs = logs_dir(&kit, &Dirs::from_env(&ctx.env));
+    let snap = request(&socket_path(&logs, &kit.name), &kit.name, "status", Some(Duration::from_secs(10)))
+        .map_err(|e| Failure::runtime(e.to_string()).with_hint("start it with `spark-kit up --detach`"))?;
+    let text = if args.json {
+        serde_json::to_string_pretty(&snap).map_err(|e| Failure::runtime(e.to_string()))?
+    } else {
+        render(&snap)
+    };
+    writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))
+}
+
+pub fn down(args: &ControlArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    let kit = load::resolve(&args.kit, &ctx.env)?.kit;
+    let logs = logs_dir(&kit, &Dirs::from_env(&ctx.env));
+    let sock = socket_path(&logs, &kit.name);
+    let _ = writeln!(ctx.err, "==> stopping {}: draining, then killing the engines on every node", kit.name);
+    let snap = request(&sock, &kit.name, "down", None).map_err(|e| Failure::runtime(e.to_string()))?;
+    // Wait for the supervisor to exit (it removes its socket last).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while sock.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let alive: Vec<String> = snap.nodes.iter().filter(|n| n.engine_alive).map(|n| n.name.clone()).collect();
+    if !alive.is_empty() {
+        return Err(Failure::runtime(format!("engines still alive on: {}", alive.join(", ")))
+            .with_hint("check `spark-kit logs` and kill the leftover process groups by hand"));
+    }
+    writeln!(ctx.out, "stopped ({:?})", snap.state).map_err(|e| io_failure(&e))
+}

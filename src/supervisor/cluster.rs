@@ -1,0 +1,649 @@
+//! The supervisor of a deployment: one node agent per node (local, ssh or exec), bring-up in
+//! order (workers first, then the head), health, dead ranks, hangs, restarts through the pure
+//! state machine, and a status snapshot for `status` / `down` over the control socket.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::hang;
+use super::health::{base_url, probe_host};
+use super::state::{Action, Input, Machine, Policy, State};
+use crate::cluster::protocol::{decode, encode, Command, Event};
+use crate::cluster::{push, transport};
+use crate::engine::argv::node_ranks;
+use crate::kit::schema::{Kit, Role};
+
+/// Human progress of the supervisor (the front end prints it).
+pub trait ClusterReporter: Send + Sync {
+    fn line(&self, text: &str);
+}
+
+/// One node in the status snapshot (`status --json`, schema in docs/operations.md).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
+pub struct NodeStatus {
+    pub name: String,
+    pub rank: usize,
+    pub role: String,
+    pub agent_pid: Option<u32>,
+    pub agent_connected: bool,
+    pub engine_pgid: Option<i32>,
+    pub engine_alive: bool,
+    pub engine_log: Option<String>,
+    pub uptime_s: Option<f64>,
+    pub mem_available: Option<u64>,
+    pub quiet_s: f64,
+    pub healthy: Option<bool>,
+    pub tokens_per_s: Option<f64>,
+    pub last_error: Option<String>,
+}
+
+/// The whole deployment as `status` shows it.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    pub schema: u32,
+    pub kit: String,
+    pub state: State,
+    pub reason: Option<String>,
+    pub supervisor_pid: u32,
+    pub uptime_s: f64,
+    pub restarts: usize,
+    pub endpoint: String,
+    pub model: String,
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// Why the supervisor could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot find the spark-kit executable: {0}")]
+    SelfExe(std::io::Error),
+    #[error(transparent)]
+    Push(#[from] push::PushError),
+    #[error("cannot start the agent for node {node}: {why}")]
+    Agent { node: String, why: String },
+    #[error("node {node}'s agent did not answer within {secs} s (see {log})")]
+    NoHello { node: String, secs: u64, log: String },
+}
+
+enum Msg {
+    Event(usize, Event),
+    Lost(usize),
+}
+
+struct Agent {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+/// Shared handles: the snapshot others read, and the stop flag others set.
+#[derive(Clone)]
+pub struct Handles {
+    pub snapshot: Arc<Mutex<Snapshot>>,
+    pub stop: Arc<AtomicBool>,
+}
+
+struct Sup<'a> {
+    kit: &'a Kit,
+    exe: PathBuf,
+    sha: String,
+    logs: PathBuf,
+    rep: &'a dyn ClusterReporter,
+    agents: Vec<Option<Agent>>,
+    tx: Sender<Msg>,
+    h: Handles,
+    clock: Instant,
+    /// Per node: consecutive heartbeats with the engine gone.
+    dead_checks: Vec<u32>,
+    started_at: Vec<Option<Instant>>,
+    baseline: Vec<Option<u64>>,
+    /// Per node: when progress was last seen (health ok and tokens moving, or idle).
+    stalled_since: Vec<Option<Instant>>,
+    last_tokens: Vec<Option<(Instant, f64)>>,
+    stopping: BTreeMap<usize, bool>,
+    engines_started: bool,
+}
+
+/// Run the deployment until stopped; returns the exit code.
+pub fn run(kit: &Kit, logs: &Path, policy: Policy, rep: &dyn ClusterReporter, h: Handles) -> Result<i32, ClusterError> {
+    let exe = std::env::current_exe().map_err(ClusterError::SelfExe)?;
+    let sha = push::sha256_file(&exe).map_err(ClusterError::SelfExe)?;
+    let (tx, rx) = mpsc::channel();
+    let n = kit.nodes.len();
+    let mut sup = Sup {
+        kit,
+        exe,
+        sha,
+        logs: logs.to_path_buf(),
+        rep,
+        agents: (0..n).map(|_| None).collect(),
+        tx,
+        h,
+        clock: Instant::now(),
+        dead_checks: vec![0; n],
+        started_at: vec![None; n],
+        baseline: vec![None; n],
+        stalled_since: vec![None; n],
+        last_tokens: vec![None; n],
+        stopping: BTreeMap::new(),
+        engines_started: false,
+    };
+    let mut machine = Machine::new(policy);
+    for i in 0..n {
+        sup.spawn_agent(i)?;
+    }
+    sup.wait_hello(&rx)?;
+    sup.start_all(&rx);
+    let mut restart_at: Option<(Instant, Instant)> = None;
+    loop {
+        let mut inputs = Vec::new();
+        match rx.recv_timeout(Duration::from_millis(500)) {
+            Ok(msg) => inputs.extend(sup.on_msg(msg, machine.state)),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
+        }
+        if sup.h.stop.load(Ordering::SeqCst)
+            && !matches!(machine.state, State::Stopping | State::Stopped | State::Failed)
+        {
+            inputs.push(Input::StopRequested);
+        }
+        if let Some((due, mem_deadline)) = restart_at {
+            let now = Instant::now();
+            if now >= due && (sup.memory_recovered() || now >= mem_deadline) {
+                if now >= mem_deadline && !sup.memory_recovered() {
+                    rep.line("warning: memory did not return to the idle baseline within 300 s; restarting anyway");
+                }
+                restart_at = None;
+                inputs.push(Input::RestartDue);
+            }
+        }
+        for input in inputs {
+            let now = sup.clock.elapsed().as_secs_f64();
+            let actions = machine.step(input, now);
+            sup.publish(&machine);
+            for action in actions {
+                match action {
+                    Action::StartAll => {
+                        sup.rep.line("==> starting the engines again");
+                        for i in 0..n {
+                            if sup.agents[i].is_none() {
+                                if let Err(e) = sup.spawn_agent(i) {
+                                    sup.rep.line(&format!("error: {e}"));
+                                }
+                            }
+                        }
+                        sup.start_all(&rx);
+                    }
+                    Action::StopAll { reason } => {
+                        sup.rep.line(&format!("==> stopping every engine: {reason}"));
+                        sup.stop_all();
+                        if sup.stopping.is_empty() {
+                            let more = machine.step(Input::AllStopped, sup.clock.elapsed().as_secs_f64());
+                            sup.publish(&machine);
+                            if let Some(code) = sup.follow(&more, &mut restart_at) {
+                                return Ok(code);
+                            }
+                        }
+                    }
+                    Action::DumpStacks => sup.dump_stacks(),
+                    other => {
+                        if let Some(code) = sup.follow(&[other], &mut restart_at) {
+                            return Ok(code);
+                        }
+                    }
+                }
+            }
+        }
+        if sup.stopping.values().all(|done| *done) && !sup.stopping.is_empty() {
+            sup.stopping.clear();
+            let now = sup.clock.elapsed().as_secs_f64();
+            let actions = machine.step(Input::AllStopped, now);
+            sup.publish(&machine);
+            if let Some(code) = sup.follow(&actions, &mut restart_at) {
+                return Ok(code);
+            }
+        }
+        sup.publish(&machine);
+    }
+}
+
+impl Sup<'_> {
+    fn follow(&mut self, actions: &[Action], restart_at: &mut Option<(Instant, Instant)>) -> Option<i32> {
+        for a in actions {
+            match a {
+                Action::ScheduleRestart { delay_s } => {
+                    self.rep.line(&format!(
+                        "==> restarting in {delay_s:.0} s (once memory is back near the idle baseline)"
+                    ));
+                    let now = Instant::now();
+                    *restart_at = Some((now + Duration::from_secs_f64(*delay_s), now + Duration::from_secs(300)));
+                }
+                Action::Exit(code) => {
+                    self.close_agents();
+                    return Some(*code);
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    fn agent_log(&self, i: usize) -> PathBuf {
+        self.logs.join(format!("{}-{}-agent.log", self.kit.name, self.kit.nodes[i].name))
+    }
+
+    fn spawn_agent(&mut self, i: usize) -> Result<(), ClusterError> {
+        let node = &self.kit.nodes[i];
+        let bin = push::ensure(node, &self.exe, &self.sha)?;
+        let rank = node_ranks(self.kit)[i];
+        let argv = vec![bin, "node".to_string(), "--rank".into(), rank.to_string()];
+        let _ = std::fs::create_dir_all(&self.logs);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.agent_log(i))
+            .map_err(|e| ClusterError::Agent { node: node.name.clone(), why: e.to_string() })?;
+        let mut child = transport::command(node, &argv)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| ClusterError::Agent { node: node.name.clone(), why: e.to_string() })?;
+        let stdout = child.stdout.take();
+        let stdin = child.stdin.take();
+        let tx = self.tx.clone();
+        std::thread::spawn(move || {
+            if let Some(out) = stdout {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if let Ok(ev) = decode::<Event>(&line) {
+                        if tx.send(Msg::Event(i, ev)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            let _ = tx.send(Msg::Lost(i));
+        });
+        self.agents[i] = Some(Agent { child, stdin });
+        Ok(())
+    }
+
+    fn send(&mut self, i: usize, cmd: &Command) -> bool {
+        let Some(agent) = self.agents[i].as_mut() else { return false };
+        let Some(stdin) = agent.stdin.as_mut() else { return false };
+        match encode(cmd) {
+            Ok(line) => writeln!(stdin, "{line}").and_then(|()| stdin.flush()).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    fn wait_hello(&mut self, rx: &Receiver<Msg>) -> Result<(), ClusterError> {
+        let mut seen = vec![false; self.kit.nodes.len()];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !seen.iter().all(|s| *s) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Msg::Event(i, Event::Hello { pid, .. })) => {
+                    seen[i] = true;
+                    self.with_node(i, |n| {
+                        n.agent_pid = Some(pid);
+                        n.agent_connected = true;
+                    });
+                }
+                Ok(Msg::Event(i, Event::Heartbeat { mem_available, .. })) => {
+                    if self.baseline[i].is_none() {
+                        self.baseline[i] = mem_available;
+                    }
+                }
+                Ok(Msg::Event(..)) => {}
+                Ok(Msg::Lost(i)) => return Err(self.no_hello(i, 0)),
+                Err(RecvTimeoutError::Disconnected) => return Err(self.no_hello(0, 0)),
+                Err(RecvTimeoutError::Timeout) => {
+                    let i = seen.iter().position(|s| !s).unwrap_or(0);
+                    return Err(self.no_hello(i, 60));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn no_hello(&mut self, i: usize, secs: u64) -> ClusterError {
+        let log = self.agent_log(i);
+        let tail = crate::engine::venv::tail(&log, 3).replace('\n', " | ");
+        self.close_agents();
+        ClusterError::NoHello {
+            node: format!("{} ({tail})", self.kit.nodes[i].name),
+            secs,
+            log: log.display().to_string(),
+        }
+    }
+
+    /// Workers first (each must report Started), then the head.
+    fn start_all(&mut self, rx: &Receiver<Msg>) {
+        let mut order: Vec<usize> =
+            (0..self.kit.nodes.len()).filter(|i| self.kit.nodes[*i].role != Role::Head).collect();
+        order.extend((0..self.kit.nodes.len()).filter(|i| self.kit.nodes[*i].role == Role::Head));
+        for (k, i) in order.iter().copied().enumerate() {
+            self.dead_checks[i] = 0;
+            self.stalled_since[i] = None;
+            self.last_tokens[i] = None;
+            self.rep.line(&format!("==> node {}: starting its engine", self.kit.nodes[i].name));
+            let cmd = Command::Start { kit: Box::new(self.kit.clone()), node: i };
+            if !self.send(i, &cmd) {
+                self.rep.line(&format!("error: node {} has no agent connection", self.kit.nodes[i].name));
+                continue;
+            }
+            // Wait for this node to report its engine started before starting the next one,
+            // processing (and re-queueing) other messages meanwhile.
+            if k + 1 < order.len() {
+                let deadline = Instant::now() + Duration::from_secs(u64::from(self.kit.engine.ready_timeout_s));
+                let mut held = Vec::new();
+                while Instant::now() < deadline {
+                    match rx.recv_timeout(Duration::from_millis(500)) {
+                        Ok(Msg::Event(j, ev))
+                            if j == i && matches!(ev, Event::Started { .. } | Event::Error { .. }) =>
+                        {
+                            held.push(Msg::Event(j, ev));
+                            break;
+                        }
+                        Ok(Msg::Event(j, Event::Phase { name, detail })) => {
+                            self.rep.line(&format!("    {}: {name}: {detail}", self.kit.nodes[j].name));
+                        }
+                        Ok(m) => held.push(m),
+                        Err(_) => {}
+                    }
+                }
+                for m in held {
+                    let _ = self.tx.send(m);
+                }
+            }
+        }
+        self.engines_started = true;
+    }
+
+    fn stop_all(&mut self) {
+        let drain = u64::from(self.kit.engine.shutdown_timeout_s) + 5;
+        self.stopping.clear();
+        for i in 0..self.kit.nodes.len() {
+            if self.send(i, &Command::Stop { drain_s: drain }) {
+                self.stopping.insert(i, false);
+            }
+        }
+        self.engines_started = false;
+    }
+
+    fn close_agents(&mut self) {
+        for a in self.agents.iter_mut().flatten() {
+            a.stdin.take();
+        }
+        let deadline = Instant::now() + Duration::from_secs(u64::from(self.kit.engine.shutdown_timeout_s) + 20);
+        for a in self.agents.iter_mut().flatten() {
+            while Instant::now() < deadline {
+                if a.child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if a.child.try_wait().ok().flatten().is_none() {
+                let _ = a.child.kill();
+                let _ = a.child.wait();
+            }
+        }
+    }
+
+    fn memory_recovered(&self) -> bool {
+        let snap = self.h.snapshot.lock().map(|s| s.nodes.clone()).unwrap_or_default();
+        snap.iter().enumerate().all(|(i, n)| match (self.baseline.get(i).copied().flatten(), n.mem_available) {
+            (Some(base), Some(now)) => now + (base / 10).max(2 << 30) >= base,
+            _ => true,
+        })
+    }
+
+    fn dump_stacks(&mut self) {
+        for i in 0..self.kit.nodes.len() {
+            let pgid = self.h.snapshot.lock().ok().and_then(|s| s.nodes.get(i).and_then(|n| n.engine_pgid));
+            let Some(pgid) = pgid else { continue };
+            let node = &self.kit.nodes[i];
+            let script = format!(
+                "command -v py-spy >/dev/null 2>&1 || {{ echo 'py-spy not installed on this node: no stack dump'; exit 0; }}; \
+                 for p in $(ps -o pid= -g {pgid}); do echo \"== pid $p\"; py-spy dump --pid \"$p\" 2>&1; done"
+            );
+            let out = transport::shell(node, &script).stdin(Stdio::null()).output();
+            let path = self.logs.join(format!("hang-{}-{}-{}.txt", self.kit.name, node.name, unix_time()));
+            let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| e.to_string());
+            let _ = std::fs::write(&path, text);
+            self.rep.line(&format!("    stack dump of {} → {}", node.name, path.display()));
+        }
+    }
+
+    fn with_node(&self, i: usize, f: impl FnOnce(&mut NodeStatus)) {
+        if let Ok(mut s) = self.h.snapshot.lock() {
+            if let Some(n) = s.nodes.get_mut(i) {
+                f(n);
+            }
+        }
+    }
+
+    fn publish(&self, m: &Machine) {
+        if let Ok(mut s) = self.h.snapshot.lock() {
+            s.state = m.state;
+            s.reason.clone_from(&m.reason);
+            s.restarts = m.restarts.len();
+            s.uptime_s = self.clock.elapsed().as_secs_f64();
+            for (i, n) in s.nodes.iter_mut().enumerate() {
+                n.uptime_s = self.started_at[i].map(|t| t.elapsed().as_secs_f64());
+            }
+        }
+    }
+
+    /// Turn an agent message into state-machine inputs.
+    fn on_msg(&mut self, msg: Msg, state: State) -> Vec<Input> {
+        let (i, ev) = match msg {
+            Msg::Lost(i) => {
+                let name = self.kit.nodes[i].name.clone();
+                if let Some(mut a) = self.agents[i].take() {
+                    let _ = a.child.try_wait();
+                }
+                self.with_node(i, |n| {
+                    n.agent_connected = false;
+                    n.engine_alive = false;
+                    n.last_error = Some("agent connection lost".into());
+                });
+                if self.stopping.contains_key(&i) {
+                    self.stopping.insert(i, true);
+                    return Vec::new();
+                }
+                return vec![Input::RankDead { node: name, why: "agent connection lost".into() }];
+            }
+            Msg::Event(i, ev) => (i, ev),
+        };
+        let name = self.kit.nodes[i].name.clone();
+        let head = self.kit.nodes[i].role == Role::Head;
+        match ev {
+            Event::Hello { pid, .. } => self.with_node(i, |n| {
+                n.agent_pid = Some(pid);
+                n.agent_connected = true;
+            }),
+            Event::Phase { name: p, detail } => self.rep.line(&format!("    {name}: {p}: {detail}")),
+            Event::Started { pgid, log } => {
+                self.started_at[i] = Some(Instant::now());
+                self.rep.line(&format!("    {name}: engine started (process group {pgid}, log {log})"));
+                self.with_node(i, |n| {
+                    n.engine_pgid = Some(pgid);
+                    n.engine_alive = true;
+                    n.engine_log = Some(log);
+                    n.last_error = None;
+                });
+            }
+            Event::Ready { seconds } => {
+                self.rep.line(&format!("    {name}: /health answered 200 after {seconds:.1} s"));
+                return vec![Input::HeadReady];
+            }
+            Event::Exited { status, log_tail } => {
+                self.rep.line(&format!("    {name}: engine exited ({status})"));
+                self.with_node(i, |n| {
+                    n.last_error = Some(format!("engine exited ({status}): {}", last_line(&log_tail)))
+                });
+                if head && self.engines_started {
+                    let why = if matches!(state, State::Starting) {
+                        format!("vLLM exited during start ({status})")
+                    } else {
+                        format!("engine exited ({status})")
+                    };
+                    return vec![Input::RankDead { node: name, why }];
+                }
+            }
+            Event::Stopped { survivors, .. } => {
+                if !survivors.is_empty() {
+                    self.rep.line(&format!("error: on {name}, processes survived the stop: {}", survivors.join(", ")));
+                }
+                self.with_node(i, |n| {
+                    n.engine_alive = false;
+                    n.engine_pgid = None;
+                });
+                self.started_at[i] = None;
+                if self.stopping.contains_key(&i) {
+                    self.stopping.insert(i, true);
+                }
+            }
+            Event::Error { message, .. } => {
+                self.rep.line(&format!("error: {name}: {message}"));
+                self.with_node(i, |n| n.last_error = Some(message.clone()));
+                if self.engines_started && matches!(state, State::Starting) {
+                    return vec![Input::StartFailed { node: name, why: message }];
+                }
+            }
+            Event::Files { .. } => {}
+            Event::Heartbeat { engine_alive, quiet_s, mem_available, healthy, progress } => {
+                if self.baseline[i].is_none() && !self.engines_started {
+                    self.baseline[i] = mem_available;
+                }
+                let tps = self.tokens_per_s(i, progress);
+                self.with_node(i, |n| {
+                    n.engine_alive = engine_alive;
+                    n.quiet_s = quiet_s;
+                    n.mem_available = mem_available;
+                    n.healthy = healthy;
+                    if tps.is_some() {
+                        n.tokens_per_s = tps;
+                    }
+                });
+                return self.judge(i, &name, state, engine_alive, quiet_s, healthy, progress);
+            }
+        }
+        Vec::new()
+    }
+
+    fn tokens_per_s(&mut self, i: usize, progress: Option<(f64, f64)>) -> Option<f64> {
+        let (_, tokens) = progress?;
+        let now = Instant::now();
+        let prev = self.last_tokens[i].replace((now, tokens));
+        let (t0, k0) = prev?;
+        let dt = now.duration_since(t0).as_secs_f64();
+        (dt > 0.0).then(|| ((tokens - k0) / dt).max(0.0))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &mut self,
+        i: usize,
+        name: &str,
+        state: State,
+        alive: bool,
+        quiet_s: f64,
+        healthy: Option<bool>,
+        progress: Option<(f64, f64)>,
+    ) -> Vec<Input> {
+        if !self.engines_started || self.started_at[i].is_none() {
+            return Vec::new();
+        }
+        let limit = self.kit.engine.hang_timeout_s;
+        let mut out = Vec::new();
+        // Dead rank: gone for three consecutive checks.
+        if alive {
+            self.dead_checks[i] = 0;
+        } else {
+            self.dead_checks[i] += 1;
+            if self.dead_checks[i] == 3 {
+                out.push(Input::RankDead {
+                    node: name.into(),
+                    why: "engine not running for 3 consecutive checks".into(),
+                });
+            }
+            return out;
+        }
+        match state {
+            // While booting, progress is log output.
+            State::Starting => {
+                if hang::is_hung(quiet_s, limit) {
+                    out.push(Input::Hung { node: name.into(), quiet_s });
+                }
+            }
+            State::Ready | State::Degraded => {
+                if let Some(h) = healthy {
+                    out.push(Input::Health(h));
+                }
+                // Serving: a failing probe, or requests in flight with no new tokens, is a stall.
+                let stalled = healthy == Some(false)
+                    || progress.is_some_and(|(running, _)| running > 0.0) && self.tokens_frozen(i);
+                if stalled {
+                    let since = *self.stalled_since[i].get_or_insert_with(Instant::now);
+                    let secs = since.elapsed().as_secs_f64();
+                    if hang::is_hung(secs, limit) {
+                        out.push(Input::Hung { node: name.into(), quiet_s: secs });
+                    }
+                } else if healthy.is_some() {
+                    self.stalled_since[i] = None;
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    fn tokens_frozen(&self, i: usize) -> bool {
+        self.h.snapshot.lock().ok().and_then(|s| s.nodes.get(i).and_then(|n| n.tokens_per_s)).is_some_and(|t| t == 0.0)
+    }
+}
+
+fn last_line(text: &str) -> String {
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_string()
+}
+
+fn unix_time() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A fresh snapshot for `kit` before anything runs.
+#[must_use]
+pub fn initial_snapshot(kit: &Kit) -> Snapshot {
+    let ranks = node_ranks(kit);
+    Snapshot {
+        schema: 1,
+        kit: kit.name.clone(),
+        state: State::Starting,
+        reason: None,
+        supervisor_pid: std::process::id(),
+        uptime_s: 0.0,
+        restarts: 0,
+        endpoint: format!("{}/v1", base_url(probe_host(&kit.engine.host), kit.engine.port)),
+        model: kit.engine.served_model_name.clone(),
+        nodes: kit
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeStatus {
+                name: n.name.clone(),
+                rank: ranks[i],
+                role: if n.role == Role::Head { "head".into() } else { "worker".into() },
+                ..NodeStatus::default()
+            })
+            .collect(),
+    }
+}
