@@ -1,0 +1,15 @@
+//! `spark-kit bench`: measure any OpenAI-compatible endpoint the way the reference numbers were
+//! measured (TTFT, per-stream and aggregate decode, prefill), and leave a receipt others can
+//! compare. Definitions: [`metrics`]; result format: [`result`] and docs/bench.md.
+
+pub mod client;
+pub mod compare;
+pub mod host;
+pub mod metrics;
+pub mod plot;
+pub mod prompt;
+pub mod result;
+pub mod run;
+pub mod sizes;
+pub mod sse;
+pub mod table;

@@ -1,0 +1,212 @@
+//! The plot of one result: decode tok/s vs concurrency (left), prefill tok/s vs prompt length
+//! (right). SVG or PNG by the file's extension.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::result::BenchResult;
+use super::sizes::length_label;
+
+/// Size of the image in pixels.
+pub const SIZE: (u32, u32) = (1200, 500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("--plot {0}: the file name must end in .svg or .png")]
+    Extension(String),
+    #[error("cannot draw the plot: no TrueType font found (looked for DejaVu Sans, Liberation Sans, Noto Sans and any .ttf under {0})")]
+    NoFont(String),
+    #[error("cannot draw the plot {path}: {detail}")]
+    Draw { path: String, detail: String },
+}
+
+impl PlotError {
+    #[must_use]
+    pub fn hint(&self) -> &'static str {
+        match self {
+            Self::Extension(_) => "use e.g. --plot bench.svg or --plot bench.png",
+            Self::NoFont(_) => "install a font (Debian: apt-get install fonts-dejavu-core)",
+            Self::Draw { .. } => "check that the directory exists and is writable",
+        }
+    }
+}
+
+/// Output format of a plot path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Svg,
+    Png,
+}
+
+/// The format from the extension (case-insensitive).
+pub fn format_of(path: &Path) -> Result<Format, PlotError> {
+    match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("svg") => Ok(Format::Svg),
+        Some("png") => Ok(Format::Png),
+        _ => Err(PlotError::Extension(path.display().to_string())),
+    }
+}
+
+const FONT_DIR: &str = "/usr/share/fonts";
+const PREFERRED: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/truetype/noto/NotoSans-Regular.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+fn any_ttf(dir: &Path, depth: u32) -> Option<PathBuf> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for p in &entries {
+        if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("ttf")) {
+            return Some(p.clone());
+        }
+    }
+    if depth == 0 {
+        return None;
+    }
+    entries.iter().filter(|p| p.is_dir()).find_map(|p| any_ttf(p, depth - 1))
+}
+
+/// Register a system font as `sans-serif` once per process.
+fn ensure_font() -> Result<(), PlotError> {
+    static FONT: OnceLock<bool> = OnceLock::new();
+    let ok = *FONT.get_or_init(|| {
+        let path =
+            PREFERRED.iter().map(PathBuf::from).find(|p| p.is_file()).or_else(|| any_ttf(Path::new(FONT_DIR), 4));
+        let Some(bytes) = path.and_then(|p| std::fs::read(p).ok()) else { return false };
+        // plotters keeps fonts for the life of the process: leaking one font file once is intended.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(PlotError::NoFont(FONT_DIR.into()))
+    }
+}
+
+/// Draw `r` to `path` (SVG or PNG by extension).
+pub fn draw(r: &BenchResult, path: &Path) -> Result<(), PlotError> {
+    let format = format_of(path)?;
+    ensure_font()?;
+    let err = |e: String| PlotError::Draw { path: path.display().to_string(), detail: e };
+    match format {
+        Format::Svg => {
+            let root = SVGBackend::new(path, SIZE).into_drawing_area();
+            panels(r, &root).map_err(err)?;
+            root.present().map_err(|e| err(e.to_string()))
+        }
+        Format::Png => {
+            let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+            panels(r, &root).map_err(err)?;
+            root.present().map_err(|e| err(e.to_string()))
+        }
+    }
+}
+
+type Area<'a, DB> = DrawingArea<DB, Shift>;
+
+fn panels<DB: DrawingBackend>(r: &BenchResult, root: &Area<'_, DB>) -> Result<(), String> {
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let title = format!("{} — {}", r.receipt.model.id, r.receipt.started_at);
+    let root = root.titled(&title, ("sans-serif", 18)).map_err(|e| e.to_string())?;
+    let (left, right) = root.split_horizontally(SIZE.0 / 2);
+    decode_panel(r, &left).map_err(|e| e.to_string())?;
+    prefill_panel(r, &right).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn upper(values: impl Iterator<Item = f64>) -> f64 {
+    let m = values.fold(0.0_f64, f64::max);
+    if m > 0.0 {
+        m * 1.15
+    } else {
+        1.0
+    }
+}
+
+fn empty<DB: DrawingBackend>(area: &Area<'_, DB>, text: &str) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let (w, h) = area.dim_in_pixel();
+    area.draw(&Text::new(
+        text.to_string(),
+        (i32::try_from(w / 4).unwrap_or(0), i32::try_from(h / 2).unwrap_or(0)),
+        ("sans-serif", 16),
+    ))
+}
+
+fn decode_panel<DB: DrawingBackend>(
+    r: &BenchResult,
+    area: &Area<'_, DB>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let per: Vec<(f64, f64)> =
+        r.decode.iter().filter_map(|w| Some((f64::from(w.concurrency), w.decode_tok_s.as_ref()?.median))).collect();
+    let agg: Vec<(f64, f64)> =
+        r.decode.iter().filter_map(|w| Some((f64::from(w.concurrency), w.aggregate_tok_s?))).collect();
+    if per.is_empty() && agg.is_empty() {
+        return empty(area, "no decode measurements");
+    }
+    let xmax = r.decode.iter().map(|w| f64::from(w.concurrency)).fold(1.0, f64::max) + 1.0;
+    let ymax = upper(per.iter().chain(&agg).map(|p| p.1));
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("Decode ({} tokens/stream)", r.settings.decode_tokens), ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..xmax, 0.0..ymax)?;
+    chart.configure_mesh().x_desc("concurrent streams").y_desc("tok/s").draw()?;
+    for (points, color, label) in [(&per, BLUE, "per stream (median)"), (&agg, RED, "aggregate")] {
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn prefill_panel<DB: DrawingBackend>(
+    r: &BenchResult,
+    area: &Area<'_, DB>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let points: Vec<(f64, f64)> =
+        r.prefill.iter().filter_map(|p| Some((p.target_tokens as f64, p.prefill_tok_s.as_ref()?.median))).collect();
+    if points.is_empty() {
+        return empty(area, "no prefill measurements");
+    }
+    let lo = points.iter().map(|p| p.0).fold(f64::INFINITY, f64::min) / 2.0;
+    let hi = points.iter().map(|p| p.0).fold(0.0, f64::max) * 2.0;
+    let ymax = upper(points.iter().map(|p| p.1));
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("Prefill ({} per length)", r.settings.prefill_repeats), ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((lo..hi).log_scale(), 0.0..ymax)?;
+    chart
+        .configure_mesh()
+        .x_desc("prompt tokens")
+        .y_desc("tok/s")
+        .x_label_formatter(&|x| {
+            // Axis labels are rounded token counts.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let n = x.round() as u64;
+            length_label(n)
+        })
+        .draw()?;
+    chart.draw_series(LineSeries::new(points.iter().copied(), GREEN.stroke_width(2)))?;
+    chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, GREEN.filled())))?;
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! The versioned JSON result of `spark-kit bench` (documented in docs/bench.md; its JSON Schema is
+//! docs/bench-result.schema.json, generated from these types).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::metrics::Summary;
+
+/// Value of the `format` field.
+pub const FORMAT: &str = "spark-kit-bench";
+/// Value of the `version` field; bumped on any incompatible change.
+pub const VERSION: u32 = 1;
+
+/// One benchmark run: what was measured, how, where and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchResult {
+    /// Always `spark-kit-bench`.
+    #[schemars(regex(pattern = r"^spark-kit-bench$"))]
+    pub format: String,
+    /// Format version (this document describes version 1).
+    #[schemars(range(min = 1, max = 1))]
+    pub version: u32,
+    /// Who measured what, where and when.
+    pub receipt: Receipt,
+    /// The load that was applied.
+    pub settings: Settings,
+    /// TTFT of tiny prompts, subtracted from prefill TTFTs.
+    pub calibration: Calibration,
+    /// Concurrency waves, ascending.
+    pub decode: Vec<Wave>,
+    /// Prefill ladder, ascending prompt length.
+    pub prefill: Vec<PrefillStep>,
+    /// Requests that failed, across all phases (empty for a clean run).
+    pub failures: Vec<Failure>,
+}
+
+/// Provenance, so a third party can compare their numbers with these.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Receipt {
+    /// spark-kit version that measured.
+    pub spark_kit_version: String,
+    /// The kit the endpoint came from (`--kit`), if any.
+    pub kit: Option<KitReceipt>,
+    /// Base URL measured (without `/v1`).
+    pub endpoint: String,
+    /// `version` from the server's `GET /version` (vLLM), if it answers.
+    pub server_version: Option<String>,
+    /// The model measured, as listed by `GET /v1/models`.
+    pub model: ModelReceipt,
+    /// The machine that ran the benchmark client (not necessarily the server).
+    pub host: Host,
+    /// UTC start and end, RFC 3339.
+    pub started_at: String,
+    pub finished_at: String,
+    /// Wall time of the whole run in seconds.
+    pub duration_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KitReceipt {
+    pub name: String,
+    /// SHA-256 (hex) of the effective kit (all layers applied) as canonical JSON.
+    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelReceipt {
+    /// Model id used in requests.
+    pub id: String,
+    /// `root` (what the served name points at), if listed.
+    pub root: Option<String>,
+    /// `max_model_len`, if listed.
+    pub max_model_len: Option<u64>,
+}
+
+/// Facts about the client machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    pub hostname: Option<String>,
+    /// `PRETTY_NAME` from /etc/os-release.
+    pub os: Option<String>,
+    pub kernel: Option<String>,
+    pub arch: String,
+    /// CPU model name from /proc/cpuinfo.
+    pub cpu: Option<String>,
+    /// Logical CPUs available to the process.
+    pub cpus: Option<u64>,
+    /// MemTotal in bytes.
+    pub memory_bytes: Option<u64>,
+}
+
+/// The applied load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Concurrency levels of the decode waves, ascending.
+    pub concurrency: Vec<u32>,
+    /// Tokens generated per decode stream (`max_tokens`, and `min_tokens` when accepted).
+    pub decode_tokens: u64,
+    /// Prompt length of the decode streams, in tokens.
+    pub decode_prompt_tokens: u64,
+    /// Prompt lengths of the prefill ladder, ascending (tokens).
+    pub prefill_lengths: Vec<u64>,
+    /// Requests per prefill length.
+    pub prefill_repeats: u32,
+    /// `max_tokens` of prefill and calibration requests.
+    pub prefill_max_tokens: u64,
+    /// Prompt length of the calibration requests (tokens).
+    pub calibration_prompt_tokens: u64,
+    pub temperature: f64,
+    /// Whether the model was asked to think (`chat_template_kwargs`).
+    pub thinking: bool,
+    /// Whether the server accepted the vendor parameters (`ignore_eos`, `min_tokens`,
+    /// `chat_template_kwargs`); false = they were rejected with HTTP 400 and dropped, so
+    /// decode lengths may vary.
+    pub vendor_params: bool,
+    /// Whether prompt lengths were checked with the server's `/tokenize`.
+    pub tokenize: bool,
+    /// Timeout of one decode request in seconds (prefill: min(2700, 60 + 0.008 × tokens)).
+    pub request_timeout_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// TTFT of each tiny prompt (seconds).
+    pub ttft_s: Vec<f64>,
+    /// Median of `ttft_s`: the overhead subtracted from prefill TTFTs.
+    pub overhead_s: f64,
+}
+
+/// One finished request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    /// Seconds from the start of the run to sending, first and last text delta.
+    pub sent_s: f64,
+    pub first_s: f64,
+    pub last_s: f64,
+    /// `first_s − sent_s`.
+    pub ttft_s: f64,
+    /// (completion_tokens − 1) / (last_s − first_s); null with fewer than two tokens.
+    pub decode_tok_s: Option<f64>,
+    /// From the streamed usage block.
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cached_tokens: u64,
+    /// SSE events that carried text (for reference only; never used as a token count).
+    pub text_events: u64,
+    pub finish_reason: Option<String>,
+}
+
+/// `c` streams started together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Wave {
+    #[schemars(range(min = 1))]
+    pub concurrency: u32,
+    /// Σ (completion_tokens − 1) / (max last − min first) over the wave's streams.
+    pub aggregate_tok_s: Option<f64>,
+    /// Per-stream decode tok/s.
+    pub decode_tok_s: Option<Summary>,
+    pub ttft_s: Option<Summary>,
+    pub requests: Vec<Request>,
+    pub failed: u32,
+}
+
+/// Requests of one prompt length, run one at a time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrefillStep {
+    /// Requested prompt length in tokens.
+    pub target_tokens: u64,
+    /// Prefill tok/s of each request: (prompt − cached tokens) / (TTFT − overhead).
+    pub prefill_tok_s: Option<Summary>,
+    pub ttft_s: Option<Summary>,
+    pub requests: Vec<Request>,
+    pub failed: u32,
+    /// Why the step did not run (e.g. longer than the model's max_model_len), else null.
+    pub skipped: Option<String>,
+}
+
+/// A request that did not complete.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Failure {
+    /// `warmup`, `calibration`, `decode c=N` or `prefill N`.
+    pub phase: String,
+    pub error: String,
+}
+
+/// The JSON Schema of [`BenchResult`], pretty-printed (what docs/bench-result.schema.json holds).
+#[must_use]
+pub fn schema_json() -> String {
+    let schema = schemars::schema_for!(BenchResult);
+    // A schema built from plain serde types always serializes.
+    let mut s = serde_json::to_string_pretty(&schema).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Read a result file's text, checking the format and version first (clear one-line errors).
+pub fn parse(text: &str) -> Result<BenchResult, String> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    if v.get("format").and_then(serde_json::Value::as_str) != Some(FORMAT) {
+        return Err(format!("not a spark-kit bench result (its `format` is not `{FORMAT}`)"));
+    }
+    match v.get("version").and_then(serde_json::Value::as_u64) {
+        Some(n) if n == u64::from(VERSION) => {}
+        Some(n) => return Err(format!("result format version {n}; this spark-kit reads version {VERSION}")),
+        None => return Err("no `version` field".into()),
+    }
+    serde_path_to_error::deserialize(v).map_err(|e| format!("{}: {}", e.path(), e.inner()))
+}

@@ -1,0 +1,135 @@
+//! End to end: `spark-kit bench` against a real `spark-kit up --kit tiny-cpu` endpoint (vLLM on
+//! the CPU). The JSON validates against docs/bench-result.schema.json and the PNG plot opens.
+//!
+//! Gated on SPARK_KIT_TEST_E2E=1 (`tests/run-all.sh` sets it after building the engine venv);
+//! without it the test prints why and skips. The load is tiny: a few short requests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, group_members, spark_kit};
+use serde_json::Value;
+
+fn enabled() -> bool {
+    if std::env::var_os("SPARK_KIT_TEST_E2E").is_some() {
+        return true;
+    }
+    eprintln!("skipping: SPARK_KIT_TEST_E2E is not set (run `bash tests/run-all.sh`, which builds the engine venv)");
+    false
+}
+
+/// `spark-kit up --kit tiny-cpu --port P`, stopped with SIGINT when dropped.
+struct Up {
+    child: Child,
+    engine_pgid: Option<i32>,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let t = Instant::now();
+        while self.engine_pgid.is_some_and(|g| !group_members(g).is_empty()) && t.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn up(port: u16, logs: &std::path::Path) -> Up {
+    let mut child = spark_kit()
+        .args(["up", "--kit", "tiny-cpu", "--port", &port.to_string()])
+        .args(["--set", &format!("paths.logs={}", logs.display())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut u = Up { child, engine_pgid: None };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) if line.starts_with("Ctrl-C") => break,
+            Ok(_) => {}
+            Err(_) => {
+                if let Ok(Some(status)) = u.child.try_wait() {
+                    panic!("up exited before ready: {status}");
+                }
+                assert!(Instant::now() < deadline, "not ready in 600 s");
+            }
+        }
+    }
+    u.engine_pgid = common::children_of(u.child.id() as i32).into_iter().next();
+    u
+}
+
+#[test]
+fn bench_measures_the_tiny_cpu_endpoint() {
+    if !enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _server = up(port, dir.path());
+    let json = dir.path().join("bench.json");
+    let png = dir.path().join("bench.png");
+    let t = Instant::now();
+    let o = spark_kit()
+        .args(["bench", "--kit", "tiny-cpu", "--port", &port.to_string()])
+        .args(["--concurrency", "1,2", "--decode-tokens", "16", "--decode-prompt-tokens", "32"])
+        .args(["--prefill", "128", "--prefill-repeats", "1"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--plot")
+        .arg(&png)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    eprintln!("bench took {:.1} s\n{stderr}{}", t.elapsed().as_secs_f64(), String::from_utf8_lossy(&o.stdout));
+    assert!(o.status.success(), "bench failed: {stderr}");
+
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let schema_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench-result.schema.json");
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(schema_path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator.iter_errors(&r).map(|e| format!("{}: {e}", e.instance_path())).collect();
+    assert!(errors.is_empty(), "schema: {errors:?}");
+
+    let rc = &r["receipt"];
+    assert_eq!(rc["model"]["id"], "tiny-llama");
+    assert_eq!(rc["kit"]["name"], "tiny-cpu");
+    assert!(rc["server_version"].as_str().is_some_and(|v| !v.is_empty()), "vLLM /version: {rc}");
+    assert_eq!(r["settings"]["vendor_params"], true, "vLLM accepts ignore_eos/min_tokens");
+    assert_eq!(r["settings"]["tokenize"], true, "vLLM has /tokenize");
+    assert_eq!(r["failures"], serde_json::json!([]));
+    for w in r["decode"].as_array().unwrap() {
+        assert!(w["aggregate_tok_s"].as_f64().unwrap() > 0.0);
+        for q in w["requests"].as_array().unwrap() {
+            assert_eq!(q["completion_tokens"], 16, "fixed decode length: {q}");
+            let p = q["prompt_tokens"].as_u64().unwrap();
+            assert!(p.abs_diff(32) <= 2, "prompt fitted with /tokenize: {p}");
+            assert!(q["decode_tok_s"].as_f64().unwrap() > 0.0);
+        }
+    }
+    let pre = &r["prefill"][0];
+    assert_eq!(pre["target_tokens"], 128);
+    assert!(pre["requests"][0]["prompt_tokens"].as_u64().unwrap().abs_diff(128) <= 2);
+
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+    let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+    assert_eq!((w, h), (1200, 500));
+}
