@@ -455,8 +455,8 @@ impl Sup<'_> {
                     n.engine_alive = false;
                     n.last_error = Some("agent connection lost".into());
                 });
-                if self.stopping.contains_key(&i) {
-                    self.stopping.insert(i, true);
+                if let Some(done) = self.stopping.get_mut(&i) {
+                    *done = true;
                     return Vec::new();
                 }
                 return vec![Input::RankDead { node: name, why: "agent connection lost".into() }];
@@ -508,8 +508,8 @@ impl Sup<'_> {
                     n.engine_pgid = None;
                 });
                 self.started_at[i] = None;
-                if self.stopping.contains_key(&i) {
-                    self.stopping.insert(i, true);
+                if let Some(done) = self.stopping.get_mut(&i) {
+                    *done = true;
                 }
             }
             Event::Error { message, .. } => {
@@ -580,11 +580,7 @@ impl Sup<'_> {
         }
         match state {
             // While booting, progress is log output.
-            State::Starting => {
-                if hang::is_hung(quiet_s, limit) {
-                    out.push(Input::Hung { node: name.into(), quiet_s });
-                }
-            }
+            State::Starting if hang::is_hung(quiet_s, limit) => out.push(Input::Hung { node: name.into(), quiet_s }),
             State::Ready | State::Degraded => {
                 if let Some(h) = healthy {
                     out.push(Input::Health(h));
