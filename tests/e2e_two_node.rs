@@ -52,7 +52,21 @@ impl Net {
         Self::teardown_names();
         sh(&["ip", "netns", "add", NS1]);
         sh(&["ip", "netns", "add", NS2]);
-        sh(&["ip", "link", "add", "veth-spark1", "netns", NS1, "type", "veth", "peer", "name", "veth-spark2", "netns", NS2]);
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            "veth-spark1",
+            "netns",
+            NS1,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "veth-spark2",
+            "netns",
+            NS2,
+        ]);
         for (ns, dev, ip) in [(NS1, "veth-spark1", "10.77.0.1/24"), (NS2, "veth-spark2", "10.77.0.2/24")] {
             sh(&["ip", "-n", ns, "addr", "add", ip, "dev", dev]);
             sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
@@ -268,7 +282,11 @@ fn two_nodes_boot_tp2_survive_failures_and_stop_clean() {
     let waited = t.elapsed().as_secs_f64();
     eprintln!("hang detected {waited:.1} s after SIGSTOP (threshold 30 s)");
     assert!(waited >= 25.0, "hang declared before the threshold");
-    let dumps: Vec<_> = std::fs::read_dir(net.logs()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("hang-")).collect();
+    let dumps: Vec<_> = std::fs::read_dir(net.logs())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("hang-"))
+        .collect();
     assert!(!dumps.is_empty(), "no stack dump attempted");
     wait_state(&net, "ready", Duration::from_secs(900));
 
@@ -310,7 +328,8 @@ fn two_nodes_boot_tp2_survive_failures_and_stop_clean() {
         assert!(s.get(key).is_some(), "status lacks {key}: {s}");
     }
     for n in s["nodes"].as_array().unwrap() {
-        for key in ["name", "rank", "agent_pid", "engine_pgid", "engine_alive", "mem_available", "healthy", "uptime_s"] {
+        for key in ["name", "rank", "agent_pid", "engine_pgid", "engine_alive", "mem_available", "healthy", "uptime_s"]
+        {
             assert!(n.get(key).is_some(), "node status lacks {key}: {n}");
         }
     }
@@ -326,7 +345,8 @@ fn two_nodes_boot_tp2_survive_failures_and_stop_clean() {
             String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_string).collect::<Vec<_>>()
         })
         .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.starts_with("VLLM") || c.trim() == "spark-kit" || c.starts_with("spark-kit"))
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.starts_with("VLLM") || c.trim() == "spark-kit" || c.starts_with("spark-kit"))
         })
         .collect();
     assert!(leftovers.is_empty(), "processes left in the namespaces: {leftovers:?}");

@@ -97,9 +97,19 @@ pub struct Step {
 /// `PYTHONDONTWRITEBYTECODE` never write it later). Without: pip from the inputs, then the wheel
 /// without dependencies. The shim and the completion marker are written by the caller.
 #[must_use]
-pub fn steps(recipe: &Recipe, base_python: &str, venv: &str, reqs_file: &str, installer_file: &str, wheel_dir: &str) -> Vec<Step> {
+pub fn steps(
+    recipe: &Recipe,
+    base_python: &str,
+    venv: &str,
+    reqs_file: &str,
+    installer_file: &str,
+    wheel_dir: &str,
+) -> Vec<Step> {
     let py = format!("{venv}/bin/python");
-    let s = |label: &str, argv: &[&str]| Step { label: label.into(), argv: argv.iter().map(|a| (*a).to_string()).collect() };
+    let s = |label: &str, argv: &[&str]| Step {
+        label: label.into(),
+        argv: argv.iter().map(|a| (*a).to_string()).collect(),
+    };
     let mut out = vec![s("create venv", &[base_python, "-m", "venv", venv])];
     let pip = [py.as_str(), "-m", "pip", "--disable-pip-version-check", "--no-input"];
     if recipe.lock.is_some() && recipe.installer_lock.is_some() {
@@ -108,7 +118,20 @@ pub fn steps(recipe: &Recipe, base_python: &str, venv: &str, reqs_file: &str, in
         out.push(s("install the installer (uv)", &a));
         out.push(s(
             "install locked requirements",
-            &[&py, "-m", "uv", "pip", "install", "--python", &py, "--no-deps", "--require-hashes", "--compile-bytecode", "-r", reqs_file],
+            &[
+                &py,
+                "-m",
+                "uv",
+                "pip",
+                "install",
+                "--python",
+                &py,
+                "--no-deps",
+                "--require-hashes",
+                "--compile-bytecode",
+                "-r",
+                reqs_file,
+            ],
         ));
         return out;
     }

@@ -121,7 +121,8 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     let reqs = dir.with_extension("requirements.txt");
     fs::write(&reqs, recipe.lock.as_deref().unwrap_or(&recipe.inputs)).map_err(io("cannot write", &reqs))?;
     let installer = dir.with_extension("installer.txt");
-    fs::write(&installer, recipe.installer_lock.as_deref().unwrap_or_default()).map_err(io("cannot write", &installer))?;
+    fs::write(&installer, recipe.installer_lock.as_deref().unwrap_or_default())
+        .map_err(io("cannot write", &installer))?;
     let wheels = cache.join("wheels");
     fs::create_dir_all(&wheels).map_err(io("cannot create", &wheels))?;
     let uv_cache = cache.join("uv");
@@ -160,7 +161,13 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     Ok(info)
 }
 
-fn run_step(label: &str, argv: &[String], uv_cache: &Path, log: &mut fs::File, log_path: &Path) -> Result<(), SetupError> {
+fn run_step(
+    label: &str,
+    argv: &[String],
+    uv_cache: &Path,
+    log: &mut fs::File,
+    log_path: &Path,
+) -> Result<(), SetupError> {
     let _ = writeln!(log, "\n$ {}", argv.join(" "));
     let out_log = log.try_clone().map_err(io("cannot write", log_path))?;
     let err_log = log.try_clone().map_err(io("cannot write", log_path))?;
@@ -225,7 +232,13 @@ fn write_shim(site: &Path, name: &str, version: &str) -> Result<(), SetupError> 
     fs::write(&installer, "spark-kit\n").map_err(io("cannot write", &installer))
 }
 
-fn check_imports(python: &Path, recipe: &Recipe, uv_cache: &Path, log: &mut fs::File, log_path: &Path) -> Result<(), SetupError> {
+fn check_imports(
+    python: &Path,
+    recipe: &Recipe,
+    uv_cache: &Path,
+    log: &mut fs::File,
+    log_path: &Path,
+) -> Result<(), SetupError> {
     let mut code = String::from("import sys, importlib.metadata as m\n");
     if let Some((name, _)) = &recipe.shim {
         code.push_str(&format!("print('{name}', m.version('{name}'))\n"));
