@@ -14,5 +14,6 @@ pub mod error;
 pub mod hub;
 pub mod kit;
 pub mod memguard;
+pub mod node;
 pub mod plan;
 pub mod supervisor;

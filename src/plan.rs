@@ -257,17 +257,12 @@ pub fn input_from_kit(
     }
 }
 
-/// `(MemTotal, MemAvailable)` in bytes from the text of `/proc/meminfo` (`None` if either is missing).
+/// `(MemTotal, MemAvailable)` in bytes from the text of `/proc/meminfo` (`None` if MemTotal,
+/// MemFree or MemAvailable is missing).
 #[must_use]
 pub fn parse_meminfo(text: &str) -> Option<(u64, u64)> {
-    let field = |key: &str| {
-        text.lines().find_map(|l| {
-            let rest = l.strip_prefix(key)?.strip_prefix(':')?.trim();
-            let kib: u64 = rest.strip_suffix("kB").unwrap_or(rest).trim().parse().ok()?;
-            kib.checked_mul(1024)
-        })
-    };
-    Some((field("MemTotal")?, field("MemAvailable")?))
+    // One /proc/meminfo parser for the crate: the memory guard's (allocation-free).
+    crate::memguard::meminfo::parse(text.as_bytes()).map(|m| (m.mem_total, m.mem_available))
 }
 
 /// KV tokens in a pool: `pool / bytes_per_token`, rounded down (None when bytes per token is 0).

@@ -1,0 +1,116 @@
+//! JSON receipts: one file per guard action (time, readings, growers, decision, signals,
+//! result), written after the action so the hot path never waits on the disk.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::attribution::{GroupGrowth, Grower};
+use super::meminfo::Meminfo;
+use super::psi::Pressure;
+
+/// A signal the guard sent.
+#[derive(Debug, Clone, Serialize)]
+pub struct SignalSent {
+    pub signal: &'static str,
+    /// `pid` or `pgid` (a whole process group).
+    pub target: &'static str,
+    pub id: i32,
+    /// Milliseconds after the guard first saw MemAvailable at or under the floor.
+    pub after_crossing_ms: f64,
+    pub error: Option<String>,
+}
+
+/// How the action ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// The victim (process or every member of the group) is gone.
+    pub gone: bool,
+    /// Milliseconds from the first signal until it was gone (or the guard gave up).
+    pub ms: f64,
+    /// Pids still alive at the end.
+    pub survivors: Vec<i32>,
+    /// MemAvailable when the action ended.
+    pub mem_available_after: u64,
+}
+
+/// One receipt.
+#[derive(Debug, Clone, Serialize)]
+pub struct Receipt {
+    /// UTC, RFC 3339.
+    pub time: String,
+    pub unix_ms: u128,
+    pub node: String,
+    pub decision: &'static str,
+    /// Why, in words.
+    pub reason: String,
+    pub policy: &'static str,
+    pub soft_floor: u64,
+    pub hard_floor: u64,
+    /// The reading that crossed the floor, and the one the decision was taken on.
+    pub at_crossing: Meminfo,
+    pub at_decision: Meminfo,
+    pub pressure: Option<Pressure>,
+    /// MemAvailable fall over the attribution window, and the part no process's memory explains.
+    pub window_s: f64,
+    pub window_drop: u64,
+    pub unattributed: u64,
+    pub gpu_memory_source: &'static str,
+    pub engine: Option<GroupGrowth>,
+    pub growers: Vec<Grower>,
+    pub victim: Option<Grower>,
+    pub signals: Vec<SignalSent>,
+    /// Milliseconds from the first reading at or under the floor to the first signal.
+    pub reaction_ms: Option<f64>,
+    pub outcome: Option<Outcome>,
+    /// Soft-floor action: the model files whose page cache was dropped.
+    pub cache_dropped: Vec<String>,
+}
+
+/// Milliseconds since the Unix epoch and the RFC 3339 UTC time.
+#[must_use]
+pub fn now() -> (u128, String) {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    (d.as_millis(), rfc3339(d.as_secs(), d.subsec_millis()))
+}
+
+/// `2026-12-02T13:45:07.123Z` from Unix seconds (civil-from-days, proleptic Gregorian).
+#[must_use]
+pub fn rfc3339(secs: u64, millis: u32) -> String {
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// Write `r` as `<dir>/guard-<unix_ms>-<decision>.json` (pretty JSON, written then renamed).
+pub fn write(dir: &Path, r: &Receipt) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("guard-{}-{}.json", r.unix_ms, r.decision));
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(r).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, text + "\n")?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_utc_times() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(rfc3339(1_796_219_107, 123), "2026-12-02T13:45:07.123Z");
+    }
+}

@@ -1,0 +1,179 @@
+//! The raw facts of one node, gathered through a [`ProbeSource`]. Gathering does I/O; every
+//! verdict over the facts ([`super::checks`]) is pure.
+
+use serde::Serialize;
+
+use super::probe::{ProbeError, ProbeSource};
+
+/// Outcome of one probe: its text, or why there is none.
+pub type Probed = Result<String, ProbeError>;
+
+/// One GID table entry from `/sys/class/infiniband/<hca>/ports/<port>/gids/<index>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GidEntry {
+    pub port: u32,
+    pub index: u32,
+    pub gid: String,
+    /// `gid_attrs/types/<index>`: `RoCE v2`, `IB/RoCE v1`.
+    pub kind: String,
+    /// `gid_attrs/ndevs/<index>`: the net device the GID belongs to.
+    pub ndev: Option<String>,
+}
+
+/// The link facts of the node's fabric interface and HCA.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct FabricFacts {
+    pub interface: Option<String>,
+    pub hca: Option<String>,
+    /// `/sys/class/net/<if>/operstate`, `speed` (Mb/s), `mtu`.
+    #[serde(skip)]
+    pub operstate: Option<Probed>,
+    #[serde(skip)]
+    pub speed: Option<Probed>,
+    #[serde(skip)]
+    pub mtu: Option<Probed>,
+    /// `ip -4 -o addr show <if>`.
+    #[serde(skip)]
+    pub ip_addr: Option<Probed>,
+    /// The GID table of every port of the HCA (empty when none could be read).
+    pub gids: Vec<GidEntry>,
+    /// Why the GID table could not be read.
+    pub gid_error: Option<String>,
+    /// `ports/<n>/state` of each port, e.g. `4: ACTIVE`.
+    pub port_states: Vec<(u32, String)>,
+}
+
+/// Everything preflight looks at on one node.
+#[derive(Debug, Clone)]
+pub struct NodeFacts {
+    pub uname_m: Probed,
+    pub uname_r: Probed,
+    pub dgx_release: Probed,
+    /// `nvidia-smi --query-gpu=name,compute_cap,pci.bus_id,driver_version --format=csv,noheader`.
+    pub gpu: Probed,
+    /// `nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader`.
+    pub gpu_apps: Probed,
+    pub meminfo: Probed,
+    pub pressure: Probed,
+    /// `(pid, comm)` of every process.
+    pub processes: Vec<(i32, String)>,
+    pub spark_kit_version: Probed,
+    /// The engine's vLLM version (`importlib.metadata` in the engine venv).
+    pub vllm_version: Option<Probed>,
+    /// Free bytes where the weights go, and that path.
+    pub disk_free: Result<u64, ProbeError>,
+    pub disk_path: String,
+    /// Whether the weights are already on disk there.
+    pub weights_present: bool,
+    pub fabric: FabricFacts,
+    /// `(port, what, free?)` for the ports this node must bind.
+    pub ports: Vec<(u32, &'static str, Result<bool, ProbeError>)>,
+    /// `(target node, ssh result)` for each node this node must reach over ssh.
+    pub ssh: Vec<(String, Probed)>,
+    /// `timedatectl show -p NTPSynchronized --value`.
+    pub ntp: Probed,
+    pub ufw: Probed,
+    pub nft: Probed,
+}
+
+/// What to gather on a node beyond the fixed set.
+#[derive(Debug, Clone, Default)]
+pub struct FactRequest {
+    pub interface: Option<String>,
+    pub hca: Option<String>,
+    /// The engine venv's python, to read the installed vLLM version.
+    pub vllm_python: Option<String>,
+    /// Where the weights live (or will).
+    pub disk_path: String,
+    pub ports: Vec<(String, u32, &'static str)>,
+    /// ssh targets: `(node name, argv of an ssh call that runs `true`)`.
+    pub ssh: Vec<(String, Vec<String>)>,
+}
+
+/// Gather a node's facts.
+pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
+    let smi = |name: &str, query: &str| p.run(name, &["nvidia-smi", query, "--format=csv,noheader"]);
+    let processes = p
+        .list("/proc")
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|d| {
+            let pid: i32 = d.parse().ok()?;
+            let comm = p.read(&format!("/proc/{pid}/comm")).ok()?;
+            Some((pid, comm.trim().to_string()))
+        })
+        .collect();
+    let weights_present = p.list(&req.disk_path).is_ok_and(|v| !v.is_empty());
+    NodeFacts {
+        uname_m: p.run("uname-m", &["uname", "-m"]),
+        uname_r: p.run("uname-r", &["uname", "-r"]),
+        dgx_release: p.read("/etc/dgx-release"),
+        gpu: smi("nvidia-smi-gpu", "--query-gpu=name,compute_cap,pci.bus_id,driver_version"),
+        gpu_apps: smi("nvidia-smi-apps", "--query-compute-apps=pid,process_name,used_memory"),
+        meminfo: p.read("/proc/meminfo"),
+        pressure: p.read("/proc/pressure/memory"),
+        processes,
+        spark_kit_version: p.spark_kit_version(),
+        vllm_version: req
+            .vllm_python
+            .as_ref()
+            .map(|py| p.run("vllm-version", &[py, "-c", "import importlib.metadata as m; print(m.version('vllm'))"])),
+        disk_free: p.free_bytes(&req.disk_path),
+        disk_path: req.disk_path.clone(),
+        weights_present,
+        fabric: fabric(p, req),
+        ports: req.ports.iter().map(|(host, port, what)| (*port, *what, p.port_free(host, *port))).collect(),
+        ssh: req
+            .ssh
+            .iter()
+            .map(|(node, argv)| {
+                let args: Vec<&str> = argv.iter().map(String::as_str).collect();
+                (node.clone(), p.run(&format!("ssh-{node}"), &args))
+            })
+            .collect(),
+        ntp: p.run("timedatectl", &["timedatectl", "show", "-p", "NTPSynchronized", "--value"]),
+        ufw: p.run("ufw", &["ufw", "status"]),
+        nft: p.run("nft", &["nft", "list", "ruleset"]),
+    }
+}
+
+fn fabric(p: &dyn ProbeSource, req: &FactRequest) -> FabricFacts {
+    let mut f = FabricFacts { interface: req.interface.clone(), hca: req.hca.clone(), ..FabricFacts::default() };
+    if let Some(i) = &req.interface {
+        let net = format!("/sys/class/net/{i}");
+        f.operstate = Some(p.read(&format!("{net}/operstate")));
+        f.speed = Some(p.read(&format!("{net}/speed")));
+        f.mtu = Some(p.read(&format!("{net}/mtu")));
+        f.ip_addr = Some(p.run("ip-addr", &["ip", "-4", "-o", "addr", "show", "dev", i]));
+    }
+    if let Some(h) = &req.hca {
+        let base = format!("/sys/class/infiniband/{h}/ports");
+        match p.list(&base) {
+            Err(e) => f.gid_error = Some(e.to_string()),
+            Ok(ports) => {
+                for port in ports.iter().filter_map(|s| s.parse::<u32>().ok()) {
+                    if let Ok(s) = p.read(&format!("{base}/{port}/state")) {
+                        f.port_states.push((port, s.trim().to_string()));
+                    }
+                    let idx = p.list(&format!("{base}/{port}/gids")).unwrap_or_default();
+                    let mut idx: Vec<u32> = idx.iter().filter_map(|s| s.parse().ok()).collect();
+                    idx.sort_unstable();
+                    for i in idx {
+                        // Unused entries fail to read (EINVAL) on real sysfs; they are skipped.
+                        let Ok(gid) = p.read(&format!("{base}/{port}/gids/{i}")) else { continue };
+                        let kind = p.read(&format!("{base}/{port}/gid_attrs/types/{i}")).unwrap_or_default();
+                        let ndev = p.read(&format!("{base}/{port}/gid_attrs/ndevs/{i}")).ok();
+                        f.gids.push(GidEntry {
+                            port,
+                            index: i,
+                            gid: gid.trim().to_string(),
+                            kind: kind.trim().to_string(),
+                            ndev: ndev.map(|n| n.trim().to_string()),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    f
+}

@@ -1,0 +1,178 @@
+//! The preflight runner: for each node of the kit, gather facts through that node's probe
+//! source and run the checks; then compare nodes. A node with no probe source (a remote node
+//! before the node agent reaches it) gets a "not checked" verdict, never a pass.
+
+use std::net::Ipv4Addr;
+
+use serde::Serialize;
+
+use super::checks::{cross_checks, node_checks, Check, NodeSpec, Verdict};
+use super::facts::{gather, FactRequest, NodeFacts};
+use super::probe::ProbeSource;
+use crate::kit::schema::{Kit, Node, Role, Transport};
+
+/// What preflight knows besides the kit.
+#[derive(Debug, Clone, Default)]
+pub struct PreflightInput {
+    /// Weights per rank (weight budget), when known.
+    pub weights_per_rank: Option<u64>,
+    /// Checkpoint bytes on disk, when known.
+    pub weights_on_disk: Option<u64>,
+    /// Where the weights live on every node.
+    pub disk_path: String,
+    /// The engine venv's python (venv runtime), to read vLLM's version.
+    pub vllm_python: Option<String>,
+}
+
+/// The preflight report (`spark-kit preflight --json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub kit: String,
+    /// `pass` (warnings allowed), `fail`, or `not-checked` when a node could not be checked.
+    pub status: Verdict,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    /// Counts of (pass, warn, fail, not checked).
+    #[must_use]
+    pub fn counts(&self) -> (usize, usize, usize, usize) {
+        let n = |v: Verdict| self.checks.iter().filter(|c| c.verdict == v).count();
+        (n(Verdict::Pass), n(Verdict::Warn), n(Verdict::Fail), n(Verdict::NotChecked))
+    }
+}
+
+/// Whether the kit needs GB10 GPUs (the CPU kits install the CPU build of vLLM).
+#[must_use]
+pub fn kit_needs_gpu(kit: &Kit) -> bool {
+    !kit.engine.requirements.contains("cpu")
+}
+
+fn env_of<'a>(kit: &'a Kit, node: &'a Node, key: &str) -> Option<&'a String> {
+    node.env.get(key).or_else(|| kit.engine.extra_env.get(key))
+}
+
+/// The expectations of one node.
+#[must_use]
+pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
+    let nodes = u32::try_from(kit.nodes.len().max(1)).unwrap_or(1);
+    NodeSpec {
+        name: node.name.clone(),
+        head: node.role == Role::Head,
+        gpu: kit_needs_gpu(kit),
+        ranks: (kit.tensor_parallel_size / nodes).max(1),
+        weights_per_rank: input.weights_per_rank,
+        weights_on_disk: input.weights_on_disk,
+        boot_margin: kit.memory.boot_margin.bytes(),
+        ipv4: node.fabric.ipv4.as_deref().and_then(|s| s.parse::<Ipv4Addr>().ok()),
+        nccl_gid_index: env_of(kit, node, "NCCL_IB_GID_INDEX").cloned(),
+        vllm_version: kit.engine.vllm_version.clone(),
+    }
+}
+
+/// What to gather on `node`.
+#[must_use]
+pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactRequest {
+    let mut ports = Vec::new();
+    if node.role == Role::Head {
+        ports.push((kit.engine.host.clone(), kit.engine.port, "API"));
+        if kit.nodes.len() > 1 {
+            let host = node.fabric.ipv4.clone().unwrap_or_else(|| "0.0.0.0".into());
+            ports.push((host, kit.engine.master_port, "master (torch.distributed)"));
+        }
+    }
+    let ssh = if node.role == Role::Head {
+        kit.nodes
+            .iter()
+            .filter(|n| n.transport == Transport::Ssh)
+            .map(|n| {
+                let host = n.ssh_host.clone().unwrap_or_else(|| n.name.clone());
+                let target = n.ssh_user.as_ref().map_or(host.clone(), |u| format!("{u}@{host}"));
+                let mut argv: Vec<String> =
+                    ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-p"].map(String::from).to_vec();
+                argv.push(n.ssh_port.to_string());
+                argv.extend(n.ssh_options.iter().cloned());
+                argv.push(target);
+                argv.push("true".into());
+                (n.name.clone(), argv)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    FactRequest {
+        interface: node.fabric.interface.clone(),
+        hca: node.fabric.hca.clone(),
+        vllm_python: input.vllm_python.clone(),
+        disk_path: input.disk_path.clone(),
+        ports,
+        ssh,
+    }
+}
+
+/// Run preflight. `source` gives the probe source of a node, or `None` when it cannot be
+/// reached from here.
+pub fn run<'a>(
+    kit: &Kit,
+    input: &PreflightInput,
+    source: &dyn Fn(&Node) -> Option<Box<dyn ProbeSource + 'a>>,
+) -> Report {
+    let mut checks = Vec::new();
+    let mut facts: Vec<(String, NodeFacts)> = Vec::new();
+    let mut unreachable = false;
+    for node in &kit.nodes {
+        match source(node) {
+            Some(p) => {
+                let f = gather(p.as_ref(), &request_for(kit, node, input));
+                checks.extend(node_checks(&spec_for(kit, node, input), &f));
+                facts.push((node.name.clone(), f));
+            }
+            None => {
+                unreachable = true;
+                checks.push(Check {
+                    node: node.name.clone(),
+                    id: "node",
+                    verdict: Verdict::NotChecked,
+                    message: format!(
+                        "not checked: {} is reached over {}; its checks (and ssh back to the head) need the node agent",
+                        node.name,
+                        transport_name(node.transport)
+                    ),
+                    fix: Some(format!(
+                        "run `spark-kit preflight` on {} itself until the node agent runs it",
+                        node.name
+                    )),
+                });
+            }
+        }
+    }
+    if facts.len() == kit.nodes.len() {
+        let refs: Vec<(&str, &NodeFacts)> = facts.iter().map(|(n, f)| (n.as_str(), f)).collect();
+        checks.extend(cross_checks(&refs));
+    } else if kit.nodes.len() > 1 {
+        checks.push(Check {
+            node: "all".into(),
+            id: "parity",
+            verdict: Verdict::NotChecked,
+            message: "driver/kernel/spark-kit/vLLM parity and MTU on both ends: not checked, not every node answered"
+                .into(),
+            fix: Some("needs every node's facts (node agent)".into()),
+        });
+    }
+    let status = if checks.iter().any(|c| c.verdict == Verdict::Fail) {
+        Verdict::Fail
+    } else if unreachable || checks.iter().any(|c| c.verdict == Verdict::NotChecked) {
+        Verdict::NotChecked
+    } else {
+        Verdict::Pass
+    };
+    Report { kit: kit.name.clone(), status, checks }
+}
+
+const fn transport_name(t: Transport) -> &'static str {
+    match t {
+        Transport::Local => "local",
+        Transport::Ssh => "ssh",
+        Transport::Exec => "an exec prefix",
+    }
+}

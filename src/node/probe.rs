@@ -1,0 +1,170 @@
+//! Where a node's raw facts come from: a [`ProbeSource`] reads files, lists directories and runs
+//! commands *on that node*. [`LocalProbe`] is this machine; [`RecordedProbe`] replays a recorded
+//! tree (tests, bug reports); the node agent plugs in a remote source for the worker.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Why a probe got nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// The file or command does not exist on the node.
+    #[error("{0}: not found")]
+    NotFound(String),
+    /// It exists but failed (status and the first line of stderr).
+    #[error("{what} failed: {why}")]
+    Failed { what: String, why: String },
+}
+
+/// Raw access to one node.
+pub trait ProbeSource {
+    /// Read a file (an absolute path on the node, e.g. `/proc/meminfo`).
+    fn read(&self, path: &str) -> Result<String, ProbeError>;
+    /// Entry names of a directory, sorted.
+    fn list(&self, path: &str) -> Result<Vec<String>, ProbeError>;
+    /// Run a command; `name` identifies it in recordings (`nvidia-smi-gpu`). Its stdout.
+    fn run(&self, name: &str, argv: &[&str]) -> Result<String, ProbeError>;
+    /// Free bytes for an unprivileged user on the filesystem holding `path` (its nearest existing ancestor).
+    fn free_bytes(&self, path: &str) -> Result<u64, ProbeError>;
+    /// Whether a TCP listener can bind `host:port` now.
+    fn port_free(&self, host: &str, port: u32) -> Result<bool, ProbeError>;
+    /// The spark-kit version running there.
+    fn spark_kit_version(&self) -> Result<String, ProbeError>;
+}
+
+/// This machine.
+#[derive(Debug, Clone, Default)]
+pub struct LocalProbe {
+    /// Seconds a command may take.
+    pub timeout_s: u64,
+}
+
+impl ProbeSource for LocalProbe {
+    fn read(&self, path: &str) -> Result<String, ProbeError> {
+        std::fs::read_to_string(path).map_err(|e| io_error(path, &e))
+    }
+
+    fn list(&self, path: &str) -> Result<Vec<String>, ProbeError> {
+        let dir = std::fs::read_dir(path).map_err(|e| io_error(path, &e))?;
+        let mut v: Vec<String> = dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        Ok(v)
+    }
+
+    fn run(&self, name: &str, argv: &[&str]) -> Result<String, ProbeError> {
+        let (prog, args) = argv.split_first().ok_or_else(|| ProbeError::NotFound(name.to_string()))?;
+        let mut child = Command::new(prog)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("LC_ALL", "C")
+            .spawn()
+            .map_err(|e| io_error(prog, &e))?;
+        let limit = Duration::from_secs(self.timeout_s.max(1));
+        let started = std::time::Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if started.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(ProbeError::Failed {
+                        what: argv.join(" "),
+                        why: format!("no answer within {} s", limit.as_secs()),
+                    });
+                }
+            }
+        }
+        let out = child.wait_with_output().map_err(|e| io_error(prog, &e))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let first = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+            Err(ProbeError::Failed { what: argv.join(" "), why: format!("{}: {first}", out.status) })
+        }
+    }
+
+    fn free_bytes(&self, path: &str) -> Result<u64, ProbeError> {
+        let mut p = Path::new(path);
+        while !p.exists() {
+            p = p.parent().ok_or_else(|| ProbeError::NotFound(path.to_string()))?;
+        }
+        let s = nix::sys::statvfs::statvfs(p)
+            .map_err(|e| ProbeError::Failed { what: format!("statvfs {}", p.display()), why: e.to_string() })?;
+        Ok(s.blocks_available().saturating_mul(s.fragment_size()))
+    }
+
+    fn port_free(&self, host: &str, port: u32) -> Result<bool, ProbeError> {
+        let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+        match TcpListener::bind(&addr) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(false),
+            Err(e) => Err(ProbeError::Failed { what: format!("bind {addr}"), why: e.to_string() }),
+        }
+    }
+
+    fn spark_kit_version(&self) -> Result<String, ProbeError> {
+        Ok(env!("CARGO_PKG_VERSION").to_string())
+    }
+}
+
+fn io_error(what: &str, e: &std::io::Error) -> ProbeError {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        ProbeError::NotFound(what.to_string())
+    } else {
+        ProbeError::Failed { what: what.to_string(), why: e.to_string() }
+    }
+}
+
+/// A recorded node: a directory holding the node's files under their absolute paths
+/// (`proc/meminfo`, `sys/class/net/…`), command outputs as `cmd/<name>` (a `cmd/<name>.fail`
+/// file instead means the command failed with that text), and `probe/free_bytes`,
+/// `probe/ports_in_use` (one port a line), `probe/spark-kit-version`.
+#[derive(Debug, Clone)]
+pub struct RecordedProbe {
+    pub root: PathBuf,
+}
+
+impl RecordedProbe {
+    fn path(&self, p: &str) -> PathBuf {
+        self.root.join(p.trim_start_matches('/'))
+    }
+}
+
+impl ProbeSource for RecordedProbe {
+    fn read(&self, path: &str) -> Result<String, ProbeError> {
+        std::fs::read_to_string(self.path(path)).map_err(|e| io_error(path, &e))
+    }
+
+    fn list(&self, path: &str) -> Result<Vec<String>, ProbeError> {
+        LocalProbe::default().list(&self.path(path).to_string_lossy()).map_err(|_| ProbeError::NotFound(path.into()))
+    }
+
+    fn run(&self, name: &str, argv: &[&str]) -> Result<String, ProbeError> {
+        let fail = self.root.join("cmd").join(format!("{name}.fail"));
+        if let Ok(why) = std::fs::read_to_string(&fail) {
+            return Err(ProbeError::Failed { what: argv.join(" "), why: why.trim().to_string() });
+        }
+        std::fs::read_to_string(self.root.join("cmd").join(name))
+            .map_err(|_| ProbeError::NotFound(argv.first().copied().unwrap_or(name).to_string()))
+    }
+
+    fn free_bytes(&self, _path: &str) -> Result<u64, ProbeError> {
+        let t = self.read("/probe/free_bytes")?;
+        t.trim().parse().map_err(|_| ProbeError::Failed { what: "probe/free_bytes".into(), why: "not a number".into() })
+    }
+
+    fn port_free(&self, _host: &str, port: u32) -> Result<bool, ProbeError> {
+        let used = self.read("/probe/ports_in_use").unwrap_or_default();
+        Ok(!used.lines().any(|l| l.trim() == port.to_string()))
+    }
+
+    fn spark_kit_version(&self) -> Result<String, ProbeError> {
+        self.read("/probe/spark-kit-version").map(|s| s.trim().to_string())
+    }
+}
