@@ -1,0 +1,212 @@
+//! Preflight over recorded nodes (tests/fixtures/node/*: sysfs trees, /proc files and command
+//! outputs): a healthy GB10 pair, broken GID tables (all-zero, IPv6-only, RoCE v1 only), link
+//! down, low memory, a leftover GPU process, an old driver and an MTU mismatch on one node.
+//! Each check's verdict and message are asserted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use spark_kit::kit::{self, schema::Kit};
+use spark_kit::node::checks::{Check, Verdict};
+use spark_kit::node::preflight::{run, PreflightInput};
+use spark_kit::node::{ProbeSource, RecordedProbe, Report};
+
+const GIB: u64 = 1 << 30;
+
+fn kit_2x() -> Kit {
+    kit::resolve(kit::source(Some("dgx-spark-2x-dsv41-exl3")).unwrap(), &[], &[]).unwrap().kit
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/node").join(name)
+}
+
+fn input() -> PreflightInput {
+    PreflightInput {
+        // The reference kit's weight budget (reference-kit.md A.3 step 9: ~99.5 GiB per rank).
+        weights_per_rank: Some(99 * GIB + GIB / 2),
+        weights_on_disk: Some(390 * GIB),
+        disk_path: "/models/dsv41".into(),
+        vllm_python: Some("/opt/engine/bin/python".into()),
+    }
+}
+
+/// Run preflight on the 2x Spark kit with the head and worker replayed from fixtures.
+fn preflight(kit: &Kit, head: &str, worker: Option<&str>) -> Report {
+    let (head, worker) = (fixture(head), worker.map(fixture));
+    let source = |n: &kit::schema::Node| -> Option<Box<dyn ProbeSource>> {
+        let root = if n.name == "spark-1" { Some(head.clone()) } else { worker.clone() };
+        root.map(|root| Box::new(RecordedProbe { root }) as Box<dyn ProbeSource>)
+    };
+    run(kit, &input(), &source)
+}
+
+fn check<'a>(r: &'a Report, node: &str, id: &str) -> &'a Check {
+    r.checks
+        .iter()
+        .find(|c| c.node == node && c.id == id)
+        .unwrap_or_else(|| panic!("no {id} check for {node}: {:#?}", r.checks))
+}
+
+fn assert_check(r: &Report, node: &str, id: &str, verdict: Verdict, message_has: &str) {
+    let c = check(r, node, id);
+    assert_eq!(c.verdict, verdict, "{node}/{id}: {c:?}");
+    assert!(c.message.contains(message_has), "{node}/{id}: `{}` lacks `{message_has}`", c.message);
+    if matches!(verdict, Verdict::Warn | Verdict::Fail | Verdict::NotChecked) {
+        let fix = c.fix.as_deref().unwrap_or("");
+        assert!(!fix.is_empty() && !fix.contains('\n'), "{node}/{id}: a one-line fix is required: {c:?}");
+    }
+}
+
+#[test]
+fn healthy_pair_passes_every_check() {
+    let r = preflight(&kit_2x(), "gb10-healthy", Some("gb10-healthy-worker"));
+    let bad: Vec<&Check> = r.checks.iter().filter(|c| c.verdict != Verdict::Pass).collect();
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert_eq!(r.status, Verdict::Pass);
+    assert_check(&r, "spark-1", "gpu", Verdict::Pass, "NVIDIA GB10 compute capability 12.1, driver 580.95.05");
+    assert_check(
+        &r,
+        "spark-1",
+        "memory",
+        Verdict::Pass,
+        "MemAvailable 115.9 GiB ≥ weights 99.5 GiB + boot margin 12.0 GiB",
+    );
+    assert_check(&r, "spark-1", "leftovers", Verdict::Pass, "no GPU processes");
+    assert_check(&r, "spark-1", "disk", Verdict::Pass, "free for the weights");
+    assert_check(&r, "spark-1", "vllm", Verdict::Pass, "vLLM 0.1.dev20904+g179dd0fa9");
+    assert_check(&r, "spark-1", "link", Verdict::Pass, "enp1s0f1np1 up, 200000 Mb/s, MTU 9000");
+    assert_check(&r, "spark-1", "ipv4", Verdict::Pass, "192.168.100.10");
+    // Never a fixed index: the head's GID is at 3, the worker's at 5.
+    assert_check(
+        &r,
+        "spark-1",
+        "roce-gid",
+        Verdict::Pass,
+        "rocep1s0f1 port 1 GID index 3: RoCE v2 ::ffff:192.168.100.10",
+    );
+    assert_check(
+        &r,
+        "spark-2",
+        "roce-gid",
+        Verdict::Pass,
+        "rocep1s0f0 port 1 GID index 5: RoCE v2 ::ffff:192.168.100.11",
+    );
+    assert_check(&r, "spark-1", "ssh", Verdict::Pass, "ssh to spark-2 in batch mode works");
+    assert_check(&r, "spark-1", "ports", Verdict::Pass, "API port 8888 is free");
+    assert_check(&r, "spark-1", "clock", Verdict::Pass, "synchronised");
+    assert_check(&r, "spark-1", "firewall", Verdict::Pass, "nothing blocks 192.168.100.0/24 on enp1s0f1np1");
+    assert_check(&r, "spark-1", "psi", Verdict::Pass, "PSI");
+    for id in ["same-driver", "same-kernel", "same-spark-kit", "same-vllm", "same-mtu", "same-speed"] {
+        assert_check(&r, "all", id, Verdict::Pass, "spark-1, spark-2");
+    }
+}
+
+#[test]
+fn broken_gid_tables_fail_with_the_reason() {
+    let kit = kit_2x();
+    let cases = [
+        ("gid-all-zero", "every GID is all-zero", "bring enp1s0f1np1 up with its IPv4"),
+        ("gid-ipv6-only", "only IPv6 GIDs, none for 192.168.100.10", "assign 192.168.100.10 to enp1s0f1np1"),
+        ("gid-roce-v1-only", "exists only as RoCE v1 (index 1); NCCL needs RoCE v2", "enable RoCE v2 on rocep1s0f1"),
+    ];
+    for (fx, msg, fix) in cases {
+        let r = preflight(&kit, fx, Some("gb10-healthy-worker"));
+        assert_check(&r, "spark-1", "roce-gid", Verdict::Fail, msg);
+        assert!(check(&r, "spark-1", "roce-gid").fix.as_deref().unwrap().contains(fix), "{fx}");
+        assert_eq!(r.status, Verdict::Fail, "{fx}");
+        // The rest of the node is fine.
+        assert_check(&r, "spark-1", "gpu", Verdict::Pass, "GB10");
+    }
+}
+
+#[test]
+fn a_pinned_gid_index_that_does_not_match_this_node_fails() {
+    let mut kit = kit_2x();
+    kit.engine.extra_env.insert("NCCL_IB_GID_INDEX".into(), "3".into());
+    let r = preflight(&kit, "gb10-healthy", Some("gb10-healthy-worker"));
+    assert_check(&r, "spark-1", "roce-gid", Verdict::Pass, "GID index 3");
+    assert_check(
+        &r,
+        "spark-2",
+        "roce-gid",
+        Verdict::Fail,
+        "NCCL_IB_GID_INDEX=3, but this node's RoCE v2 GID for 192.168.100.11 is index 5",
+    );
+}
+
+#[test]
+fn link_down_fails_link_and_gid() {
+    let r = preflight(&kit_2x(), "link-down", Some("gb10-healthy-worker"));
+    assert_check(&r, "spark-1", "link", Verdict::Fail, "enp1s0f1np1 is down, not up");
+    assert_check(&r, "spark-1", "roce-gid", Verdict::Fail, "all-zero");
+    assert_check(&r, "all", "same-speed", Verdict::Fail, "fabric link speed differs: spark-1 -1, spark-2 200000");
+}
+
+#[test]
+fn low_memory_fails_the_boot_margin() {
+    let r = preflight(&kit_2x(), "low-memory", Some("gb10-healthy-worker"));
+    assert_check(
+        &r,
+        "spark-1",
+        "memory",
+        Verdict::Fail,
+        "MemAvailable 100.0 GiB < weights 99.5 GiB + boot margin 12.0 GiB (short by 11.5 GiB)",
+    );
+    assert_check(&r, "spark-2", "memory", Verdict::Pass, "MemAvailable 115.9 GiB");
+}
+
+#[test]
+fn leftover_gpu_process_fails() {
+    let r = preflight(&kit_2x(), "leftover-gpu-process", Some("gb10-healthy-worker"));
+    assert_check(
+        &r,
+        "spark-1",
+        "leftovers",
+        Verdict::Fail,
+        "1 leftover engine/GPU process(es): 48121 (VLLM::Worker_TP, 91416 MiB GPU)",
+    );
+}
+
+#[test]
+fn old_driver_on_one_node_fails_there_and_in_parity() {
+    let r = preflight(&kit_2x(), "gb10-healthy", Some("worker-old-driver"));
+    assert_check(&r, "spark-2", "gpu", Verdict::Fail, "driver 570.86.10: older than 580");
+    assert_check(&r, "spark-1", "gpu", Verdict::Pass, "driver 580.95.05");
+    assert_check(
+        &r,
+        "all",
+        "same-driver",
+        Verdict::Fail,
+        "NVIDIA driver differs: spark-1 580.95.05, spark-2 570.86.10",
+    );
+}
+
+#[test]
+fn mtu_mismatch_fails_parity_and_warns_at_1500() {
+    let r = preflight(&kit_2x(), "gb10-healthy", Some("worker-mtu-1500"));
+    assert_check(&r, "all", "same-mtu", Verdict::Fail, "fabric MTU differs: spark-1 9000, spark-2 1500");
+    assert_check(&r, "spark-2", "link", Verdict::Warn, "MTU 1500: jumbo frames off");
+}
+
+#[test]
+fn a_remote_node_without_an_agent_is_not_checked_never_passed() {
+    let r = preflight(&kit_2x(), "gb10-healthy", None);
+    assert_check(&r, "spark-2", "node", Verdict::NotChecked, "not checked: spark-2 is reached over ssh");
+    assert_check(&r, "all", "parity", Verdict::NotChecked, "not checked");
+    assert!(r.checks.iter().all(|c| c.node != "spark-2" || c.verdict == Verdict::NotChecked));
+    assert_eq!(r.status, Verdict::NotChecked);
+}
+
+#[test]
+fn a_cpu_kit_skips_the_gpu_checks() {
+    let kit = kit::resolve(kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+    let source = |_: &kit::schema::Node| -> Option<Box<dyn ProbeSource>> {
+        Some(Box::new(RecordedProbe { root: fixture("gb10-healthy") }))
+    };
+    let r = run(&kit, &PreflightInput { disk_path: "/models/tiny".into(), ..PreflightInput::default() }, &source);
+    assert_check(&r, "local", "gpu", Verdict::Skip, "the kit runs on the CPU");
+    assert_check(&r, "local", "link", Verdict::Skip, "no fabric interface");
+    assert_check(&r, "local", "memory", Verdict::Warn, "weights per rank unknown");
+    assert_check(&r, "local", "ports", Verdict::Pass, "API port 8000 is free");
+}
