@@ -446,6 +446,32 @@ fn real_fixture_exl3_tiny_llama_b3() {
     let budget = weight_budget(&ckpt, 2, 40).unwrap();
     assert!(budget.per_rank_bytes < budget.total_bytes);
     println!("fixture: {} bytes total, {} per rank at TP2", budget.total_bytes, budget.per_rank_bytes);
+
+    // The quantization_config.json ledger was consistent above; now break it.
+    let ledger_path = dir.join("quantization_config.json");
+    let mut ledger: Value = serde_json::from_slice(&std::fs::read(&ledger_path).unwrap()).unwrap();
+    let ts = ledger["tensor_storage"].as_object_mut().unwrap();
+    ts["lm_head"]["bits_per_weight"] = json!(5);
+    ts["model.layers.0.mlp.up_proj"]["mul1_multiplier"] = json!(2_212_286_000u64);
+    ts["model.layers.1.mlp.down_proj"]["stored_tensors"]["model.layers.1.mlp.down_proj.suh"]["shape"] = json!([1024]);
+    ts["model.layers.1.mlp.down_proj"]["stored_tensors"]["model.layers.1.mlp.down_proj.bias"] =
+        json!({"shape": [256], "n_bytes": 512, "dtype": "torch.float16"});
+    ledger["codebook"] = json!("mcg");
+    std::fs::write(&ledger_path, ledger.to_string()).unwrap();
+    let r = audit(&Checkpoint::open(&dir).unwrap(), &AuditOptions::default()).unwrap();
+    let f = ledger_path.display();
+    let msgs: Vec<(Severity, String)> = r.findings.iter().map(|x| (x.severity, x.message.clone())).collect();
+    let want = [
+        (Severity::Error, format!("`model.layers.1.mlp.down_proj.suh` is [512] in its shard but [1024] in {f} (shards from different conversions?)")),
+        (Severity::Error, format!("`model.layers.0.mlp.up_proj`: {f} has mul1_multiplier 2212286000, not the kernel constant 2212286765 (a custom-multiplier file decodes wrongly)")),
+        (Severity::Error, format!("{f} lists 1 tensor(s) that no shard holds (incomplete checkpoint?), e.g. `model.layers.1.mlp.down_proj.bias`")),
+        (Severity::Warning, format!("{f}: `codebook` is `mcg` but the markers say mul1 (markers decide)")),
+        (Severity::Warning, format!("`lm_head`: {f} says bits_per_weight 5, the trellis says K = 6 (the trellis wins)")),
+    ];
+    for w in &want {
+        assert!(msgs.contains(w), "missing {w:?} in {msgs:#?}");
+    }
+    assert_eq!(msgs.len(), want.len(), "{msgs:#?}");
 }
 
 #[test]

@@ -4,13 +4,15 @@
 //! `trellis` I16 `[Kp/16, Np/16, 16K]`, `suh` F16 `[Kp]`, `svh` F16 `[Np]`, optional `bias`
 //! F16 `[Np]` and at most one codebook marker (0-d I32; its 4 bytes are read, nothing else).
 //! K comes from the trellis; a kit K map is only compared against it (the trellis wins, as it
-//! does at load, reference-kit.md C.2).
+//! does at load, reference-kit.md C.2). Next to real shards, `quantization_config.json`'s ledger is
+//! checked too (`quant_ledger`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
 use super::names::{classify, Class, Role};
+use super::quant_ledger::ledger_findings;
 use super::safetensors::Dtype;
 use super::{Checkpoint, CheckpointError, MarkerReader, Origin, Tensor};
 
@@ -317,6 +319,7 @@ pub fn audit(ckpt: &Checkpoint, opts: &AuditOptions) -> Result<AuditReport, Chec
     let mut disagreements: BTreeMap<(Class, Option<u32>, String, u64, u64), KDisagreement> = BTreeMap::new();
     let mut markers = MarkerReader::new(ckpt);
     let markers_checked = ckpt.has_marker_bytes();
+    let mut matrices: BTreeMap<&str, (f64, Codebook)> = BTreeMap::new();
 
     let mut prefixes: Vec<&str> = groups.keys().copied().collect();
     prefixes.sort_unstable();
@@ -342,6 +345,7 @@ pub fn audit(ckpt: &Checkpoint, opts: &AuditOptions) -> Result<AuditReport, Chec
         let checked = check_packed(prefix, parts, &mut markers, markers_checked, &mut findings)?;
         let Some((k, kp, np, codebook)) = checked else { continue };
         *codebooks.entry(codebook).or_default() += 1;
+        matrices.insert(prefix, (k, codebook));
         codebook_example.entry(codebook).or_insert_with(|| prefix.to_string());
         let w = kp.saturating_mul(np);
         a.weights = a.weights.saturating_add(w);
@@ -386,6 +390,10 @@ pub fn audit(ckpt: &Checkpoint, opts: &AuditOptions) -> Result<AuditReport, Chec
             tensor: None,
             message: format!("mixed codebooks: {}; a missing marker means 3INST", list.join(", ")),
         });
+    }
+
+    if let Origin::Files { dir } = &ckpt.origin {
+        findings.extend(ledger_findings(ckpt, dir, &matrices));
     }
 
     let gap_bytes = ckpt.shards.iter().flat_map(|s| &s.gaps).map(|g| g.end - g.begin).sum();

@@ -7,6 +7,7 @@
 pub mod budget;
 pub mod exl3_audit;
 pub mod names;
+pub mod quant_ledger;
 pub mod safetensors;
 pub mod virtual_ckpt;
 
