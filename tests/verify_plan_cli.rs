@@ -76,6 +76,13 @@ fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
     assert_eq!(json["kv"]["tokens"], 774_481);
     assert_eq!(json["nodes"].as_array().unwrap().len(), 2);
     assert!(json["weights_source"].as_str().unwrap().contains("virtual DeepSeek V4.1 Flash"));
+    let assumptions = json["assumptions"].as_array().unwrap();
+    let hidden = assumptions.iter().find(|a| a["name"] == "virtual checkpoint: hidden size").unwrap();
+    assert_eq!(
+        (hidden["value"].as_str(), hidden["source"].as_str()),
+        (Some("5120"), Some("reference-kit.md C.3 (H=5120)"))
+    );
+    assert!(assumptions.iter().all(|a| !a["source"].as_str().unwrap().is_empty()));
     let o = spark(&["plan", "--kv-cache-bytes", "3GiB", "--set", "memory.os_reserve=12GiB"]);
     let out = text(&o.stdout);
     assert!(out.contains("warning: spark-1: a 600000-token prefill is predicted"), "{out}");

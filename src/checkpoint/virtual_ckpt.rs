@@ -222,6 +222,54 @@ impl Default for DeepSeekV41Dims {
     }
 }
 
+impl DeepSeekV41Dims {
+    /// Each dimension with its value and where it comes from, for `plan`'s assumption list.
+    #[must_use]
+    pub fn sources(&self) -> Vec<(&'static str, String, &'static str)> {
+        vec![
+            ("hidden size", self.hidden.to_string(), "reference-kit.md C.3 (H=5120)"),
+            ("decoder layers", self.layers.to_string(), "reference-kit.md C.2 (num_hidden_layers)"),
+            (
+                "MTP blocks",
+                self.mtp_layers.to_string(),
+                "assumed: 47,900 packed matrices (C.1) and ~197 GiB (B) fit one block of 384 experts",
+            ),
+            ("routed experts", self.routed_experts.to_string(), "reference-kit.md C.3"),
+            ("expert intermediate", self.expert_intermediate.to_string(), "reference-kit.md C.3 (local I=1152 at TP2)"),
+            (
+                "shared expert intermediate",
+                self.shared_intermediate.to_string(),
+                "assumed = expert intermediate (DeepSeek V3 pattern)",
+            ),
+            ("vocabulary", self.vocab.to_string(), "assumed (DeepSeek V3 tokenizer)"),
+            ("q low-rank", self.q_lora_rank.to_string(), "assumed"),
+            (
+                "attention heads × head dim",
+                format!("{} × {}", self.heads, self.head_dim),
+                "assumed (one 512-wide latent KV head, fp8_ds_mla)",
+            ),
+            (
+                "output groups × low-rank",
+                format!("{} × {}", self.o_groups, self.o_lora_rank),
+                "assumed (C.1 names wo_a slices)",
+            ),
+            (
+                "indexer key dim / heads",
+                format!("{} / {}", self.indexer_head_dim, self.indexer_heads),
+                "assumed (DeepSeek V3.2 indexer)",
+            ),
+            ("Engram layers", format!("{:?}", self.engram_layers), "reference-kit.md C.1/C.2"),
+            ("Engram wkv input", self.engram_dim.to_string(), "assumed: 24 hash heads (C.4: 12 per rank at TP2) × 256"),
+            ("hyper-connection streams", self.hc_mult.to_string(), "assumed"),
+            (
+                "K per class",
+                "routed 3 (layers 18–22: 2), shared 5/4/5, attention 5, indexer 8, Engram 5/4, MTP 4, head 6".into(),
+                "reference-kit.md C.2 k-map, incl. its noted exceptions",
+            ),
+        ]
+    }
+}
+
 /// The reference kit's K map (reference-kit.md C.2) in `model.k_map` form. `shared` layers
 /// 30–39 are read as 5 (C.2 elides them after `"30":5,…`).
 #[must_use]

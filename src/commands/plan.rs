@@ -6,11 +6,13 @@ use super::verify::checkpoint_for;
 use super::{io_failure, load, Context};
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
+use crate::checkpoint::virtual_ckpt::DeepSeekV41Dims;
+use crate::checkpoint::Origin;
 use crate::cli::PlanArgs;
 use crate::error::Failure;
 use crate::kit::bytes::GIB;
 use crate::kit::schema::Transport;
-use crate::plan::{input_from_kit, parse_meminfo, plan, Plan};
+use crate::plan::{input_from_kit, parse_meminfo, plan, Assumption, Plan};
 
 #[allow(clippy::cast_precision_loss)]
 fn gib(bytes: u64) -> f64 {
@@ -38,7 +40,12 @@ pub fn run(args: &PlanArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         measured.push((local.to_string(), total, available));
     }
     let source = format!("weight budget at TP {} over {label}", kit.tensor_parallel_size);
-    let p = plan(&input_from_kit(kit, budget.per_rank_bytes, source, &measured));
+    let mut p = plan(&input_from_kit(kit, budget.per_rank_bytes, source, &measured));
+    if matches!(ckpt.origin, Origin::Virtual { .. }) {
+        for (name, value, from) in DeepSeekV41Dims::default().sources() {
+            p.assumptions.push(Assumption { name: format!("virtual checkpoint: {name}"), value, source: from.into() });
+        }
+    }
     let text = if args.json {
         serde_json::to_string_pretty(&p).map_err(|e| Failure::runtime(e.to_string()))?
     } else {
