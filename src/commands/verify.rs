@@ -1,4 +1,5 @@
-//! `spark-kit verify --structure [--json]`: the header-only EXL3 structural audit.
+//! `spark-kit verify [--fast] [--json]`: the downloaded files against `spark-kit.lock` (sizes and
+//! SHA-256); `spark-kit verify --structure [--json]`: the header-only EXL3 structural audit.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -65,9 +66,7 @@ fn size(bytes: u64) -> String {
 
 pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if !args.structure {
-        return Err(Failure::usage("`verify` needs a check to run").with_hint(
-            "`spark-kit verify --structure` audits the EXL3 checkpoint headers; size and hash checks come with `download`",
-        ));
+        return lock_check(args, ctx);
     }
     let resolved = load::resolve(&args.kit, &ctx.env)?;
     let kit = &resolved.kit;
@@ -152,4 +151,67 @@ fn human(r: &AuditReport, label: &str) -> String {
         }
     }
     s
+}
+
+/// `verify` / `verify --fast`: every file of the kit's `spark-kit.lock` — present, right size,
+/// and (unless `--fast`) right SHA-256 — hashed in parallel without flooding the page cache.
+fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    use crate::hub::verify::{verify, Status};
+    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let kit = &resolved.kit;
+    let dirs = crate::dirs::Dirs::from_env(&ctx.env);
+    let lock = super::download::lock_path(kit, &dirs);
+    if !lock.exists() {
+        return Err(Failure::usage(format!("no lock file {} for kit `{}`", lock.display(), kit.name)).with_hint(
+            "run `spark-kit download` first (it writes the lock file); `verify --structure` audits headers",
+        ));
+    }
+    let lf = crate::hub::lockfile::LockFile::load(&lock).map_err(|e| super::download::hub_failure(&e))?;
+    let cache = super::download::kit_hf_cache(kit, &ctx.env, &dirs);
+    let threads = match args.jobs {
+        Some(0) => return Err(Failure::usage("--jobs 0: nothing would run").with_hint("use --jobs 1 or more")),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(2, |n| n.get().min(8)),
+    };
+    let started = std::time::Instant::now();
+    let results = verify(&cache, &lf.files, args.fast, threads, &|_| {});
+    let seconds = started.elapsed().as_secs_f64();
+    let bad: Vec<_> = results.iter().filter(|c| c.status != Status::Ok).collect();
+    let bytes: u64 = results.iter().map(|c| c.size).sum();
+    let mode = if args.fast { "sizes" } else { "sha256" };
+    let text = if args.json {
+        let v = serde_json::json!({
+            "lock_file": lock, "hf_cache": cache, "mode": mode, "files": results.len(),
+            "ok": results.len() - bad.len(), "failed": bad.len(), "bytes": bytes, "seconds": seconds,
+            "results": results,
+        });
+        serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?
+    } else {
+        let mut s = String::new();
+        for c in &bad {
+            let what = match &c.status {
+                Status::Ok => continue,
+                Status::Missing { reason } => format!("missing ({reason})"),
+                Status::Size { expected, actual } => format!("size {actual}, expected {expected}"),
+                Status::Sha256 { expected, actual } => format!("sha256 {actual}, expected {expected}"),
+            };
+            let _ = writeln!(s, "FAILED {} {}: {what} ({})", c.repo, c.path, c.file.display());
+        }
+        let _ = writeln!(
+            s,
+            "{} of {} files ok ({mode}, {}) in {seconds:.1} s against {}",
+            results.len() - bad.len(),
+            results.len(),
+            size(bytes),
+            lock.display()
+        );
+        s
+    };
+    writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::runtime(format!("{} of {} files failed verification ({mode})", bad.len(), results.len()))
+            .with_hint("rerun `spark-kit download`: it refetches what is missing; delete a corrupt blob first"))
+    }
 }

@@ -1,0 +1,102 @@
+//! Everything that can stop a download or a verification, each naming the object and the fix.
+
+use std::path::PathBuf;
+
+/// A download or verification failure.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("{repo} is gated: the Hub answered {status} for {path}")]
+    Gated { repo: String, path: String, status: u16, url: String, with_token: bool },
+    #[error("the Hub rejected the token ({source_name}) for {repo}")]
+    BadToken { repo: String, source_name: String },
+    #[error("repository {repo} not found on {endpoint}")]
+    RepoNotFound { repo: String, endpoint: String },
+    #[error("revision `{revision}` not found in {repo}")]
+    RevisionNotFound { repo: String, revision: String },
+    #[error("{repo} at {commit} has no file {path}")]
+    EntryNotFound { repo: String, commit: String, path: String },
+    #[error("{what}: HTTP {status}{message}")]
+    Http { what: String, status: u16, message: String },
+    #[error("{what}: {reason}")]
+    Network { what: String, reason: String },
+    #[error("{what}: {reason}")]
+    Protocol { what: String, reason: String },
+    #[error("{repo}: the file listing names `{path}` ({reason}); refusing to write outside the cache")]
+    UnsafePath { repo: String, path: String, reason: &'static str },
+    #[error("{repo}: {path}: {what} disagrees: listing {listed}, resolve {resolved}")]
+    Mismatch { repo: String, path: String, what: &'static str, listed: String, resolved: String },
+    #[error("{repo}: {path}: SHA-256 mismatch after a refetch: expected {expected}, got {actual}")]
+    HashMismatch { repo: String, path: String, expected: String, actual: String },
+    #[error("{repo}: {path}: git blob sha1 mismatch: expected {expected}, got {actual}")]
+    Sha1Mismatch { repo: String, path: String, expected: String, actual: String },
+    #[error("not enough disk space in {dir}: need {need} bytes ({remaining} still to fetch + 5%), {free} free")]
+    DiskSpace { dir: PathBuf, need: u64, remaining: u64, free: u64 },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("another download holds {lock} (writing {path})")]
+    Busy { lock: PathBuf, path: String },
+    #[error("{0}")]
+    Kit(String),
+    #[error("{0}")]
+    Engram(String),
+}
+
+impl HubError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { path: path.into(), source }
+    }
+
+    /// A configuration problem (exit code 2) rather than a runtime one.
+    #[must_use]
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Kit(_) | Self::RevisionNotFound { .. } | Self::RepoNotFound { .. })
+    }
+
+    /// One line saying how to fix it.
+    #[must_use]
+    pub fn hint(&self) -> Option<String> {
+        Some(match self {
+            Self::Gated { url, with_token, .. } => {
+                if *with_token {
+                    format!("accept the licence at {url} with the account of your token (HF_TOKEN / HF_TOKEN_PATH)")
+                } else {
+                    format!("accept the licence at {url} or set HF_TOKEN")
+                }
+            }
+            Self::BadToken { .. } => {
+                "set HF_TOKEN (or HF_TOKEN_PATH) to a valid token; `hf auth whoami` checks it".into()
+            }
+            Self::RepoNotFound { .. } => {
+                "check model.repo / engram.repo; for a private repo set HF_TOKEN; HF_ENDPOINT selects a mirror".into()
+            }
+            Self::RevisionNotFound { .. } => {
+                "check model.revision / engram.revision (a branch, tag or 40-hex commit)".into()
+            }
+            Self::EntryNotFound { .. } => {
+                "the repo changed or the kit names a file it does not have; fix the kit's files list".into()
+            }
+            Self::Http { .. } | Self::Network { .. } | Self::Protocol { .. } => {
+                "rerun the same command: finished ranges are kept and the download resumes".into()
+            }
+            Self::UnsafePath { .. } => {
+                "the Hub (or HF_ENDPOINT mirror) sent a malicious listing; use a trusted endpoint".into()
+            }
+            Self::Mismatch { .. } => {
+                "the repo changed while downloading; rerun (pin a 40-hex commit in the kit to avoid this)".into()
+            }
+            Self::HashMismatch { .. } | Self::Sha1Mismatch { .. } => {
+                "the server sends corrupt bytes; try later or another HF_ENDPOINT; nothing corrupt was put in the cache"
+                    .into()
+            }
+            Self::DiskSpace { .. } => {
+                "free space there, or point HF_HUB_CACHE / paths.hf_cache at a larger disk".into()
+            }
+            Self::Io { .. } => "check the path's permissions and free space".into(),
+            Self::Busy { .. } => "wait for the other download to finish (or stop it), then rerun".into(),
+            Self::Kit(_) => "fix the kit (spark-kit kit show) or pin the revision the kit was written for".into(),
+            Self::Engram(_) => {
+                "check engram.files and engram.layers against the repo's model.safetensors.index.json".into()
+            }
+        })
+    }
+}
