@@ -40,6 +40,17 @@ impl Dirs {
     }
 }
 
+/// This program's executable, usable to start copies of it even after the file was replaced
+/// on disk (an upgrade, a rebuild): then `/proc/self/exe` still names the running binary.
+pub fn self_exe() -> std::io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    if exe.exists() {
+        Ok(exe)
+    } else {
+        Ok(PathBuf::from("/proc/self/exe"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -186,6 +186,6 @@ fn bad_inputs_fail_with_one_clear_error() {
     let (code, err) =
         failing_up(&["--port", &free_port().to_string(), "--set", "engine.extra_args=[--no-such-vllm-flag]"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("error: vLLM exited during start"), "{err}");
+    assert!(err.contains("vLLM exited during start"), "{err}");
     assert!(err.contains("hint: full engine log: "), "{err}");
 }

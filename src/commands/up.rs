@@ -200,7 +200,7 @@ fn tail_file(path: &str, tag: &str) {
 /// supervisor log; return once it is ready (or failed).
 fn detach(kit: &Kit, ctx: &mut Context<'_>, logs: &std::path::Path) -> Result<(), Failure> {
     let exe =
-        std::env::current_exe().map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")))?;
+        crate::dirs::self_exe().map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")))?;
     let args: Vec<String> = ctx.args.iter().skip(1).filter(|a| *a != "--detach" && *a != "-d").cloned().collect();
     let args: Vec<String> = args.into_iter().map(|a| if a == "restart" { "up".into() } else { a }).collect();
     let log_path = logs.join(format!("{}-supervisor.log", kit.name));

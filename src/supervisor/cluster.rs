@@ -113,7 +113,7 @@ struct Sup<'a> {
 
 /// Run the deployment until stopped; returns the exit code.
 pub fn run(kit: &Kit, logs: &Path, policy: Policy, rep: &dyn ClusterReporter, h: Handles) -> Result<i32, ClusterError> {
-    let exe = std::env::current_exe().map_err(ClusterError::SelfExe)?;
+    let exe = crate::dirs::self_exe().map_err(ClusterError::SelfExe)?;
     let sha = push::sha256_file(&exe).map_err(ClusterError::SelfExe)?;
     let (tx, rx) = mpsc::channel();
     let n = kit.nodes.len();

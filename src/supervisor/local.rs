@@ -130,7 +130,7 @@ pub fn launch(
     sink: Option<LineSink>,
 ) -> Result<Engine, UpError> {
     let spec = argv::build(kit, node, &prep.model.to_string_lossy(), &prep.overlay.to_string_lossy());
-    let exe = std::env::current_exe().map_err(UpError::SelfExe)?;
+    let exe = crate::dirs::self_exe().map_err(UpError::SelfExe)?;
     let grace = kit.engine.shutdown_timeout_s + 5;
     let mut args = vec![
         "__engine".to_string(),
