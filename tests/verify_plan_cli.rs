@@ -8,13 +8,18 @@ use std::process::{Command, Output};
 use common_ckpt::{packed, write_safetensors, Marker, Rng};
 
 fn spark(args: &[&str]) -> Output {
+    spark_env(args, &[])
+}
+
+fn spark_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_spark-kit"));
     cmd.args(args);
     for (k, _) in std::env::vars() {
-        if k.starts_with("SPARK_KIT_") {
+        if k.starts_with("SPARK_KIT_") || k.starts_with("HF_") {
             cmd.env_remove(k);
         }
     }
+    cmd.envs(env.iter().copied());
     cmd.output().unwrap()
 }
 
@@ -89,5 +94,41 @@ fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
     assert!(out.contains("  fix: lower engine.max_model_len to"), "{out}");
     let o = spark(&["plan", "--kit", "tiny-cpu"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o.stderr).contains("hint: pass --model DIR"), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("hint: run `spark-kit download`, or pass --model DIR"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn verify_structure_finds_the_downloaded_snapshot() {
+    let home = tempfile::tempdir().unwrap();
+    let hub = home.path().join("hub");
+    let snapshot = hub.join("models--acme--tiny-exl3/snapshots/0123abcd");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    let mut rng = Rng::new(8);
+    let mut specs = Vec::new();
+    packed(&mut specs, &mut rng, "model.layers.0.self_attn.q_proj", 256, 256, 48, Marker::Mul1);
+    write_safetensors(&snapshot.join("model.safetensors"), &specs);
+    let lock_dir = home.path().join(".cache/spark-kit/data/tiny-cpu");
+    std::fs::create_dir_all(&lock_dir).unwrap();
+    let lock = serde_json::json!({"version": 1, "kit": "tiny-cpu", "files": [{
+        "repo": "acme/tiny-exl3", "revision": "main", "commit": "0123abcd", "path": "model.safetensors",
+        "size": 1, "sha256": "00"}]});
+    std::fs::write(lock_dir.join("spark-kit.lock"), lock.to_string()).unwrap();
+    let env = [("HOME", home.path().to_str().unwrap()), ("HF_HUB_CACHE", hub.to_str().unwrap())];
+    let args = [
+        "verify",
+        "--structure",
+        "--kit",
+        "tiny-cpu",
+        "--set",
+        "model.source=hub",
+        "--set",
+        "model.repo=acme/tiny-exl3",
+        "--set",
+        "model.revision=main",
+    ];
+    let o = spark_env(&args, &env);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.starts_with(&format!("checkpoint headers in {}", snapshot.display())), "{out}");
+    assert!(out.contains("packed matrices 1"), "{out}");
 }

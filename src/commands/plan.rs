@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::verify::checkpoint_for;
+use super::verify::{checkpoint_in, size};
 use super::{io_failure, load, Context};
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
@@ -27,7 +27,7 @@ fn gib_i(bytes: i64) -> f64 {
 pub fn run(args: &PlanArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let resolved = load::resolve(&args.kit, &ctx.env)?;
     let kit = &resolved.kit;
-    let (ckpt, label) = checkpoint_for(kit, args.model.as_ref(), args.r#virtual, true)?;
+    let (ckpt, label) = checkpoint_in(kit, &ctx.env, args.model.as_ref(), args.r#virtual, true)?;
     let budget = weight_budget(&ckpt, kit.tensor_parallel_size, num_hidden_layers(&kit.model.k_map))
         .map_err(|e| Failure::usage(e.to_string()))?;
     let mut measured = Vec::new();
@@ -68,12 +68,12 @@ pub fn run(args: &PlanArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 
 fn human(p: &Plan) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "weights per rank: {:.2} GiB ({})", gib(p.weights_per_rank), p.weights_source);
+    let _ = writeln!(s, "weights per rank: {} ({})", size(p.weights_per_rank), p.weights_source);
     let tokens = p.kv.tokens.map_or_else(|| "unknown tokens".to_string(), |t| format!("{t} tokens"));
     let _ = writeln!(
         s,
-        "KV pool per rank: {:.2} GiB = {tokens} at {} B/token; max_model_len {}",
-        gib(p.kv.pool_bytes),
+        "KV pool per rank: {} = {tokens} at {} B/token; max_model_len {}",
+        size(p.kv.pool_bytes),
         p.kv.bytes_per_token,
         p.max_model_len
     );

@@ -21,11 +21,33 @@ fn is_dsv41_flash_exl3(kit: &Kit) -> bool {
     kit.model.repo.to_ascii_lowercase().contains("deepseek-v4.1-flash-exl3")
 }
 
-/// The checkpoint a command works on: `--model`, else the kit's `model.path`, else (when
-/// `allow_virtual`) the modelled DeepSeek V4.1 Flash for kits that serve it. Returns it with a
-/// label saying where it came from.
+/// The snapshot directory `download` put the kit's model in, from `spark-kit.lock`.
+fn downloaded_model(kit: &Kit, env: &[(String, String)]) -> Option<PathBuf> {
+    let dirs = crate::dirs::Dirs::from_env(env);
+    let lock = crate::hub::lockfile::LockFile::load(&super::download::lock_path(kit, &dirs)).ok()?;
+    let entry = lock.files.iter().find(|e| e.repo == kit.model.repo)?;
+    let cache = super::download::kit_hf_cache(kit, env, &dirs);
+    let dir = crate::hub::cache::RepoCache::new(&cache, &kit.model.repo).snapshot(&entry.commit, "");
+    dir.is_dir().then_some(dir)
+}
+
+/// The checkpoint a command works on: `--model`, else the kit's `model.path`, else the snapshot
+/// `spark-kit download` recorded in `spark-kit.lock`, else (when `allow_virtual`) the modelled
+/// DeepSeek V4.1 Flash for kits that serve it. Returns it with a label saying where it came from.
 pub(super) fn checkpoint_for(
     kit: &Kit,
+    model: Option<&PathBuf>,
+    use_virtual: bool,
+    allow_virtual: bool,
+) -> Result<(Checkpoint, String), Failure> {
+    checkpoint_in(kit, &[], model, use_virtual, allow_virtual)
+}
+
+/// [`checkpoint_for`] with the process environment, which locates the HF cache and data dir of a
+/// downloaded model.
+pub(super) fn checkpoint_in(
+    kit: &Kit,
+    env: &[(String, String)],
     model: Option<&PathBuf>,
     use_virtual: bool,
     allow_virtual: bool,
@@ -38,7 +60,8 @@ pub(super) fn checkpoint_for(
     if use_virtual {
         return modelled();
     }
-    let path = model.cloned().or_else(|| kit.model.path.as_ref().map(PathBuf::from));
+    let path =
+        model.cloned().or_else(|| kit.model.path.as_ref().map(PathBuf::from)).or_else(|| downloaded_model(kit, env));
     match path {
         Some(p) => {
             let ckpt = Checkpoint::open(&p).map_err(|e| Failure::runtime(e.to_string()))?;
@@ -46,14 +69,14 @@ pub(super) fn checkpoint_for(
         }
         None if allow_virtual && is_dsv41_flash_exl3(kit) => modelled(),
         None => Err(Failure::usage(format!("kit `{}` names no local checkpoint directory", kit.name)).with_hint(
-            "pass --model DIR (a directory of *.safetensors shards), or --virtual for the modelled DeepSeek V4.1 Flash",
+            "run `spark-kit download`, or pass --model DIR (a directory of *.safetensors shards), or --virtual for the modelled DeepSeek V4.1 Flash",
         )),
     }
 }
 
 /// `812.0 KiB`, `3.4 MiB`, `182.571 GiB`.
 #[allow(clippy::cast_precision_loss)]
-fn size(bytes: u64) -> String {
+pub(super) fn size(bytes: u64) -> String {
     let b = bytes as f64;
     if bytes >= GIB {
         format!("{:.3} GiB", b / GIB as f64)
@@ -70,7 +93,7 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let resolved = load::resolve(&args.kit, &ctx.env)?;
     let kit = &resolved.kit;
-    let (ckpt, label) = checkpoint_for(kit, args.model.as_ref(), args.r#virtual, false)?;
+    let (ckpt, label) = checkpoint_in(kit, &ctx.env, args.model.as_ref(), args.r#virtual, false)?;
     let report =
         audit(&ckpt, &AuditOptions { k_map: kit.model.k_map.clone() }).map_err(|e| Failure::runtime(e.to_string()))?;
     let text = if args.json {
