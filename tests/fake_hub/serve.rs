@@ -1,0 +1,554 @@
+//! The two listeners (Hub and CDN) and their handlers. Routing is by hand over the raw path so
+//! percent-encoded revisions and nested file paths are seen exactly as a client sent them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State as AxState};
+use axum::http::{HeaderMap, Method};
+use axum::response::Response;
+use axum::Router;
+use sha2::Digest as _;
+
+pub use super::model::Served;
+use super::model::{CommitFiles, FakeFile, Fault, FaultKind, Log, Repo, Route};
+
+struct State {
+    repos: Mutex<HashMap<String, Repo>>,
+    faults: Mutex<Vec<Fault>>,
+    log: Mutex<Log>,
+    page_size: AtomicUsize,
+    /// Body bytes per second per response (0 = unlimited).
+    rate: AtomicU64,
+    ttl_secs: AtomicU64,
+    commits_made: AtomicU64,
+    hub: String,
+    cdn: String,
+    secret: String,
+}
+
+/// A running fake Hub; stops when dropped.
+pub struct FakeHub {
+    pub endpoint: String,
+    pub cdn: String,
+    state: Arc<State>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for FakeHub {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query(uri: &axum::http::Uri) -> HashMap<String, String> {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), decode(v)))
+        .collect()
+}
+
+fn resp(status: u16) -> axum::http::response::Builder {
+    Response::builder().status(status)
+}
+
+fn error(status: u16, code: &str, msg: &str) -> Response {
+    resp(status)
+        .header("x-error-code", code)
+        .header("x-error-message", msg)
+        .header("content-type", "application/json")
+        .body(Body::from(format!("{{\"error\":\"{msg}\"}}")))
+        .unwrap()
+}
+
+impl FakeHub {
+    /// Start both listeners on 127.0.0.1 (ephemeral ports).
+    pub fn start() -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let hub_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let cdn_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        hub_l.set_nonblocking(true).unwrap();
+        cdn_l.set_nonblocking(true).unwrap();
+        let hub = format!("http://{}", hub_l.local_addr().unwrap());
+        let cdn = format!("http://{}", cdn_l.local_addr().unwrap());
+        let state = Arc::new(State {
+            repos: Mutex::new(HashMap::new()),
+            faults: Mutex::new(Vec::new()),
+            log: Mutex::new(Log::default()),
+            page_size: AtomicUsize::new(2),
+            rate: AtomicU64::new(0),
+            ttl_secs: AtomicU64::new(3600),
+            commits_made: AtomicU64::new(0),
+            hub: hub.clone(),
+            cdn: cdn.clone(),
+            secret: format!("s{}", std::process::id()),
+        });
+        let (s1, s2) = (state.clone(), state.clone());
+        rt.spawn(async move {
+            let l = tokio::net::TcpListener::from_std(hub_l).unwrap();
+            axum::serve(l, Router::new().fallback(hub_handler).with_state(s1)).await.unwrap();
+        });
+        rt.spawn(async move {
+            let l = tokio::net::TcpListener::from_std(cdn_l).unwrap();
+            axum::serve(l, Router::new().fallback(cdn_handler).with_state(s2)).await.unwrap();
+        });
+        Self { endpoint: hub, cdn, state, rt: Some(rt) }
+    }
+
+    fn new_commit(&self, repo: &str) -> String {
+        let n = self.state.commits_made.fetch_add(1, Ordering::SeqCst);
+        let mut h = sha1::Sha1::new();
+        sha1::Digest::update(&mut h, format!("{repo}/{n}").as_bytes());
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Create (or move) `branch` of `repo` to a new commit holding `files`; returns the commit.
+    pub fn push(&self, repo: &str, branch: &str, files: Vec<FakeFile>) -> String {
+        let commit = self.new_commit(repo);
+        let mut repos = self.state.repos.lock().unwrap();
+        let r = repos.entry(repo.to_string()).or_default();
+        r.commits.insert(commit.clone(), CommitFiles { files });
+        r.branches.insert(branch.to_string(), commit.clone());
+        commit
+    }
+
+    /// Gate `repo`: `resolve` needs `Authorization: Bearer <token>`.
+    pub fn gate(&self, repo: &str, token: &str) {
+        self.state.repos.lock().unwrap().entry(repo.to_string()).or_default().gate = Some(token.into());
+    }
+
+    /// Add a raw path to `repo`'s listing (a malicious tree).
+    pub fn list_extra(&self, repo: &str, raw_path: &str) {
+        self.state.repos.lock().unwrap().entry(repo.to_string()).or_default().extra_listing.push(raw_path.into());
+    }
+
+    pub fn fault(&self, f: Fault) {
+        self.state.faults.lock().unwrap().push(f);
+    }
+
+    /// Cap every response body at `bytes_per_sec` (0 = unlimited).
+    pub fn set_rate(&self, bytes_per_sec: u64) {
+        self.state.rate.store(bytes_per_sec, Ordering::SeqCst);
+    }
+
+    pub fn set_page_size(&self, n: usize) {
+        self.state.page_size.store(n, Ordering::SeqCst);
+    }
+
+    pub fn set_ttl(&self, secs: u64) {
+        self.state.ttl_secs.store(secs, Ordering::SeqCst);
+    }
+
+    /// Every CDN answer so far.
+    pub fn served(&self) -> Vec<Served> {
+        self.state.log.lock().unwrap().served.clone()
+    }
+
+    /// `resolve` requests for `path` (HEAD and GET, all repos).
+    pub fn resolves(&self, path: &str) -> u32 {
+        self.state.log.lock().unwrap().resolves.get(path).copied().unwrap_or(0)
+    }
+
+    /// The Authorization header of every request, by listener.
+    pub fn auth(&self) -> Vec<(Route, Option<String>)> {
+        self.state.log.lock().unwrap().auth.clone()
+    }
+
+    /// API calls (revision/tree) in order, as paths with query.
+    pub fn api_calls(&self) -> Vec<String> {
+        self.state.log.lock().unwrap().api_calls.clone()
+    }
+
+    /// Faults not fired yet.
+    pub fn pending_faults(&self) -> usize {
+        self.state.faults.lock().unwrap().iter().filter(|f| f.times > 0).count()
+    }
+}
+
+/// Take a matching fault, if one is due.
+fn take_fault(st: &State, route: Route, path: &str) -> Option<FaultKind> {
+    let mut faults = st.faults.lock().unwrap();
+    for f in faults.iter_mut() {
+        if f.route != route || f.times == 0 || f.path.as_deref().is_some_and(|p| p != path) {
+            continue;
+        }
+        if f.skip > 0 {
+            f.skip -= 1;
+            continue;
+        }
+        f.times -= 1;
+        return Some(f.kind.clone());
+    }
+    None
+}
+
+fn auth_of(h: &HeaderMap) -> Option<String> {
+    h.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+fn find(st: &State, repo: &str, rev: &str) -> Result<(String, CommitFiles, Option<String>, Vec<String>), Response> {
+    let repos = st.repos.lock().unwrap();
+    let Some(r) = repos.get(repo) else {
+        return Err(error(401, "RepoNotFound", "Repository not found"));
+    };
+    let commit = r.branches.get(rev).cloned().unwrap_or_else(|| rev.to_string());
+    match r.commits.get(&commit) {
+        Some(c) => Ok((commit, c.clone(), r.gate.clone(), r.extra_listing.clone())),
+        None => Err(error(404, "RevisionNotFound", "Invalid rev id")),
+    }
+}
+
+fn sign(st: &State, sha: &str, expires: u64) -> String {
+    let d = sha2::Sha256::digest(format!("{}|{sha}|{expires}", st.secret).as_bytes());
+    d.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+async fn hub_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response {
+    let auth = auth_of(req.headers());
+    st.log.lock().unwrap().auth.push((Route::Resolve, auth.clone()));
+    let raw = req.uri().path().to_string();
+    let seg: Vec<&str> = raw.trim_start_matches('/').split('/').collect();
+    let head = req.method() == Method::HEAD;
+    if seg.len() >= 6 && seg[0] == "api" && seg[1] == "models" {
+        st.log.lock().unwrap().api_calls.push(req.uri().to_string());
+        let repo = format!("{}/{}", seg[2], seg[3]);
+        let rev = decode(&seg[5..].join("/"));
+        return match seg[4] {
+            "revision" => revision(&st, &repo, &rev),
+            "tree" => tree(&st, &repo, &decode(seg[5]), &query(req.uri())),
+            _ => error(404, "NotFound", "no such API"),
+        };
+    }
+    if seg.len() >= 7 && seg[0] == "api" && seg[1] == "resolve-cache" && seg[2] == "models" {
+        let repo = format!("{}/{}", seg[3], seg[4]);
+        let path = seg[6..].iter().map(|s| decode(s)).collect::<Vec<_>>().join("/");
+        return resolve_cache(&st, &repo, seg[5], &path, auth.as_deref(), head);
+    }
+    if seg.len() >= 5 && seg[2] == "resolve" {
+        let repo = format!("{}/{}", seg[0], seg[1]);
+        let path = seg[4..].iter().map(|s| decode(s)).collect::<Vec<_>>().join("/");
+        *st.log.lock().unwrap().resolves.entry(path.clone()).or_default() += 1;
+        return resolve(&st, &repo, &decode(seg[3]), &path, auth.as_deref());
+    }
+    error(404, "NotFound", "not found")
+}
+
+fn revision(st: &State, repo: &str, rev: &str) -> Response {
+    let (commit, files, gate, _) = match find(st, repo, rev) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let siblings: Vec<serde_json::Value> = files
+        .files
+        .iter()
+        .map(|f| {
+            if f.lfs {
+                serde_json::json!({"rfilename": f.path, "size": f.listed_size(), "blobId": f.pointer_oid(),
+                    "lfs": {"sha256": f.sha256, "size": f.listed_size(), "pointerSize": 134}})
+            } else {
+                serde_json::json!({"rfilename": f.path, "size": f.size, "blobId": f.git_sha1})
+            }
+        })
+        .collect();
+    let v = serde_json::json!({"id": repo, "modelId": repo, "sha": commit, "private": false,
+        "gated": if gate.is_some() { serde_json::json!("manual") } else { serde_json::json!(false) },
+        "disabled": false, "downloads": 0, "likes": 0, "tags": [], "siblings": siblings});
+    resp(200).header("content-type", "application/json").body(Body::from(v.to_string())).unwrap()
+}
+
+fn tree(st: &State, repo: &str, rev: &str, q: &HashMap<String, String>) -> Response {
+    let (commit, files, _, extra) = match find(st, repo, rev) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let mut entries: Vec<serde_json::Value> = Vec::new();
+    let mut dirs = std::collections::BTreeSet::new();
+    for f in &files.files {
+        let mut p = f.path.as_str();
+        while let Some((d, _)) = p.rsplit_once('/') {
+            dirs.insert(d.to_string());
+            p = d;
+        }
+    }
+    for d in dirs {
+        entries.push(serde_json::json!({"type": "directory", "oid": "0".repeat(40), "size": 0, "path": d}));
+    }
+    for f in &files.files {
+        entries.push(if f.lfs {
+            serde_json::json!({"type": "file", "oid": f.pointer_oid(), "size": f.listed_size(), "path": f.path,
+                "lfs": {"oid": f.sha256, "size": f.listed_size(), "pointerSize": 134}})
+        } else {
+            serde_json::json!({"type": "file", "oid": f.git_sha1, "size": f.size, "path": f.path})
+        });
+    }
+    for p in extra {
+        entries.push(serde_json::json!({"type": "file", "oid": "1".repeat(40), "size": 4, "path": p}));
+    }
+    let page = st.page_size.load(Ordering::SeqCst).max(1);
+    let start: usize = q.get("cursor").and_then(|c| c.parse().ok()).unwrap_or(0);
+    let end = (start + page).min(entries.len());
+    let mut b = resp(200).header("content-type", "application/json");
+    if end < entries.len() {
+        b = b.header(
+            "link",
+            format!("<{}/api/models/{repo}/tree/{commit}?recursive=true&cursor={end}>; rel=\"next\"", st.hub),
+        );
+    }
+    b.body(Body::from(serde_json::Value::Array(entries[start.min(end)..end].to_vec()).to_string())).unwrap()
+}
+
+fn gate_check(repo: &str, gate: Option<&str>, auth: Option<&str>) -> Option<Response> {
+    let g = gate?;
+    if auth == Some(format!("Bearer {g}").as_str()) {
+        return None;
+    }
+    let status = if auth.is_some() { 403 } else { 401 };
+    Some(error(status, "GatedRepo", &format!("Access to model {repo} is restricted. You must have access to it and be authenticated to access it. Please log in.")))
+}
+
+fn resolve(st: &State, repo: &str, rev: &str, path: &str, auth: Option<&str>) -> Response {
+    let (commit, files, gate, _) = match find(st, repo, rev) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Some(r) = gate_check(repo, gate.as_deref(), auth) {
+        return r;
+    }
+    if let Some(kind) = take_fault(st, Route::Resolve, path) {
+        if let FaultKind::Status(s) = kind {
+            return error(s, "Fault", "scripted");
+        }
+    }
+    let Some(f) = files.files.iter().find(|f| f.path == path) else {
+        return resp(404)
+            .header("x-error-code", "EntryNotFound")
+            .header("x-repo-commit", &commit)
+            .body(Body::from("Entry not found"))
+            .unwrap();
+    };
+    if f.lfs {
+        let expires = now_secs() + st.ttl_secs.load(Ordering::SeqCst);
+        let loc = format!(
+            "{}/xet-bridge/{}?X-Xet-Signed-Range=&Expires={expires}&Policy=p&Signature={}&Key-Pair-Id=K",
+            st.cdn,
+            f.sha256,
+            sign(st, &f.sha256, expires)
+        );
+        let body = format!("Found. Redirecting to {loc}");
+        return resp(302)
+            .header("location", loc)
+            .header("x-repo-commit", &commit)
+            .header("x-linked-etag", format!("\"{}\"", f.sha256))
+            .header("x-linked-size", f.listed_size().to_string())
+            .header("etag", format!("\"{}\"", "d".repeat(64)))
+            .header("accept-ranges", "bytes")
+            .header("ratelimit", "\"resolvers\";r=2999;t=69")
+            .header("content-length", body.len().to_string())
+            .body(Body::from(body))
+            .unwrap();
+    }
+    let loc = format!(
+        "/api/resolve-cache/models/{repo}/{commit}/{}?%2F{repo}%2Fresolve%2F{rev}%2F{}&etag=%22{}%22",
+        path,
+        path,
+        f.git_sha1,
+        rev = rev.replace('/', "%2F")
+    );
+    let body = format!("Temporary Redirect. Redirecting to {loc}");
+    resp(307)
+        .header("location", loc)
+        .header("x-repo-commit", &commit)
+        .header("content-length", body.len().to_string())
+        .body(Body::from(body))
+        .unwrap()
+}
+
+fn resolve_cache(st: &State, repo: &str, commit: &str, path: &str, auth: Option<&str>, head: bool) -> Response {
+    let (commit, files, gate, _) = match find(st, repo, commit) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Some(r) = gate_check(repo, gate.as_deref(), auth) {
+        return r;
+    }
+    let Some(f) = files.files.iter().find(|f| f.path == path && !f.lfs) else {
+        return error(404, "EntryNotFound", "Entry not found");
+    };
+    let data = f.content.read(0, usize::try_from(f.size).unwrap());
+    let b = resp(200)
+        .header("etag", format!("\"{}\"", f.git_sha1))
+        .header("x-repo-commit", commit)
+        .header("content-length", f.size.to_string());
+    b.body(if head { Body::empty() } else { Body::from(data) }).unwrap()
+}
+
+/// Parse `bytes=a-b`, `a-`, `-n` against `size` → inclusive range; `Err` = unsatisfiable.
+fn parse_range(v: &str, size: u64) -> Result<(u64, u64), ()> {
+    let spec = v.trim().strip_prefix("bytes=").ok_or(())?;
+    let (a, b) = spec.split_once('-').ok_or(())?;
+    let r = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: u64 = n.parse().map_err(|_| ())?;
+            (size.saturating_sub(n), size - 1)
+        }
+        (a, "") => (a.parse().map_err(|_| ())?, size - 1),
+        (a, b) => (a.parse().map_err(|_| ())?, b.parse::<u64>().map_err(|_| ())?.min(size - 1)),
+    };
+    if r.0 > r.1 || r.0 >= size {
+        return Err(());
+    }
+    Ok(r)
+}
+
+async fn cdn_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response {
+    st.log.lock().unwrap().auth.push((Route::Cdn, auth_of(req.headers())));
+    let raw = req.uri().path().to_string();
+    let Some(sha) = raw.strip_prefix("/xet-bridge/") else { return error(404, "NotFound", "not found") };
+    let q = query(req.uri());
+    let expires: u64 = q.get("Expires").and_then(|e| e.parse().ok()).unwrap_or(0);
+    if q.get("Signature").map(String::as_str) != Some(sign(&st, sha, expires).as_str()) {
+        return resp(403).body(Body::from("Invalid signature")).unwrap();
+    }
+    let file = {
+        let repos = st.repos.lock().unwrap();
+        repos.values().flat_map(|r| r.commits.values()).flat_map(|c| c.files.iter()).find(|f| f.sha256 == sha).cloned()
+    };
+    let Some(f) = file else { return resp(404).body(Body::from("NoSuchKey")).unwrap() };
+    let range_hdr = req.headers().get("range").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let mut fault = take_fault(&st, Route::Cdn, &f.path);
+    if expires < now_secs() || fault == Some(FaultKind::Expire) {
+        log_served(&st, &f.path, None, 403, 0, false);
+        return resp(403).body(Body::from("Request has expired")).unwrap();
+    }
+    let range = match &range_hdr {
+        None => None,
+        Some(v) => match parse_range(v, f.size) {
+            Ok(r) => Some(r),
+            Err(()) => {
+                log_served(&st, &f.path, None, 416, 0, false);
+                return resp(416).header("content-range", format!("bytes */{}", f.size)).body(Body::empty()).unwrap();
+            }
+        },
+    };
+    match fault {
+        Some(FaultKind::Status(s)) => {
+            log_served(&st, &f.path, range, s, 0, false);
+            return resp(s).body(Body::from("scripted failure")).unwrap();
+        }
+        Some(FaultKind::TooMany { retry_after }) => {
+            log_served(&st, &f.path, range, 429, 0, false);
+            return resp(429)
+                .header("retry-after", retry_after.to_string())
+                .body(Body::from("Too Many Requests"))
+                .unwrap();
+        }
+        _ => {}
+    }
+    let (status, span) = match (range, &fault) {
+        (_, Some(FaultKind::IgnoreRange)) | (None, _) => (200u16, (0, f.size - 1)),
+        (Some(r), _) => (206, r),
+    };
+    if fault == Some(FaultKind::IgnoreRange) {
+        fault = None;
+    }
+    let len = span.1 - span.0 + 1;
+    let mut b = resp(status)
+        .header("content-length", len.to_string())
+        .header("accept-ranges", "bytes")
+        .header("etag", format!("\"{}\"", "e".repeat(64)));
+    if status == 206 {
+        let shown = if fault == Some(FaultKind::WrongContentRange) { (span.0 + 1, span.1 + 1) } else { span };
+        b = b.header("content-range", format!("bytes {}-{}/{}", shown.0, shown.1, f.size));
+    }
+    let idx = log_served(&st, &f.path, range, status, 0, false);
+    if req.method() == Method::HEAD {
+        return b.body(Body::empty()).unwrap();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let st2 = st.clone();
+    tokio::spawn(async move {
+        let rate = st2.rate.load(Ordering::SeqCst);
+        let started = Instant::now();
+        let mut sent = 0u64;
+        let mut ok = true;
+        while sent < len {
+            let mut n = (256u64 << 10).min(len - sent);
+            match fault {
+                Some(FaultKind::DropAfter(k)) if sent + n > k => {
+                    n = k.saturating_sub(sent);
+                    if n == 0 {
+                        let _ = tx.send(Err(std::io::Error::other("scripted drop"))).await;
+                        ok = false;
+                        break;
+                    }
+                }
+                Some(FaultKind::TrickleStall { bytes }) => {
+                    if sent >= bytes {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        ok = false;
+                        break;
+                    }
+                    n = n.min(1024);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => {}
+            }
+            let mut data = f.content.read(span.0 + sent, usize::try_from(n).unwrap());
+            if fault == Some(FaultKind::CorruptByte) && sent == 0 {
+                data[0] ^= 0x5a;
+            }
+            if tx.send(Ok(Bytes::from(data))).await.is_err() {
+                ok = false;
+                break;
+            }
+            sent += n;
+            st2.log.lock().unwrap().served[idx].bytes = sent;
+            if rate > 0 {
+                #[allow(clippy::cast_precision_loss)]
+                let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+                let el = started.elapsed();
+                if el < due {
+                    tokio::time::sleep(due - el).await;
+                }
+            }
+        }
+        st2.log.lock().unwrap().served[idx].complete = ok && sent == len;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    b.body(Body::from_stream(stream)).unwrap()
+}
+
+fn log_served(st: &State, path: &str, range: Option<(u64, u64)>, status: u16, bytes: u64, complete: bool) -> usize {
+    let mut log = st.log.lock().unwrap();
+    log.served.push(Served { path: path.into(), range, status, bytes, complete });
+    log.served.len() - 1
+}
