@@ -26,6 +26,12 @@ use super::receipt::{self, Outcome, Receipt, SignalSent};
 use crate::kit::schema::{GuardPolicy, Kit};
 
 const MIB: u64 = 1 << 20;
+/// A `/proc` scan this recent is good enough to decide on at the hard floor.
+const FRESH_SCAN: Duration = Duration::from_millis(50);
+/// Near the floors, `/proc` is scanned at most this often.
+const NEAR_SCAN: Duration = Duration::from_millis(20);
+/// The fastest fall the sampling rate plans for, bytes per second.
+const ASSUMED_MAX_FALL: f64 = 8.0 * (1u64 << 30) as f64;
 
 /// Everything the guard needs to know.
 #[derive(Debug, Clone)]
@@ -370,7 +376,12 @@ impl Guard {
             notes.push(format!("cannot set oom_score_adj -1000 on the guard ({e}; needs CAP_SYS_RESOURCE): the kernel OOM killer may pick it"));
         }
         // SAFETY: setpriority has no memory-safety preconditions.
-        let _ = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, -20) };
+        if unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, -20) } != 0 {
+            notes.push(format!(
+                "cannot raise the guard's priority to nice -20 ({}; needs CAP_SYS_NICE): wake-ups may lag on a busy host",
+                std::io::Error::last_os_error()
+            ));
+        }
         (locked, notes)
     }
 
@@ -449,12 +460,16 @@ impl Guard {
             fall_rate = if inst > fall_rate { inst } else { 0.7 * fall_rate + 0.3 * inst };
             last = (now, m.mem_available);
             let headroom = m.mem_available.saturating_sub(self.cfg.hard_floor);
-            wait = self.cfg.interval;
-            if fall_rate > 0.0 {
-                #[allow(clippy::cast_precision_loss)]
-                let eta = Duration::from_secs_f64((headroom as f64 / fall_rate / 8.0).min(1.0));
-                wait = eta.clamp(self.cfg.min_interval, self.cfg.interval);
-            }
+            // Sampling: 10 Hz far from the floor; an eighth of the projected time to the floor at
+            // the current fall rate; and never longer than the headroom lasts at 8 GiB/s (GB10
+            // falls of 2–4.5 GiB/s are on record, gb10-ops.md §1.2) — so a slow creep across the
+            // floor is seen within milliseconds too.
+            #[allow(clippy::cast_precision_loss)]
+            let by_headroom = headroom as f64 / ASSUMED_MAX_FALL;
+            #[allow(clippy::cast_precision_loss)]
+            let by_rate = if fall_rate > 0.0 { headroom as f64 / fall_rate / 8.0 } else { f64::MAX };
+            wait = Duration::from_secs_f64(by_headroom.min(by_rate).min(1.0))
+                .clamp(self.cfg.min_interval, self.cfg.interval);
 
             let bucket =
                 u64::try_from(now.duration_since(start).as_nanos() / bucket_len.as_nanos().max(1)).unwrap_or(u64::MAX);
@@ -465,10 +480,17 @@ impl Guard {
                 }
             }
             let near = m.mem_available <= self.cfg.soft_floor || wait < self.cfg.interval;
-            if action.is_some()
-                || near
-                || now.duration_since(last_scan) >= self.cfg.scan_interval
-                || bucket > last_bucket
+            // At the hard floor with a table from the last few milliseconds (near the floor every
+            // sample scans), act on it first: the next turn scans while the victim exits.
+            let act_first = action.is_none()
+                && m.mem_available <= self.cfg.hard_floor
+                && now >= settle_until
+                && now.duration_since(last_scan) < FRESH_SCAN;
+            if !act_first
+                && (action.is_some()
+                    || (near && now.duration_since(last_scan) >= NEAR_SCAN)
+                    || now.duration_since(last_scan) >= self.cfg.scan_interval
+                    || bucket > last_bucket)
             {
                 self.scan(bucket, last_bucket);
                 last_bucket = bucket;

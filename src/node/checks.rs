@@ -481,11 +481,18 @@ fn clock_and_firewall(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
             format!("clock not synchronised (NTPSynchronized={v})"),
             "enable NTP: `timedatectl set-ntp true`",
         ),
-        None => o.warn(
-            "clock",
-            "cannot tell whether the clock is synchronised (no timedatectl)",
-            "check NTP/chrony is running",
-        ),
+        None => {
+            let why = match &f.ntp {
+                Err(ProbeError::NotFound(_)) => "timedatectl is not installed".to_string(),
+                Err(e) => e.to_string(),
+                Ok(_) => "empty answer".to_string(),
+            };
+            o.warn(
+                "clock",
+                format!("cannot tell whether the clock is synchronised ({why})"),
+                "check NTP/chrony is running (`chronyc tracking`)",
+            );
+        }
     }
     let Some(iface) = &f.fabric.interface else {
         o.skip("firewall", "no fabric interface in the kit");
