@@ -396,17 +396,17 @@ pub fn audit(ckpt: &Checkpoint, opts: &AuditOptions) -> Result<AuditReport, Chec
         findings.extend(ledger_findings(ckpt, dir, &matrices));
     }
 
-    let gap_bytes = ckpt.shards.iter().flat_map(|s| &s.gaps).map(|g| g.end - g.begin).sum();
+    let gap_bytes = ckpt.shards.iter().flat_map(|s| &s.gaps).map(|g| g.end.saturating_sub(g.begin)).sum();
     for shard in &ckpt.shards {
         // Padding that only aligns the next tensor (or the end) to 8 bytes is not a gap.
-        for g in shard.gaps.iter().filter(|g| g.end - g.begin >= GAP_ALIGN || g.end % GAP_ALIGN != 0) {
+        for g in shard.gaps.iter().filter(|g| g.end.saturating_sub(g.begin) >= GAP_ALIGN || g.end % GAP_ALIGN != 0) {
             findings.push(Finding {
                 severity: Severity::Warning,
                 tensor: g.after.clone(),
                 message: format!(
                     "{}: {} data bytes [{}, {}) belong to no tensor",
                     shard.path.display(),
-                    g.end - g.begin,
+                    g.end.saturating_sub(g.begin),
                     g.begin,
                     g.end
                 ),

@@ -59,7 +59,7 @@ impl Tensor {
     /// Size of the tensor's data in bytes.
     #[must_use]
     pub const fn bytes(&self) -> u64 {
-        self.end - self.begin
+        self.end.saturating_sub(self.begin)
     }
 }
 
@@ -162,16 +162,22 @@ impl Checkpoint {
     }
 
     /// Build a checkpoint from parts (used by the virtual checkpoint): sorts by name and refuses
-    /// a name that occurs twice.
+    /// a name that occurs twice or a tensor outside the shards.
     ///
     /// # Errors
-    /// [`CheckpointError::DuplicateAcrossShards`].
+    /// [`CheckpointError::DuplicateAcrossShards`], [`CheckpointError::Virtual`].
     pub fn assemble(
         origin: Origin,
         shards: Vec<Shard>,
         mut tensors: Vec<Tensor>,
         recorded_markers: HashMap<String, [u8; 4]>,
     ) -> Result<Self, CheckpointError> {
+        if let Some(t) = tensors.iter().find(|t| t.shard >= shards.len() || t.end < t.begin) {
+            return Err(CheckpointError::Virtual {
+                name: t.name.clone(),
+                why: format!("shard index {} / byte range [{}, {}) is invalid", t.shard, t.begin, t.end),
+            });
+        }
         tensors.sort_by(|a, b| a.name.cmp(&b.name));
         if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
             let path = |t: &Tensor| shards.get(t.shard).map(|s| s.path.clone()).unwrap_or_default();
