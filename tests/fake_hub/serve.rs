@@ -501,11 +501,14 @@ async fn cdn_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
         let mut sent = 0u64;
         let mut ok = true;
         while sent < len {
-            let mut n = (256u64 << 10).min(len - sent);
+            let chunk = if rate > 0 && rate < (16 << 20) { 32u64 << 10 } else { 256 << 10 };
+            let mut n = chunk.min(len - sent);
             match fault {
                 Some(FaultKind::DropAfter(k)) if sent + n > k => {
                     n = k.saturating_sub(sent);
                     if n == 0 {
+                        // Let the bytes already handed over reach the socket, then cut it.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
                         let _ = tx.send(Err(std::io::Error::other("scripted drop"))).await;
                         ok = false;
                         break;
@@ -526,20 +529,21 @@ async fn cdn_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
             if fault == Some(FaultKind::CorruptByte) && sent == 0 {
                 data[0] ^= 0x5a;
             }
+            if rate > 0 {
+                // Pace before sending: the connection never runs ahead of `rate`.
+                #[allow(clippy::cast_precision_loss)]
+                let due = Duration::from_secs_f64((sent + n) as f64 / rate as f64);
+                let el = started.elapsed();
+                if el < due {
+                    tokio::time::sleep(due - el).await;
+                }
+            }
             if tx.send(Ok(Bytes::from(data))).await.is_err() {
                 ok = false;
                 break;
             }
             sent += n;
             st2.log.lock().unwrap().served[idx].bytes = sent;
-            if rate > 0 {
-                #[allow(clippy::cast_precision_loss)]
-                let due = Duration::from_secs_f64(sent as f64 / rate as f64);
-                let el = started.elapsed();
-                if el < due {
-                    tokio::time::sleep(due - el).await;
-                }
-            }
         }
         st2.log.lock().unwrap().served[idx].complete = ok && sent == len;
     });
