@@ -111,6 +111,11 @@ impl FakeFile {
         hex(&h.finalize())
     }
 
+    /// The file's bytes.
+    pub fn content_bytes(&self) -> Vec<u8> {
+        self.content.read(0, usize::try_from(self.size).unwrap())
+    }
+
     pub fn listed_size(&self) -> u64 {
         self.claimed_size.unwrap_or(self.size)
     }

@@ -155,6 +155,10 @@ impl FakeHub {
         self.state.faults.lock().unwrap().push(f);
     }
 
+    pub fn clear_faults(&self) {
+        self.state.faults.lock().unwrap().clear();
+    }
+
     /// Cap every response body at `bytes_per_sec` (0 = unlimited).
     pub fn set_rate(&self, bytes_per_sec: u64) {
         self.state.rate.store(bytes_per_sec, Ordering::SeqCst);
@@ -215,6 +219,7 @@ fn auth_of(h: &HeaderMap) -> Option<String> {
     h.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
+#[allow(clippy::result_large_err)] // a test server: the error is the response itself
 fn find(st: &State, repo: &str, rev: &str) -> Result<(String, CommitFiles, Option<String>, Vec<String>), Response> {
     let repos = st.repos.lock().unwrap();
     let Some(r) = repos.get(repo) else {
@@ -343,10 +348,8 @@ fn resolve(st: &State, repo: &str, rev: &str, path: &str, auth: Option<&str>) ->
     if let Some(r) = gate_check(repo, gate.as_deref(), auth) {
         return r;
     }
-    if let Some(kind) = take_fault(st, Route::Resolve, path) {
-        if let FaultKind::Status(s) = kind {
-            return error(s, "Fault", "scripted");
-        }
+    if let Some(FaultKind::Status(s)) = take_fault(st, Route::Resolve, path) {
+        return error(s, "Fault", "scripted");
     }
     let Some(f) = files.files.iter().find(|f| f.path == path) else {
         return resp(404)
