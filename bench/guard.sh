@@ -181,13 +181,15 @@ rows = [l.split() for l in sys.stdin if l.strip()]
 def summary(tool):
     rs = [r for r in rows if r[0] == tool]
     ms = [float(r[2]) for r in rs if r[2] not in ("-", "nan")]
-    victims = sorted({r[1] for r in rs})
-    return (statistics.median(ms) if ms else float("nan")), victims
-g, gv = summary("spark-kit")
-e, ev = summary("earlyoom")
-comma = chr(44)
-print(f"spark-kit guard: killed {comma.join(gv)}; median reaction {g:.1f} ms")
-print(f"earlyoom:        killed {comma.join(ev)}; median reaction {e:.1f} ms")
+    first = [r[1].split(">")[0] for r in rs]
+    counts = {v: first.count(v) for v in sorted(set(first))}
+    said = comma.join(f"{v} in {c}/{len(rs)} rounds" for v, c in counts.items())
+    return (statistics.median(ms) if ms else float("nan")), sorted(counts), said
+comma = chr(44) + " "
+g, gv, gs = summary("spark-kit")
+e, ev, es = summary("earlyoom")
+print(f"spark-kit guard: first victim {gs}; median reaction {g:.1f} ms")
+print(f"earlyoom:        first victim {es}; median reaction {e:.1f} ms")
 verdict = "yes" if gv == ["hog"] else "NO"
 print(f"right victim (the hog) for spark-kit: {verdict}")
 print(f"reaction ratio spark-kit/earlyoom = {g / e:.2f} (target <= 0.5)")

@@ -68,6 +68,9 @@ pub struct GuardConfig {
     pub victims_under: Option<i32>,
     /// `mlockall`, `oom_score_adj -1000` and nice −20 for this process, where permitted.
     pub harden: bool,
+    /// The engine uses a GB10 GPU (unified memory): a fall no process's RSS explains is counted as
+    /// the engine's. False for CPU kits, whose engine memory is all in RSS.
+    pub engine_on_gpu: bool,
     /// `/proc` (tests point it elsewhere only for the parsers; the loop needs the real one).
     pub proc_root: PathBuf,
 }
@@ -85,6 +88,7 @@ impl GuardConfig {
             sacrificable: g.sacrificable.clone(),
             model_paths: kit.model.path.iter().map(PathBuf::from).collect(),
             drain: Duration::from_secs(u64::from(kit.engine.shutdown_timeout_s.clamp(1, 10))),
+            engine_on_gpu: crate::node::preflight::kit_needs_gpu(kit),
             ..Self::default()
         }
     }
@@ -110,6 +114,7 @@ impl Default for GuardConfig {
             baseline_tolerance: DEFAULT_TOLERANCE,
             victims_under: None,
             harden: true,
+            engine_on_gpu: true,
             proc_root: PathBuf::from("/proc"),
         }
     }
@@ -417,7 +422,11 @@ impl Guard {
             self.emit(&GuardEvent::Note { message });
         }
         self.emit(&GuardEvent::Note {
-            message: "per-process GPU memory: NVML is not used by this build; attribution is RSS only, and a fall no RSS explains is counted as the engine's (GB10 driver memory)".into(),
+            message: if self.cfg.engine_on_gpu {
+                "per-process GPU memory: NVML is not used by this build; attribution is RSS only, and a fall no RSS explains is counted as the engine's (GB10 driver memory)".into()
+            } else {
+                "attribution is RSS only (the engine runs on the CPU, so its memory is all in RSS)".into()
+            },
         });
         if let Some(p) = pgid {
             let check = self.oom_check(p);
@@ -553,7 +562,7 @@ impl Guard {
                 hard: self.cfg.hard_floor,
                 policy: self.cfg.policy,
                 min_blame: self.cfg.min_blame,
-                gpu_attributed: false,
+                unattributed_is_engine: self.cfg.engine_on_gpu,
             };
             let d = decide(&floors, m.mem_available, drop, &a, &self.cfg.sacrificable);
             match d {

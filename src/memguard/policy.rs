@@ -16,9 +16,10 @@ pub struct Floors {
     pub policy: GuardPolicy,
     /// Growth (bytes over the window) below which a process is not "the one that grew".
     pub min_blame: u64,
-    /// Whether per-process GPU memory is measured (NVML). Without it, a fall of MemAvailable
-    /// that no process's RSS explains is GPU (driver) memory, which on a GPU node is the engine's.
-    pub gpu_attributed: bool,
+    /// Whether a fall of MemAvailable that no process's memory explains is the engine's: true for
+    /// a GPU engine on GB10 without NVML (driver memory is in no process's RSS there), false when
+    /// NVML measures GPU memory per process or the engine runs on the CPU (its RSS is complete).
+    pub unattributed_is_engine: bool,
 }
 
 /// Why the engine is stopped.
@@ -100,7 +101,7 @@ pub fn decide(
     }
     let unattributed = window_drop.saturating_sub(a.attributed_bytes);
     let engine_grown = a.engine.map_or(0, |e| e.grown_bytes)
-        + if floors.gpu_attributed || a.engine.is_none() { 0 } else { unattributed };
+        + if floors.unattributed_is_engine && a.engine.is_some() { unattributed } else { 0 };
     let top = a.growers().first().copied().filter(|g| g.grown >= floors.min_blame && g.grown > engine_grown);
     if let Some(g) = top {
         let sac = is_sacrificable(g.comm.as_bytes(), sacrificable);
@@ -132,7 +133,7 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn floors(policy: GuardPolicy) -> Floors {
-        Floors { soft: 4 * GIB, hard: 2 * GIB, policy, min_blame: GIB / 4, gpu_attributed: false }
+        Floors { soft: 4 * GIB, hard: 2 * GIB, policy, min_blame: GIB / 4, unattributed_is_engine: true }
     }
 
     fn attribution(engine_grown: u64, other: Option<(&str, u64)>) -> Attribution {
@@ -184,12 +185,12 @@ mod tests {
     }
 
     #[test]
-    fn a_fall_no_rss_explains_is_the_engine_without_nvml_but_not_with_it() {
+    fn a_fall_no_rss_explains_is_the_gpu_engines_without_nvml_but_not_with_it_or_on_cpu() {
         // GB10: the engine's CUDA memory is not in its RSS; a 1 GiB hog grew, MemAvailable fell 9 GiB.
         let a = attribution(0, Some(("hog", GIB)));
         let d = decide(&floors(GuardPolicy::KillOffender), GIB, 9 * GIB, &a, &[]);
         assert_eq!(d, Decision::StopEngine { pgid: 100, reason: EngineReason::EngineGrew });
-        let with_nvml = Floors { gpu_attributed: true, ..floors(GuardPolicy::KillOffender) };
+        let with_nvml = Floors { unattributed_is_engine: false, ..floors(GuardPolicy::KillOffender) };
         assert!(matches!(decide(&with_nvml, GIB, 9 * GIB, &a, &[]), Decision::KillProcess { .. }));
         // Nobody grew at all: stop the engine, saying so.
         let quiet = attribution(0, None);
