@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_RANGE, RANGE};
 use serde::Serialize;
@@ -43,8 +43,12 @@ impl Default for Options {
 }
 
 /// Counters of one run, shared by all tasks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Counters {
+    /// When the run started.
+    pub epoch: Instant,
+    /// Nanoseconds after `epoch` when the last byte arrived (time-to-downloaded).
+    pub last_byte_ns: AtomicU64,
     pub fetched_bytes: AtomicU64,
     pub resumed_bytes: AtomicU64,
     pub retries: AtomicU64,
@@ -53,6 +57,31 @@ pub struct Counters {
     pub discarded_partials: AtomicU64,
     pub downloaded_files: AtomicU64,
     pub cached_files: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            epoch: Instant::now(),
+            last_byte_ns: AtomicU64::new(0),
+            fetched_bytes: AtomicU64::new(0),
+            resumed_bytes: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            reresolves: AtomicU64::new(0),
+            refetched_files: AtomicU64::new(0),
+            discarded_partials: AtomicU64::new(0),
+            downloaded_files: AtomicU64::new(0),
+            cached_files: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Counters {
+    fn arrived(&self, n: u64) {
+        self.fetched_bytes.fetch_add(n, Ordering::Relaxed);
+        let ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_byte_ns.fetch_max(ns, Ordering::Relaxed);
+    }
 }
 
 /// A file that is in the cache, verified.
@@ -223,7 +252,7 @@ async fn fetch_small(
         counters.retries.fetch_add(1, Ordering::Relaxed);
         reporter.retry(&f.path, attempt, "content does not match its git blob id", Duration::ZERO);
     };
-    counters.fetched_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    counters.arrived(bytes.len() as u64);
     reporter.bytes(&f.path, bytes.len() as u64);
     cache.write_blob(&f.blob, &bytes)?;
     cache.link(commit, &f.path, &f.blob)?;
@@ -740,7 +769,7 @@ fn write(sh: &Shared, st: &FileState, job: &RangeJob, pos: &mut u64, buf: &mut V
     *pos += n;
     buf.clear();
     st.set_written(job.start, *pos);
-    sh.counters.fetched_bytes.fetch_add(n, Ordering::Relaxed);
+    sh.counters.arrived(n);
     sh.reporter.bytes(&st.f.path, n);
     Ok(())
 }

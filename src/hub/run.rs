@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -99,6 +99,9 @@ pub struct Summary {
     pub refetched_files: u64,
     pub discarded_partials: u64,
     pub seconds: f64,
+    /// Seconds from the start until the last byte arrived; `seconds` is until every file was
+    /// verified and in place.
+    pub transfer_seconds: f64,
     #[serde(skip)]
     pub lock: Vec<LockEntry>,
 }
@@ -144,6 +147,7 @@ async fn preflight(
 /// Plan, check and fetch every repo of `req`.
 pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn Reporter>) -> Result<Summary, HubError> {
     let started = Instant::now();
+    let counters = Arc::new(Counters::default());
     let mut planned = Vec::new();
     for r in &req.repos {
         let commit = client.commit(&r.repo, &r.revision).await?;
@@ -177,7 +181,6 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
             },
         ));
     }
-    let counters = Arc::new(Counters::default());
     let mut lock = Vec::new();
     let to_fetch: u64 = planned.iter().map(|p| p.4.to_fetch).sum();
     if !req.dry_run {
@@ -254,6 +257,7 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
         refetched_files: c.refetched_files.load(Ordering::Relaxed),
         discarded_partials: c.discarded_partials.load(Ordering::Relaxed),
         seconds: started.elapsed().as_secs_f64(),
+        transfer_seconds: Duration::from_nanos(c.last_byte_ns.load(Ordering::Relaxed)).as_secs_f64(),
         lock,
     })
 }
