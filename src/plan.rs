@@ -45,7 +45,7 @@ pub struct NodeInput {
 }
 
 /// Everything the planner needs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanInput {
     /// Weights on the largest rank (from the weight budget).
     pub weights_per_rank: u64,
@@ -55,8 +55,10 @@ pub struct PlanInput {
     pub nodes: Vec<NodeInput>,
     /// KV pool per rank (`--kv-cache-memory-bytes`).
     pub kv_cache_bytes: u64,
-    /// KV bytes per token (0 = unknown).
-    pub kv_bytes_per_token: u64,
+    /// KV bytes per token (0 = unknown); may be fractional.
+    pub kv_bytes_per_token: f64,
+    /// KV block size in tokens: the pool holds whole blocks.
+    pub block_size: u32,
     pub max_model_len: u64,
     /// Per rank.
     pub runtime_overhead: u64,
@@ -68,11 +70,12 @@ pub struct PlanInput {
 }
 
 /// The KV pool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KvPlan {
     pub pool_bytes: u64,
-    pub bytes_per_token: u64,
-    /// `pool_bytes / bytes_per_token` (None when bytes per token is unknown).
+    pub bytes_per_token: f64,
+    pub block_size: u32,
+    /// Whole blocks of `block_size` tokens that fit (None when bytes per token is unknown).
     pub tokens: Option<u64>,
 }
 
@@ -142,7 +145,7 @@ pub struct NodePlan {
 }
 
 /// The whole plan (`spark-kit plan --json`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
     pub weights_per_rank: u64,
     pub weights_source: String,
@@ -249,6 +252,7 @@ pub fn input_from_kit(
         nodes,
         kv_cache_bytes: kit.engine.kv_cache_bytes.bytes(),
         kv_bytes_per_token: kit.engine.kv_bytes_per_token,
+        block_size: kit.engine.block_size,
         max_model_len: kit.engine.max_model_len,
         runtime_overhead: kit.memory.runtime_overhead.bytes(),
         os_reserve: kit.memory.os_reserve.bytes(),
@@ -265,10 +269,22 @@ pub fn parse_meminfo(text: &str) -> Option<(u64, u64)> {
     crate::memguard::meminfo::parse(text.as_bytes()).map(|m| (m.mem_total, m.mem_available))
 }
 
-/// KV tokens in a pool: `pool / bytes_per_token`, rounded down (None when bytes per token is 0).
+/// Bytes of one KV block: `ceil(bytes_per_token × block_size)` (None when unknown).
 #[must_use]
-pub fn kv_tokens(pool_bytes: u64, bytes_per_token: u64) -> Option<u64> {
-    pool_bytes.checked_div(bytes_per_token)
+pub fn kv_block_bytes(bytes_per_token: f64, block_size: u32) -> Option<u64> {
+    if !(bytes_per_token.is_finite() && bytes_per_token > 0.0) || block_size == 0 {
+        return None;
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // positive, finite, far below 2^53
+    let per_block = (bytes_per_token * f64::from(block_size)).ceil() as u64;
+    Some(per_block)
+}
+
+/// KV tokens in a pool: whole blocks, as vLLM allocates them (None when bytes per token is unknown).
+#[must_use]
+pub fn kv_tokens(pool_bytes: u64, bytes_per_token: f64, block_size: u32) -> Option<u64> {
+    let per_block = kv_block_bytes(bytes_per_token, block_size)?;
+    Some(pool_bytes / per_block * u64::from(block_size))
 }
 
 /// The sources every plan relies on.
@@ -376,15 +392,17 @@ pub fn plan(input: &PlanInput) -> Plan {
             "set tensor_parallel_size to a multiple of the number of nodes".into(),
         ));
     }
-    let tokens = kv_tokens(input.kv_cache_bytes, input.kv_bytes_per_token);
+    let tokens = kv_tokens(input.kv_cache_bytes, input.kv_bytes_per_token, input.block_size);
     match tokens {
         None => warnings.push(warn(
             None,
             "KV bytes per token unknown: cannot size the KV pool in tokens or bound the prompt by it".into(),
-            "set engine.kv_bytes_per_token (3466 for DeepSeek V4.1 Flash fp8_ds_mla: 774,400 tokens in 2.5 GiB, reference-kit.md D)".into(),
+            "set engine.kv_bytes_per_token (3466.3 for DeepSeek V4.1 Flash fp8_ds_mla: 774,400 tokens in 2.5 GiB at block 64, reference-kit.md D)".into(),
         )),
         Some(t) if t < input.max_model_len => {
-            let need = input.max_model_len.saturating_mul(input.kv_bytes_per_token);
+            let per_block = kv_block_bytes(input.kv_bytes_per_token, input.block_size).unwrap_or(0);
+            let block = u64::from(input.block_size.max(1));
+            let need = input.max_model_len.div_ceil(block).saturating_mul(per_block);
             warnings.push(warn(
                 None,
                 format!("the KV pool holds {t} tokens, fewer than max_model_len {}", input.max_model_len),
@@ -448,7 +466,12 @@ pub fn plan(input: &PlanInput) -> Plan {
         weights_per_rank: input.weights_per_rank,
         weights_source: input.weights_source.clone(),
         tensor_parallel_size: tp,
-        kv: KvPlan { pool_bytes: input.kv_cache_bytes, bytes_per_token: input.kv_bytes_per_token, tokens },
+        kv: KvPlan {
+            pool_bytes: input.kv_cache_bytes,
+            bytes_per_token: input.kv_bytes_per_token,
+            block_size: input.block_size,
+            tokens,
+        },
         max_model_len: input.max_model_len,
         nodes,
         assumptions: base_assumptions(input),
@@ -554,8 +577,11 @@ mod tests {
     }
 
     #[test]
-    fn kv_tokens_is_floor_division() {
-        assert_eq!(kv_tokens(2_684_354_560, 3466), Some(774_481));
-        assert_eq!(kv_tokens(10, 0), None);
+    fn kv_tokens_are_whole_blocks() {
+        // 3466.3 B/token × 64 = 221,843.2 → 221,844 B/block; 2.5 GiB holds 12,100 blocks.
+        assert_eq!(kv_block_bytes(3466.3, 64), Some(221_844));
+        assert_eq!(kv_tokens(2_684_354_560, 3466.3, 64), Some(774_400));
+        assert_eq!(kv_tokens(10, 0.0, 64), None);
+        assert_eq!(kv_tokens(1000, 1.0, 16), Some(992));
     }
 }

@@ -103,17 +103,15 @@ fn virtual_deepseek_audit_counts_and_k_map() {
 
 #[test]
 fn kv_tokens_for_the_reference_pool() {
-    // 2.5 GiB = 2,684,354,560 bytes at the kit's 3466 bytes/token.
+    // reference-kit.md D: fp8_ds_mla holds 774,400 tokens in the 2.5 GiB pool at block 64
+    // (12,100 blocks). The kit's 3466.3 bytes/token gives 221,844-byte blocks.
     let kit = reference_kit();
     assert_eq!(kit.engine.kv_cache_bytes.bytes(), 2_684_354_560);
-    assert_eq!(kit.engine.kv_bytes_per_token, 3466);
-    let tokens = kv_tokens(2_684_354_560, 3466).unwrap();
-    // Exact integer arithmetic: 3466 × 774,481 = 2,684,351,146 ≤ 2,684,354,560 < 3466 × 774,482.
-    assert_eq!(tokens, 774_481);
-    // vLLM's 774,400 (reference-kit.md D) is 12,100 blocks of 64; no integer bytes/token gives it
-    // exactly (it needs 3466.37); 3466 lands within 0.011 %.
-    assert!((3000..4000).all(|bpt| kv_tokens(2_684_354_560, bpt) != Some(774_400)));
-    assert!((tokens as f64 - 774_400.0).abs() / 774_400.0 < 0.0002);
+    assert_eq!(kit.engine.block_size, 64);
+    assert!((kit.engine.kv_bytes_per_token - 3466.3).abs() < 1e-9);
+    let tokens = kv_tokens(2_684_354_560, kit.engine.kv_bytes_per_token, kit.engine.block_size).unwrap();
+    assert_eq!(tokens, 774_400);
+    assert_eq!(tokens % 64, 0);
 }
 
 #[test]
@@ -123,7 +121,7 @@ fn plan_for_the_reference_kit_on_the_virtual_checkpoint() {
     let budget = weight_budget(&ckpt, kit.tensor_parallel_size, 40).unwrap();
     let input = input_from_kit(&kit, budget.per_rank_bytes, "virtual DeepSeek V4.1 Flash EXL3", &[]);
     let p = plan(&input);
-    assert_eq!(p.kv.tokens, Some(774_481));
+    assert_eq!(p.kv.tokens, Some(774_400));
     assert_eq!(p.nodes.len(), 2);
     for n in &p.nodes {
         assert_eq!(n.ranks, 1);
@@ -153,7 +151,7 @@ fn plan_for_the_reference_kit_on_the_virtual_checkpoint() {
     assert!(p.assumptions.iter().all(|a| !a.source.is_empty()));
     assert!(p.assumptions.iter().any(|a| a.source.contains("3 GiB pool died at ~470k")));
     let json = serde_json::to_value(&p).unwrap();
-    assert_eq!(json["kv"]["tokens"], 774_481);
+    assert_eq!(json["kv"]["tokens"], 774_400);
 }
 
 /// The reference configuration exactly as measured (99.5 GiB/rank, 121.7 GiB nodes).
@@ -201,8 +199,8 @@ fn warnings_carry_fixes() {
     let p = plan(&input);
     let text: Vec<String> = p.warnings.iter().map(|w| format!("{} => {}", w.message, w.fix)).collect();
     assert!(
-        text.iter().any(|t| t.contains("the KV pool holds 774481 tokens, fewer than max_model_len 1000000")
-            && t.contains("raise engine.kv_cache_bytes to at least 3466000000")),
+        text.iter().any(|t| t.contains("the KV pool holds 774400 tokens, fewer than max_model_len 1000000")
+            && t.contains("raise engine.kv_cache_bytes to at least 3466312500")),
         "{text:#?}"
     );
     assert!(
@@ -215,7 +213,7 @@ fn warnings_carry_fixes() {
         "{text:#?}"
     );
     assert!(p.warnings.iter().all(|w| !w.fix.is_empty()));
-    input.kv_bytes_per_token = 0;
+    input.kv_bytes_per_token = 0.0;
     let p = plan(&input);
     assert!(p.warnings.iter().any(|w| w.fix.contains("set engine.kv_bytes_per_token")));
 }

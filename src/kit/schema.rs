@@ -272,8 +272,9 @@ pub struct Engine {
     pub long_prefill_token_threshold: u32,
     /// KV cache pool per rank, always passed explicitly (`--kv-cache-memory-bytes`).
     pub kv_cache_bytes: ByteSize,
-    /// KV cache bytes per token, for planning (measured on the target; 0 = unknown).
-    pub kv_bytes_per_token: u64,
+    /// KV cache bytes per token, for planning (may be fractional; the pool is sized in whole
+    /// blocks of `block_size` tokens; 0 = unknown).
+    pub kv_bytes_per_token: f64,
     /// KV cache block size in tokens.
     pub block_size: u32,
     /// Model dtype (`auto`, `bfloat16`, `float16`, `float32`).
@@ -316,7 +317,7 @@ impl Default for Engine {
             max_num_batched_tokens: 2048,
             long_prefill_token_threshold: 0,
             kv_cache_bytes: ByteSize::gib(1),
-            kv_bytes_per_token: 0,
+            kv_bytes_per_token: 0.0,
             block_size: 16,
             dtype: "auto".into(),
             quantization: String::new(),
