@@ -2,6 +2,7 @@
 //! engine process (PyO3 on its main thread) and its process group.
 
 pub mod argv;
+pub mod docker;
 pub mod embed;
 pub mod model;
 pub mod overlay;
