@@ -19,7 +19,8 @@ const MIB: u64 = 1 << 20;
 
 /// A process that grows by `total` bytes at `rate` bytes/s in 1 MiB chunks, notes when
 /// MemAvailable first falls to `floor`, and on SIGTERM writes what it saw to `out`.
-/// Args: out floor total rate comm. Env: HOG_OOM_ADJ, HOG_CHILD (one `sleep` child), HOG_DELAY.
+/// Args: out floor total rate comm. Env: HOG_OOM_ADJ, HOG_CHILD (one `sleep` child), HOG_DELAY,
+/// HOG_GO (a file whose existence starts the growth).
 const HOG: &str = r#"
 import ctypes, json, os, signal, subprocess, sys, time
 out, floor, total, rate, comm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
@@ -45,6 +46,8 @@ def on_term(sig, frm):
 signal.signal(signal.SIGTERM, on_term)
 print("ready", flush=True)
 time.sleep(float(os.environ.get("HOG_DELAY", "0")))
+while os.environ.get("HOG_GO") and not os.path.exists(os.environ["HOG_GO"]):
+    time.sleep(0.01)
 chunks, CH, t0 = [], 1 << 20, time.monotonic()
 while grown < total:
     chunks.append(b"\x01" * CH)
@@ -88,6 +91,7 @@ impl Hog {
             .arg(dir.join(format!("{name}.json")))
             .args([floor.to_string(), total.to_string(), (1536 * MIB).to_string(), name.to_string()])
             .env("HOG_DELAY", delay.to_string())
+            .env("HOG_GO", dir.join(format!("{name}.go")))
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
         if engine_like {
@@ -135,13 +139,14 @@ struct GuardProc {
 }
 
 impl GuardProc {
-    fn start(pgid: i32, soft: u64, hard: u64, policy: &str, receipts: &Path) -> Self {
+    fn start(pgid: i32, soft: u64, hard: u64, policy: &str, receipts: &Path, extra: &[String]) -> Self {
         let mut child = spark_kit()
             .args(["guard", "--kit", "tiny-cpu", "--json", "--policy", policy, "--drain", "3"])
             .args(["--pgid", &pgid.to_string(), "--soft", &soft.to_string(), "--hard", &hard.to_string()])
             .arg("--receipts")
             .arg(receipts)
             .args(["--victims-under", &std::process::id().to_string()])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -181,7 +186,14 @@ fn receipt(dir: &Path, decision: &str) -> serde_json::Value {
         .unwrap()
         .flatten()
         .find(|e| e.file_name().to_string_lossy().ends_with(&format!("-{decision}.json")))
-        .unwrap_or_else(|| panic!("no {decision} receipt in {}", dir.display()));
+        .unwrap_or_else(|| {
+            let all: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+                .collect();
+            panic!("no {decision} receipt in {}: {all:#?}", dir.display())
+        });
     read_json(&f.path()).unwrap()
 }
 
@@ -211,8 +223,9 @@ fn kill_offender_kills_the_hog_not_the_engine_stand_in() {
     wait_members(standin.pid(), 2);
     let avail = mem_available();
     let (soft, hard) = (avail - 600 * MIB, avail - 900 * MIB);
-    let guard = GuardProc::start(standin.pid(), soft, hard, "kill-offender", &receipts);
+    let guard = GuardProc::start(standin.pid(), soft, hard, "kill-offender", &receipts, &[]);
     let mut hog = Hog::start(dir.path(), "sk-hog", hard, 1536 * MIB, false, false, 0.2);
+    std::fs::write(dir.path().join("sk-hog.go"), "").unwrap();
     let killed = hog.wait(Duration::from_secs(20));
     let events = guard.stop();
     assert!(killed, "the hog was not killed; guard events: {events:?}");
@@ -251,15 +264,21 @@ fn protect_host_kills_the_growing_engine_stand_ins_whole_group() {
     let receipts = dir.path().join("receipts");
     let avail = mem_available();
     let (soft, hard) = (avail - 600 * MIB, avail - 900 * MIB);
-    let mut standin = Hog::start(dir.path(), "sk-standin", hard, 1536 * MIB, true, true, 1.0);
+    let mut standin = Hog::start(dir.path(), "sk-standin", hard, 1536 * MIB, true, true, 0.0);
     let pgid = standin.pid();
     wait_members(pgid, 2);
-    let guard = GuardProc::start(pgid, soft, hard, "protect-host", &receipts);
+    // The idle baseline for the restart gate: MemAvailable now, with the stand-in still small.
+    let baseline = vec!["--baseline".to_string(), avail.to_string()];
+    let guard = GuardProc::start(pgid, soft, hard, "protect-host", &receipts, &baseline);
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(dir.path().join("sk-standin.go"), "").unwrap();
     let killed = standin.wait(Duration::from_secs(20));
     let until = Instant::now() + Duration::from_secs(10);
     while !group_members(pgid).is_empty() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Give the restart gate a moment to see the memory come back.
+    std::thread::sleep(Duration::from_millis(500));
     let events = guard.stop();
     assert!(killed, "the stand-in was not stopped; guard events: {events:?}");
     assert!(group_members(pgid).is_empty(), "group survivors: {:?}", group_members(pgid));
@@ -271,6 +290,9 @@ fn protect_host_kills_the_growing_engine_stand_ins_whole_group() {
     assert_eq!(r["outcome"]["gone"], true);
     assert!(r["engine"]["grown_bytes"].as_u64().unwrap() >= 256 * MIB);
     assert!(r["reason"].as_str().unwrap().contains("the engine grew"));
+    // After the engine kill, MemAvailable came back within 2 GiB of the baseline: restart allowed.
+    let gate = events.iter().find(|e| e["event"] == "restart-gate").expect("no restart-gate event");
+    assert_eq!(gate["gate"]["state"], "open", "{gate}");
     eprintln!(
         "protect-host: engine stand-in group {pgid} stopped, reaction from crossing to SIGTERM: {} (guard's own: {:.1} ms)",
         reaction_ms(&seen).map_or("before the stand-in saw the floor".into(), |m| format!("{m:.1} ms")),
