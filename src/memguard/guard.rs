@@ -469,16 +469,7 @@ impl Guard {
             fall_rate = if inst > fall_rate { inst } else { 0.7 * fall_rate + 0.3 * inst };
             last = (now, m.mem_available);
             let headroom = m.mem_available.saturating_sub(self.cfg.hard_floor);
-            // Sampling: 10 Hz far from the floor; an eighth of the projected time to the floor at
-            // the current fall rate; and never longer than the headroom lasts at 8 GiB/s (GB10
-            // falls of 2–4.5 GiB/s are on record, gb10-ops.md §1.2) — so a slow creep across the
-            // floor is seen within milliseconds too.
-            #[allow(clippy::cast_precision_loss)]
-            let by_headroom = headroom as f64 / ASSUMED_MAX_FALL;
-            #[allow(clippy::cast_precision_loss)]
-            let by_rate = if fall_rate > 0.0 { headroom as f64 / fall_rate / 8.0 } else { f64::MAX };
-            wait = Duration::from_secs_f64(by_headroom.min(by_rate).min(1.0))
-                .clamp(self.cfg.min_interval, self.cfg.interval);
+            wait = next_wait(headroom, fall_rate, self.cfg.min_interval, self.cfg.interval);
 
             let bucket =
                 u64::try_from(now.duration_since(start).as_nanos() / bucket_len.as_nanos().max(1)).unwrap_or(u64::MAX);
@@ -730,6 +721,19 @@ impl Guard {
     }
 }
 
+/// Time to the next sample: `max` (10 Hz) far from the floor; an eighth of the projected time to
+/// the hard floor at the current fall rate (bytes/s, smoothed); and never longer than the headroom
+/// lasts at 8 GiB/s (GB10 falls of 2–4.5 GiB/s are on record, gb10-ops.md §1.2), so a slow creep
+/// across the floor is seen within milliseconds too. Clamped to `min..=max`.
+#[must_use]
+pub fn next_wait(headroom: u64, fall_rate: f64, min: Duration, max: Duration) -> Duration {
+    #[allow(clippy::cast_precision_loss)]
+    let by_headroom = headroom as f64 / ASSUMED_MAX_FALL;
+    #[allow(clippy::cast_precision_loss)]
+    let by_rate = if fall_rate > 0.0 { headroom as f64 / fall_rate / 8.0 } else { f64::MAX };
+    Duration::from_secs_f64(by_headroom.min(by_rate).clamp(0.0, 1.0)).clamp(min, max)
+}
+
 const GPU_SOURCE: &str = "none (RSS only)";
 
 fn signal_record(target: Target, signal: &'static str, after: f64, err: Option<nix::errno::Errno>) -> SignalSent {
@@ -780,5 +784,28 @@ fn reason(d: &Decision, a: &Attribution, m: &Meminfo, cfg: &GuardConfig) -> Stri
         Decision::KillProcess { .. } => format!("{at}: {top}, policy kill-offender; {engine}"),
         Decision::Off => format!("{at}: policy off, no action"),
         Decision::NoVictim => format!("{at}: no engine running and no eligible grower ({top})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn sampling_speeds_up_as_the_floor_nears() {
+        let (min, max) = (5 * MS, 100 * MS);
+        // Far away, nothing falling: 10 Hz.
+        assert_eq!(next_wait(20 << 30, 0.0, min, max), max);
+        // 900 MiB of headroom falling at 1.5 GiB/s: 0.59 s to the floor → an eighth, 73 ms.
+        let w = next_wait(900 << 20, 1.5 * f64::from(1u32 << 30), min, max);
+        assert!((72 * MS..=74 * MS).contains(&w), "{w:?}");
+        // 100 MiB left and nothing falling: bounded by 8 GiB/s → 12 ms.
+        let w = next_wait(100 << 20, 0.0, min, max);
+        assert!((12 * MS..=13 * MS).contains(&w), "{w:?}");
+        // At the floor: the shortest interval.
+        assert_eq!(next_wait(0, 1e9, min, max), min);
+        assert_eq!(next_wait(0, f64::NAN, min, max), min);
     }
 }
