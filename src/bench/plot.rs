@@ -159,7 +159,13 @@ fn decode_panel<DB: DrawingBackend>(
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..xmax, 0.0..ymax)?;
-    chart.configure_mesh().x_desc("concurrent streams").y_desc("tok/s").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("concurrent streams")
+        .y_desc("tok/s")
+        .x_label_formatter(&|x| if x.fract() == 0.0 { format!("{x:.0}") } else { String::new() })
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()?;
     for (points, color, label) in [(&per, BLUE, "per stream (median)"), (&agg, RED, "aggregate")] {
         chart
             .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
@@ -186,19 +192,19 @@ fn prefill_panel<DB: DrawingBackend>(
     if points.is_empty() {
         return empty(area, "no prefill measurements");
     }
-    let lo = points.iter().map(|p| p.0).fold(f64::INFINITY, f64::min) / 2.0;
-    let hi = points.iter().map(|p| p.0).fold(0.0, f64::max) * 2.0;
+    let hi = points.iter().map(|p| p.0).fold(0.0, f64::max) * 1.1;
     let ymax = upper(points.iter().map(|p| p.1));
     let mut chart = ChartBuilder::on(area)
         .caption(format!("Prefill ({} per length)", r.settings.prefill_repeats), ("sans-serif", 18))
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((lo..hi).log_scale(), 0.0..ymax)?;
+        .build_cartesian_2d(0.0..hi, 0.0..ymax)?;
     chart
         .configure_mesh()
         .x_desc("prompt tokens")
         .y_desc("tok/s")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .x_label_formatter(&|x| {
             // Axis labels are rounded token counts.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]

@@ -15,11 +15,15 @@ const LEAD: &str = "Continue this story without stopping:";
 /// A prompt of `words` filler words after the salt, deterministic for a given salt and count.
 ///
 /// The salt (a UUID) is the first thing in the message, so the prefix cache cannot reuse any
-/// block of the prompt across requests.
+/// block of the prompt across requests. With no filler words the prompt is the salt alone (the
+/// shortest prompt possible).
 #[must_use]
 pub fn salted(salt: &str, words: usize) -> String {
     let mut s = String::with_capacity(salt.len() + LEAD.len() + words * 6 + 2);
     s.push_str(salt);
+    if words == 0 {
+        return s;
+    }
     s.push(' ');
     s.push_str(LEAD);
     // A small LCG seeded from the salt: the text differs per request but needs no RNG.
@@ -35,22 +39,57 @@ pub fn salted(salt: &str, words: usize) -> String {
     s
 }
 
-/// The next filler word count when `words` words measured `measured` tokens and `target` is wanted.
-///
-/// Scales linearly around the fixed overhead (salt, instruction, chat template) estimated from
-/// `base` = the token count of the prompt with no filler words.
-#[must_use]
-#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-pub fn next_words(target: u64, words: usize, measured: u64, base: u64) -> usize {
-    if measured <= base || words == 0 {
-        return target.saturating_sub(base).max(1) as usize;
-    }
-    let per_word = (measured - base) as f64 / words as f64;
-    let want = (target.saturating_sub(base) as f64 / per_word).round();
-    (want.max(1.0) as usize).max(1)
+/// Filler words at which the two calibration probes of [`Tokens::from_probes`] are taken.
+pub const PROBE_WORDS: [usize; 2] = [16, 216];
+
+/// A linear model of a tokenizer on salted prompts: tokens ≈ `intercept + per_word × words`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tokens {
+    pub intercept: f64,
+    pub per_word: f64,
 }
 
-/// Close enough to the target: within 1 % or 2 tokens (salts tokenize to slightly different lengths).
+impl Tokens {
+    /// From the token counts of prompts with [`PROBE_WORDS`] filler words.
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)]
+    pub fn from_probes(small: u64, large: u64) -> Self {
+        let span = (PROBE_WORDS[1] - PROBE_WORDS[0]) as f64;
+        let per_word = ((large as f64 - small as f64) / span).max(0.05);
+        Self { intercept: small as f64 - per_word * PROBE_WORDS[0] as f64, per_word }
+    }
+
+    /// Without a tokenizer: one token per word plus a guessed overhead.
+    #[must_use]
+    pub fn guess() -> Self {
+        Self { intercept: 16.0, per_word: 1.0 }
+    }
+
+    /// Filler words expected to give `target` tokens (0 when even the salt alone is longer).
+    #[must_use]
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    pub fn words_for(&self, target: u64) -> usize {
+        ((target as f64 - self.intercept) / self.per_word).round().max(0.0) as usize
+    }
+
+    /// The next word count after `words` words measured `measured` tokens (moves at least one word).
+    #[must_use]
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        clippy::cast_sign_loss
+    )]
+    pub fn adjust(&self, target: u64, words: usize, measured: u64) -> usize {
+        let mut step = ((target as f64 - measured as f64) / self.per_word).round() as i64;
+        if step == 0 {
+            step = if target > measured { 1 } else { -1 };
+        }
+        (words as i64 + step).max(0) as usize
+    }
+}
+
+/// Close enough to the target: within 1 % or 2 tokens.
 #[must_use]
 pub fn close_enough(target: u64, measured: u64) -> bool {
     measured.abs_diff(target) <= (target / 100).max(2)
@@ -74,15 +113,21 @@ mod tests {
     fn word_count_converges() {
         // A tokenizer that makes 1.5 tokens per word plus 20 tokens of overhead.
         let tokens = |w: usize| 20 + (w as u64 * 3) / 2;
-        let target = 1000;
-        let mut w = next_words(target, 0, 0, tokens(0));
-        for _ in 0..3 {
-            if close_enough(target, tokens(w)) {
-                break;
+        let model = Tokens::from_probes(tokens(PROBE_WORDS[0]), tokens(PROBE_WORDS[1]));
+        assert!((model.per_word - 1.5).abs() < 1e-9 && (model.intercept - 20.0).abs() < 1e-9);
+        for target in [24, 64, 1000, 100_000] {
+            let mut w = model.words_for(target);
+            for _ in 0..3 {
+                if close_enough(target, tokens(w)) {
+                    break;
+                }
+                w = model.adjust(target, w, tokens(w));
             }
-            w = next_words(target, w, tokens(w), tokens(0));
+            assert!(close_enough(target, tokens(w)), "{target}: {w} words -> {}", tokens(w));
         }
-        assert!(close_enough(target, tokens(w)), "{w} words -> {}", tokens(w));
+        assert_eq!(model.words_for(5), 0, "shorter than the overhead: the salt alone");
+        assert_eq!(model.adjust(100, 10, 100), 9, "moves at least one word");
         assert!(close_enough(100, 102) && !close_enough(100, 103));
+        assert_eq!(salted("abc", 0), "abc");
     }
 }

@@ -129,9 +129,9 @@ pub struct Settings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Calibration {
-    /// TTFT of each tiny prompt (seconds).
-    pub ttft_s: Vec<f64>,
-    /// Median of `ttft_s`: the overhead subtracted from prefill TTFTs.
+    /// The tiny-prompt requests (their TTFTs give the overhead).
+    pub requests: Vec<Request>,
+    /// Median TTFT of `requests`: the overhead subtracted from prefill TTFTs.
     pub overhead_s: f64,
 }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::client::{BenchError, ChatRequest, Endpoint, ModelInfo, RequestError, StreamOutcome};
 use super::metrics::{aggregate_rate, decode_rate, median, prefill_rate, summarize, ttft, StreamTimes};
-use super::prompt::{close_enough, next_words, salted};
+use super::prompt::{close_enough, salted, Tokens, PROBE_WORDS};
 use super::result::{
     BenchResult, Calibration, Failure, KitReceipt, ModelReceipt, PrefillStep, Receipt, Request, Settings, Wave, FORMAT,
     VERSION,
@@ -138,7 +138,9 @@ struct Runner<'a> {
     vendor_params: bool,
     /// `None` until probed.
     tokenize: Option<bool>,
-    /// Filler words that give each target length.
+    /// How the server's tokenizer counts salted prompts (probed once).
+    tokens: Option<Tokens>,
+    /// Filler words that gave each target length last time (the next request starts there).
     words: HashMap<u64, usize>,
     fitted: Fitted,
     failures: Vec<Failure>,
@@ -149,36 +151,50 @@ impl Runner<'_> {
         uuid::Uuid::new_v4().to_string()
     }
 
-    /// Filler words for `target` tokens, fitted with `/tokenize` when the server has it.
-    async fn words_for(&mut self, target: u64) -> Result<usize, BenchError> {
-        if let Some(&w) = self.words.get(&target) {
-            return Ok(w);
+    /// The tokenizer model, probed with `/tokenize` once (a guess when the server has none).
+    async fn tokens(&mut self) -> Result<Tokens, BenchError> {
+        if let Some(t) = self.tokens {
+            return Ok(t);
         }
         let salt = Self::salt();
-        let mut w = usize::try_from(target.saturating_sub(16).max(1)).unwrap_or(usize::MAX);
-        if self.tokenize != Some(false) {
-            let base = self.ep.tokenize(&self.model, &salted(&salt, 0)).await?;
-            self.tokenize = Some(base.is_some());
-            if let Some(base) = base {
-                w = next_words(target, 0, 0, base);
-                for _ in 0..4 {
-                    let Some(n) = self.ep.tokenize(&self.model, &salted(&salt, w)).await? else { break };
-                    if close_enough(target, n) {
-                        break;
-                    }
-                    w = next_words(target, w, n, base);
+        let small = self.ep.tokenize(&self.model, &salted(&salt, PROBE_WORDS[0])).await?;
+        let large = match small {
+            Some(_) => self.ep.tokenize(&self.model, &salted(&salt, PROBE_WORDS[1])).await?,
+            None => None,
+        };
+        let t = match (small, large) {
+            (Some(a), Some(b)) => Tokens::from_probes(a, b),
+            _ => Tokens::guess(),
+        };
+        self.tokenize = Some(small.is_some() && large.is_some());
+        self.tokens = Some(t);
+        Ok(t)
+    }
+
+    /// A freshly salted prompt of about `target` tokens: with `/tokenize`, the filler is adjusted
+    /// for this very salt until the count is close enough (UUIDs tokenize to different lengths).
+    async fn prompt(&mut self, target: u64) -> Result<String, BenchError> {
+        let model = self.tokens().await?;
+        let salt = Self::salt();
+        let mut w = self.words.get(&target).copied().unwrap_or_else(|| model.words_for(target));
+        if self.tokenize == Some(true) {
+            for _ in 0..4 {
+                let Some(n) = self.ep.tokenize(&self.model, &salted(&salt, w)).await? else { break };
+                if close_enough(target, n) || (w == 0 && n > target) {
+                    break;
                 }
+                w = model.adjust(target, w, n);
             }
         }
         self.words.insert(target, w);
-        Ok(w)
+        Ok(salted(&salt, w))
     }
 
     async fn request_for(&mut self, target: u64, max_tokens: u64) -> Result<ChatRequest, BenchError> {
-        let words = self.words_for(target).await?;
+        let prompt = self.prompt(target).await?;
         Ok(ChatRequest {
             model: self.model.clone(),
-            prompt: salted(&Self::salt(), words),
+            prompt,
             max_tokens,
             fixed_length: true,
             temperature: self.plan.temperature,
@@ -234,20 +250,20 @@ impl Runner<'_> {
             "calibration",
             &format!("{n} prompts of {} tokens: median TTFT = overhead", self.plan.calibration_prompt_tokens),
         );
-        let mut ttfts = Vec::new();
+        let mut requests = Vec::new();
         for _ in 0..n {
             let req = self.request_for(self.plan.calibration_prompt_tokens, self.plan.prefill_max_tokens).await?;
             match self.one(req, self.plan.request_timeout, rep).await {
                 Ok(o) => {
                     let r = request_record(&o);
                     rep.request("calibration", Ok(&r));
-                    ttfts.push(r.ttft_s);
+                    requests.push(r);
                 }
                 Err(e) => self.fail("calibration", &e, rep),
             }
         }
-        let overhead_s = median(&ttfts).unwrap_or(0.0);
-        Ok(Calibration { ttft_s: ttfts, overhead_s })
+        let overhead_s = median(&requests.iter().map(|r| r.ttft_s).collect::<Vec<_>>()).unwrap_or(0.0);
+        Ok(Calibration { requests, overhead_s })
     }
 
     async fn wave(&mut self, c: u32, rep: &mut dyn BenchReporter) -> Result<Wave, BenchError> {
@@ -385,6 +401,7 @@ pub async fn run(
         epoch,
         vendor_params: true,
         tokenize: None,
+        tokens: None,
         words: HashMap::new(),
         fitted: fitted.clone(),
         failures: Vec::new(),

@@ -35,12 +35,14 @@ pub fn render(r: &BenchResult) -> String {
         if st.vendor_params { "yes (ignore_eos + min_tokens)" } else { "no (server rejected them)" },
         if st.tokenize { "checked with /tokenize" } else { "estimated" },
     );
+    let lens: Vec<u64> = r.calibration.requests.iter().map(|q| q.prompt_tokens).collect();
+    let (lo, hi) = (lens.iter().min().copied().unwrap_or(0), lens.iter().max().copied().unwrap_or(0));
     let _ = writeln!(
         s,
-        "overhead {} ms (median TTFT of {} prompts of {} tokens)",
+        "overhead {} ms (median TTFT of {} tiny prompts, {} tokens)",
         ms(Some(r.calibration.overhead_s)),
-        r.calibration.ttft_s.len(),
-        st.calibration_prompt_tokens
+        lens.len(),
+        if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }
     );
     if !r.decode.is_empty() {
         let _ =

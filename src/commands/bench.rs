@@ -187,7 +187,9 @@ fn write_outputs(args: &BenchRunArgs, result: &BenchResult, ctx: &mut Context<'_
             Failure::runtime(format!("--json {}: {e}", path.display()))
                 .with_hint("the JSON result was printed on stdout instead")
         })?;
-        let _ = writeln!(ctx.err, "==> result: {}", path.display());
+        if !args.quiet {
+            let _ = writeln!(ctx.err, "==> result: {}", path.display());
+        }
     }
     if to_stdout {
         writeln!(ctx.out, "{json}").map_err(|e| io_failure(&e))?;
@@ -196,7 +198,9 @@ fn write_outputs(args: &BenchRunArgs, result: &BenchResult, ctx: &mut Context<'_
     }
     if let Some(p) = &args.plot {
         plot::draw(result, p).map_err(|e| Failure::runtime(e.to_string()).with_hint(e.hint()))?;
-        let _ = writeln!(ctx.err, "==> plot: {}", p.display());
+        if !args.quiet {
+            let _ = writeln!(ctx.err, "==> plot: {}", p.display());
+        }
     }
     Ok(())
 }
