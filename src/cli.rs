@@ -195,7 +195,7 @@ pub struct DownloadArgs {
     #[arg(long, default_value_t = 8)]
     pub retries: u32,
     /// Bytes per range request.
-    #[arg(long, value_name = "BYTES", default_value = "64MiB", hide = true)]
+    #[arg(long, value_name = "BYTES", default_value = "32MiB", hide = true)]
     pub range_size: String,
     #[command(flatten)]
     pub kit: KitArgs,

@@ -103,7 +103,7 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let range_size: ByteSize = args.range_size.parse().map_err(|e| Failure::usage(format!("--range-size: {e}")))?;
     if range_size.bytes() < 4 * KIB {
-        return Err(Failure::usage("--range-size is below 4KiB").with_hint("use e.g. 64MiB (the default)"));
+        return Err(Failure::usage("--range-size is below 4KiB").with_hint("use e.g. 32MiB (the default)"));
     }
     if args.idle_timeout == 0 || args.retries == 0 {
         return Err(Failure::usage("--idle-timeout and --retries must be at least 1"));

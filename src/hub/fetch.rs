@@ -38,7 +38,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { jobs: 16, range_size: 64 << 20, idle: Duration::from_secs(60), backoff: Backoff::default() }
+        Self { jobs: 16, range_size: 32 << 20, idle: Duration::from_secs(60), backoff: Backoff::default() }
     }
 }
 
@@ -162,7 +162,7 @@ pub async fn fetch_repo(
         counters,
         abort: AtomicBool::new(false),
         error: Mutex::new(None),
-        queue: tokio::sync::Mutex::new(Queue { files: lfs, ranges: VecDeque::new() }),
+        queue: tokio::sync::Mutex::new(Queue { files: lfs, open: VecDeque::new() }),
         in_flight: AtomicUsize::new(0),
         wake: tokio::sync::Notify::new(),
         results: Mutex::new(Vec::new()),
@@ -294,9 +294,18 @@ impl Shared {
     }
 }
 
+/// Files fetched at the same time: enough to keep every connection busy, few enough that each
+/// file's hasher trails its download closely (its lag is about `jobs / FILES_IN_FLIGHT` ranges).
+const FILES_IN_FLIGHT: usize = 4;
+
+/// An opened file and its ranges not requested yet, in offset order.
+type Pending = (Arc<FileState>, VecDeque<(u64, u64)>);
+
 struct Queue {
+    /// Files not opened yet, in fetch order.
     files: VecDeque<(PlannedFile, Resolved)>,
-    ranges: VecDeque<RangeJob>,
+    /// Opened files with ranges still to request.
+    open: VecDeque<Pending>,
 }
 
 struct RangeJob {
@@ -351,6 +360,8 @@ struct FileState {
     journal_lock: Mutex<()>,
     hasher: Mutex<Option<tokio::task::JoinHandle<Option<String>>>>,
     refetched: AtomicBool,
+    /// Range requests of this file in flight.
+    inflight: AtomicUsize,
     _lock: BlobLock,
 }
 
@@ -367,6 +378,9 @@ impl FileState {
 
     /// Record a finished range; fsync the data and the journal. Returns whether the file is complete.
     fn finish_range(&self, sh: &Shared, start: u64, end: u64) -> Result<bool, HubError> {
+        // The journal lock is taken first so journal writes happen in the order ranges were
+        // recorded: the write that completes the file is the last one.
+        let _g = lock(&self.journal_lock);
         let (done, complete) = {
             let mut p = lock(&self.progress);
             p.active.remove(&start);
@@ -374,7 +388,6 @@ impl FileState {
             (p.done.clone(), p.done.covered() == self.f.size)
         };
         self.changed.notify_all();
-        let _g = lock(&self.journal_lock);
         self.file.sync_data().map_err(|e| HubError::io(&self.partial, e))?;
         Journal {
             version: Journal::VERSION,
@@ -433,6 +446,7 @@ fn open_file(sh: &Arc<Shared>, f: PlannedFile, r: Resolved, q: &mut Queue) -> Re
         journal_lock: Mutex::new(()),
         hasher: Mutex::new(None),
         refetched: AtomicBool::new(false),
+        inflight: AtomicUsize::new(0),
         _lock: blob_lock,
         f,
     });
@@ -441,8 +455,8 @@ fn open_file(sh: &Arc<Shared>, f: PlannedFile, r: Resolved, q: &mut Queue) -> Re
     if missing.is_empty() {
         spawn_finalize(sh.clone(), state.clone());
     }
-    for (start, end) in missing {
-        q.ranges.push_back(RangeJob { file: state.clone(), start, end });
+    if !missing.is_empty() {
+        q.open.push_back((state.clone(), missing.into()));
     }
     Ok(state)
 }
@@ -536,16 +550,17 @@ async fn finalize(sh: &Arc<Shared>, st: &Arc<FileState>) -> Result<(), HubError>
         *lock(&st.progress) = Progress::default();
         start_hasher(sh, st);
         let mut q = sh.queue.lock().await;
-        for (start, end) in RangeSet::default().missing(st.f.size, sh.opts.range_size).into_iter().rev() {
-            q.ranges.push_front(RangeJob { file: st.clone(), start, end });
-        }
+        q.open.push_front((st.clone(), RangeSet::default().missing(st.f.size, sh.opts.range_size).into()));
         drop(q);
         sh.wake.notify_waiters();
         return Ok(());
     }
     st.file.sync_data().map_err(|e| HubError::io(&st.partial, e))?;
     sh.cache.promote(&st.partial, &st.f.blob)?;
-    let _ = fs::remove_file(&st.journal);
+    {
+        let _g = lock(&st.journal_lock);
+        let _ = fs::remove_file(&st.journal);
+    }
     sh.cache.link(&sh.commit, &st.f.path, &st.f.blob)?;
     sh.counters.downloaded_files.fetch_add(1, Ordering::Relaxed);
     sh.reporter.file_done(&st.f.path);
@@ -560,14 +575,34 @@ async fn finalize(sh: &Arc<Shared>, st: &Arc<FileState>) -> Result<(), HubError>
     Ok(())
 }
 
+/// The next range: from the earliest open file below its share of connections, opening the
+/// next file when all are at their share; at the tail, any open file's range.
 async fn next_job(sh: &Arc<Shared>) -> Result<Option<RangeJob>, HubError> {
+    let share = sh.opts.jobs.div_ceil(FILES_IN_FLIGHT).max(1);
     let mut q = sh.queue.lock().await;
+    q.open.retain(|(_, pending)| !pending.is_empty());
     loop {
-        if let Some(j) = q.ranges.pop_front() {
-            return Ok(Some(j));
-        }
-        let Some((f, r)) = q.files.pop_front() else { return Ok(None) };
-        open_file(sh, f, r, &mut q)?;
+        let pick = q.open.iter().position(|(f, _)| f.inflight.load(Ordering::SeqCst) < share);
+        let pick = match pick {
+            Some(i) => Some(i),
+            None if !q.files.is_empty() => {
+                let (f, r) = q
+                    .files
+                    .pop_front()
+                    .ok_or_else(|| HubError::Kit("internal: the file queue emptied while locked".into()))?;
+                open_file(sh, f, r, &mut q)?;
+                continue;
+            }
+            None if q.open.is_empty() => return Ok(None),
+            None => Some(0),
+        };
+        let Some((file, pending)) = pick.and_then(|i| q.open.get_mut(i)) else { return Ok(None) };
+        let Some((start, end)) = pending.pop_front() else {
+            q.open.retain(|(_, p)| !p.is_empty());
+            continue;
+        };
+        file.inflight.fetch_add(1, Ordering::SeqCst);
+        return Ok(Some(RangeJob { file: file.clone(), start, end }));
     }
 }
 
@@ -588,12 +623,22 @@ async fn worker(sh: Arc<Shared>) {
             let _ = tokio::time::timeout(Duration::from_millis(200), sh.wake.notified()).await;
             continue;
         };
-        match fetch_range(&sh, &job).await {
-            Ok(true) => match job.file.finish_range(&sh, job.start, job.end) {
-                Ok(true) => spawn_finalize(sh.clone(), job.file.clone()),
-                Ok(false) => {}
-                Err(e) => return sh.fail(e),
-            },
+        let fetched = fetch_range(&sh, &job).await;
+        job.file.inflight.fetch_sub(1, Ordering::SeqCst);
+        match fetched {
+            Ok(true) => {
+                // fsync + journal off the async threads.
+                let (sh2, file, (start, end)) = (sh.clone(), job.file.clone(), (job.start, job.end));
+                let done = tokio::task::spawn_blocking(move || file.finish_range(&sh2, start, end)).await;
+                match done {
+                    Ok(Ok(true)) => spawn_finalize(sh.clone(), job.file.clone()),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => return sh.fail(e),
+                    Err(e) => {
+                        return sh.fail(HubError::Protocol { what: job.file.f.path.clone(), reason: e.to_string() })
+                    }
+                }
+            }
             Ok(false) => return,
             Err(e) => return sh.fail(e),
         }
