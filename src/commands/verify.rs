@@ -197,7 +197,21 @@ fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         None => std::thread::available_parallelism().map_or(2, |n| n.get().min(8)),
     };
     let started = std::time::Instant::now();
-    let results = verify(&cache, &lf.files, args.fast, threads, &|_| {});
+    let total: u64 = lf.files.iter().map(|e| e.size).sum();
+    let hashed = std::sync::atomic::AtomicU64::new(0);
+    let last = std::sync::Mutex::new(started);
+    // A status line on stderr every 5 s while hashing (hundreds of GiB take minutes).
+    let progress = |n: u64| {
+        let done = hashed.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+        if let Ok(mut t) = last.lock() {
+            if t.elapsed() >= std::time::Duration::from_secs(5) {
+                *t = std::time::Instant::now();
+                let line = format!("verify: hashed {} of {}\n", size(done), size(total));
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            }
+        }
+    };
+    let results = verify(&cache, &lf.files, args.fast, threads, &progress);
     let seconds = started.elapsed().as_secs_f64();
     let bad: Vec<_> = results.iter().filter(|c| c.status != Status::Ok).collect();
     let bytes: u64 = results.iter().map(|c| c.size).sum();
