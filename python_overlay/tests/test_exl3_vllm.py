@@ -10,7 +10,12 @@ the overlay laid out on PYTHONPATH the way spark-kit materialises it:
   (~15 % relative per linear) flips greedy choices often; the bounds below
   are what separates "tracks" from a broken decode (which shares ~0.4 of 20
   top tokens by chance and agrees on ~0 first tokens);
-* a corrupted marker stops the load with an error naming the tensor.
+* a corrupted marker stops the load with an error naming the tensor;
+* the tiny MoE EXL3 model (tools/make_tiny_exl3.py --moe) served with
+  tensor parallelism 2 (column/row/QKV/LM-head slices, experts' gate/up split
+  on the output and down on the input) gives the tokens and log-probs of its
+  dense twin served without quantization, and the exl3 methods ran in both
+  workers.
 
 Run with -s to see the per-prompt table.
 """
@@ -65,11 +70,13 @@ def models(tmp_path_factory) -> dict[str, Path]:
     return {"exl3": exl3, "dense": root / "shared-b3-dense"}
 
 
-def run_greedy(model: Path, overlay: Path, cwd: Path) -> tuple[int, str, dict | None]:
+def run_greedy(model: Path, overlay: Path, cwd: Path, tp: int = 1) -> tuple[int, str, dict | None]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_PLUGINS")}
     env.update(PYTHONPATH=str(overlay), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL="INFO")
-    proc = subprocess.run([sys.executable, str(HERE / "vllm_greedy.py"), str(model)], cwd=cwd, env=env,
+    if tp > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % (os.cpu_count() or 1)) for r in range(tp))
+    proc = subprocess.run([sys.executable, str(HERE / "vllm_greedy.py"), str(model), "--tp", str(tp)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
     output = proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith('{"prompts"')]
@@ -119,3 +126,31 @@ def test_corrupted_marker_stops_the_load_naming_the_tensor(models, overlay, tmp_
     assert rc != 0 and result is None
     assert ("model.layers.1.mlp.up_proj.mul1: marker value -877912083 does not match the mul1 multiplier "
             "-2082680531") in log, log[-6000:]
+
+
+def test_tiny_moe_exl3_tp2_equals_its_dense_twin(overlay, tmp_path):
+    maker = OVERLAY_ROOT / "tools" / "make_tiny_exl3.py"
+    out = tmp_path / "tiny-moe-exl3"
+    proc = subprocess.run([sys.executable, str(maker), "--moe", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(overlay)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(summary["dense_path"]) == tmp_path / "tiny-moe-exl3-dense"
+
+    rc, log, exl3 = run_greedy(out, overlay, tmp_path, tp=2)
+    assert rc == 0 and exl3 is not None, log[-6000:]
+    for rank in (0, 1):
+        mine = [line for line in log.splitlines() if line.startswith(f"(Worker_TP{rank} ")]
+        assert sum(" ready on cpu (3 packed linears" in line for line in mine) == 2, log[-6000:]
+        assert sum("mlp.experts ready on cpu (4 experts" in line for line in mine) == 2, log[-6000:]
+        assert any("lm_head ready on cpu" in line for line in mine)
+        assert any("exl3: first cpu moe forward through model.layers.0.mlp.experts" in line for line in mine)
+
+    rc, log, dense = run_greedy(Path(summary["dense_path"]), overlay, tmp_path, tp=1)
+    assert rc == 0 and dense is not None, log[-6000:]
+    assert "exl3: " not in log
+    assert exl3["tokens"] == dense["tokens"]
+    worst = max(abs(exl3_lp[t] - dense_lp[t]) for exl3_lp, dense_lp in zip(exl3["first_logprobs"],
+                                                                          dense["first_logprobs"]) for t in dense_lp)
+    print(f"\ntiny MoE EXL3 (TP=2) vs dense twin (TP=1): 10/10 same tokens, max |dlogprob| {worst:.2e}")
+    assert worst < 1e-4

@@ -19,6 +19,12 @@
    the twin is what it decodes to, so serving the twin densely and the EXL3
    model through the overlay must give the same tokens.
 
+``--moe`` makes the tiny MoE variant instead: a random (untrained)
+Qwen3MoeForCausalLM (hidden 128, 2 layers, 4 experts of intermediate 256,
+top-2, 4 heads x 32, 2 KV heads, the same tokenizer) whose experts are packed
+one EXL3 linear per expert and projection (``mlp.experts.{e}.{gate,up,down}_proj``,
+K 3/3.5/4 by projection); the router ``mlp.gate`` stays dense, as exllamav3 leaves it.
+
 stdout carries one JSON line: paths, sha256 of both safetensors, per-linear K
 and relative error against the trained dense weights. Both directories are
 built in temporary siblings and renamed into place.
@@ -116,6 +122,88 @@ def decoded_weight(trellis, suh, svh, in_f: int, out_f: int):
     return w[:in_f, :out_f].t().contiguous()
 
 
+MOE_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": dense_maker.VOCAB_SIZE,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 256,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": dense_maker.MAX_POSITIONS,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "bos_token_id": dense_maker.BOS_ID,
+    "eos_token_id": dense_maker.EOS_ID,
+    "pad_token_id": dense_maker.PAD_ID,
+    "torch_dtype": "float32",
+}
+MOE_K = {"gate_proj": 3, "up_proj": 3.5, "down_proj": 4}
+
+
+def moe_source(out: Path, seed: int) -> None:
+    """A random tiny Qwen3-MoE in HF layout (weights N(0, 0.05), norms 1) with the dense maker's tokenizer."""
+    import torch
+    from safetensors.torch import save_file
+
+    texts, _ = dense_maker.read_corpus(dense_maker.corpus_files())
+    dense_maker.write_tokenizer_files(dense_maker.train_tokenizer(texts), out)
+    c = MOE_CONFIG
+    h, v, e, i = c["hidden_size"], c["vocab_size"], c["num_experts"], c["moe_intermediate_size"]
+    hd, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=gen) * 0.05).contiguous()
+
+    state = {"model.embed_tokens.weight": rnd(v, h), "model.norm.weight": torch.ones(h), "lm_head.weight": rnd(v, h)}
+    for layer in range(c["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        state[f"{p}.input_layernorm.weight"] = torch.ones(h)
+        state[f"{p}.post_attention_layernorm.weight"] = torch.ones(h)
+        state[f"{p}.self_attn.q_proj.weight"] = rnd(nh * hd, h)
+        state[f"{p}.self_attn.k_proj.weight"] = rnd(nkv * hd, h)
+        state[f"{p}.self_attn.v_proj.weight"] = rnd(nkv * hd, h)
+        state[f"{p}.self_attn.o_proj.weight"] = rnd(h, nh * hd)
+        state[f"{p}.self_attn.q_norm.weight"] = torch.ones(hd)
+        state[f"{p}.self_attn.k_norm.weight"] = torch.ones(hd)
+        state[f"{p}.mlp.gate.weight"] = rnd(e, h)
+        for x in range(e):
+            state[f"{p}.mlp.experts.{x}.gate_proj.weight"] = rnd(i, h)
+            state[f"{p}.mlp.experts.{x}.up_proj.weight"] = rnd(i, h)
+            state[f"{p}.mlp.experts.{x}.down_proj.weight"] = rnd(h, i)
+    save_file(dict(sorted(state.items())), str(out / "model.safetensors"), metadata={"format": "pt"})
+    dense_maker.write_json(out / "config.json", MOE_CONFIG)
+    dense_maker.write_json(
+        out / "generation_config.json",
+        {"bos_token_id": dense_maker.BOS_ID, "eos_token_id": dense_maker.EOS_ID, "pad_token_id": dense_maker.PAD_ID},
+    )
+
+
+def moe_plan() -> dict[str, float]:
+    c = MOE_CONFIG
+    plan = {}
+    for layer in range(c["num_hidden_layers"]):
+        for leaf in LINEAR_LEAVES[:4]:
+            plan[f"model.layers.{layer}.{leaf}"] = K_PLAN[layer][leaf.rsplit(".", 1)[-1]]
+        for x in range(c["num_experts"]):
+            for proj, k in MOE_K.items():
+                plan[f"model.layers.{layer}.mlp.experts.{x}.{proj}"] = k
+    plan["lm_head"] = HEAD_BITS
+    return plan
+
+
 def linear_plan() -> dict[str, float]:
     plan = {}
     for layer, leaves in K_PLAN.items():
@@ -125,13 +213,13 @@ def linear_plan() -> dict[str, float]:
     return plan
 
 
-def convert(dense_dir: Path, exl3_dir: Path, twin_dir: Path, seed: int) -> dict:
+def convert(dense_dir: Path, exl3_dir: Path, twin_dir: Path, seed: int, plan: dict[str, float] | None = None) -> dict:
     import torch
     from safetensors.torch import load_file, save_file
 
     torch.set_num_threads(1)
     state = load_file(str(dense_dir / "model.safetensors"))
-    plan = linear_plan()
+    plan = plan or linear_plan()
     generator = torch.Generator().manual_seed(seed + 1)
     packed: dict[str, torch.Tensor] = {}
     twin: dict[str, torch.Tensor] = {}
@@ -182,7 +270,7 @@ def convert(dense_dir: Path, exl3_dir: Path, twin_dir: Path, seed: int) -> dict:
 
 
 def make_tiny_exl3(out: Path, dense_out: Path | None = None, seed: int = 0,
-                   train_steps: int = dense_maker.DEFAULT_TRAIN_STEPS) -> dict:
+                   train_steps: int = dense_maker.DEFAULT_TRAIN_STEPS, moe: bool = False) -> dict:
     out = out.absolute()
     dense_out = (dense_out or out.with_name(out.name + "-dense")).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -191,8 +279,14 @@ def make_tiny_exl3(out: Path, dense_out: Path | None = None, seed: int = 0,
     staged_exl3 = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     staged_twin = Path(tempfile.mkdtemp(prefix=f".{dense_out.name}.tmp-", dir=dense_out.parent))
     try:
-        source = dense_maker.make_tiny_model(work / "source", seed=seed, train_steps=train_steps)
-        summary = convert(work / "source", staged_exl3, staged_twin, seed)
+        if moe:
+            (work / "source").mkdir()
+            moe_source(work / "source", seed)
+            source = {"sha256": dense_maker.sha256_file(work / "source" / "model.safetensors")}
+            summary = convert(work / "source", staged_exl3, staged_twin, seed, moe_plan())
+        else:
+            source = dense_maker.make_tiny_model(work / "source", seed=seed, train_steps=train_steps)
+            summary = convert(work / "source", staged_exl3, staged_twin, seed)
         dense_maker.finish_tree(staged_exl3)
         dense_maker.finish_tree(staged_twin)
         summary.update(
@@ -224,11 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the dense model and the signs (0)")
     parser.add_argument("--train-steps", type=int, default=dense_maker.DEFAULT_TRAIN_STEPS,
                         help=f"training steps of the dense source ({dense_maker.DEFAULT_TRAIN_STEPS})")
+    parser.add_argument("--moe", action="store_true", help="make the tiny MoE variant (random Qwen3-MoE)")
     args = parser.parse_args(argv)
     if args.train_steps < 0:
         parser.error("--train-steps must be >= 0")
     with contextlib.redirect_stdout(sys.stderr):
-        summary = make_tiny_exl3(args.out, args.dense_out, seed=args.seed, train_steps=args.train_steps)
+        summary = make_tiny_exl3(args.out, args.dense_out, seed=args.seed, train_steps=args.train_steps,
+                                 moe=args.moe)
     sys.stdout.write(json.dumps(summary, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0

@@ -79,6 +79,7 @@ class _FirstUse:
 
 
 first_use = _FirstUse()
+first_moe_use = _FirstUse()
 
 
 def _checkpoint_name(prefix: str, key: object, packed_modules_mapping: dict[str, list[str]]) -> str:
