@@ -11,8 +11,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let env: Vec<(String, String)> =
         std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    // Not locked for the whole run: background threads of `up` print the ready banner.
+    let mut out = std::io::stdout();
     let mut err_out = std::io::stderr();
     let args: Vec<String> = std::env::args().collect();
     let mut ctx = Context { env, out: &mut out, err: &mut err_out, args };

@@ -88,6 +88,9 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
             a.push("--headless".into());
         }
     }
+    // The agents probe /health and /metrics every second; their access-log lines would bury
+    // the engine's own log (vLLM logs requests itself).
+    a.push("--disable-uvicorn-access-log".into());
     if e.enforce_eager {
         a.push("--enforce-eager".into());
     } else if !e.cudagraph_capture_sizes.is_empty() {

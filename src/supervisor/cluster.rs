@@ -579,8 +579,14 @@ impl Sup<'_> {
             return out;
         }
         match state {
-            // While booting, progress is log output.
-            State::Starting if hang::is_hung(quiet_s, limit) => out.push(Input::Hung { node: name.into(), quiet_s }),
+            // While booting, progress is log output from any rank: a headless worker legitimately
+            // waits in silence while the head loads (the reference kit watched the head's log).
+            State::Starting => {
+                let quietest = self.job_quiet_s(i, quiet_s);
+                if hang::is_hung(quietest, limit) {
+                    out.push(Input::Hung { node: "every rank".into(), quiet_s: quietest });
+                }
+            }
             State::Ready | State::Degraded => {
                 if let Some(h) = healthy {
                     out.push(Input::Health(h));
@@ -601,6 +607,19 @@ impl Sup<'_> {
             _ => {}
         }
         out
+    }
+
+    /// Seconds since the last log line of any rank, `quiet_s` being node `i`'s fresh reading.
+    fn job_quiet_s(&self, i: usize, quiet_s: f64) -> f64 {
+        let others = self.h.snapshot.lock().map(|s| {
+            s.nodes
+                .iter()
+                .enumerate()
+                .filter(|(j, n)| *j != i && n.engine_alive)
+                .map(|(_, n)| n.quiet_s)
+                .collect::<Vec<_>>()
+        });
+        others.unwrap_or_default().into_iter().fold(quiet_s, f64::min)
     }
 
     fn tokens_frozen(&self, i: usize) -> bool {
