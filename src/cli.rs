@@ -348,7 +348,7 @@ pub struct GuardArgs {
     /// A process name (comm; `prefix*`) that may be killed to save the engine; repeatable (memory.guard.sacrificable).
     #[arg(long = "sacrificable", value_name = "NAME")]
     pub sacrificable: Vec<String>,
-    /// Model directory or file whose page cache the soft floor drops; repeatable (default: model.path).
+    /// Model directory or file whose page cache the soft floor drops; repeatable (default: model.path, else the repo in the HF cache).
     #[arg(long = "model", value_name = "PATH")]
     pub model: Vec<std::path::PathBuf>,
     /// Only descendants of this pid may be killed as offenders (a safety scope on shared hosts).

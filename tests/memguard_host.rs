@@ -16,9 +16,15 @@ use std::time::{Duration, Instant};
 use common::{group_members, spark_kit};
 
 const MIB: u64 = 1 << 20;
+/// The most a grower allocates (it normally stops ~1.2 GiB in, 256 MiB past the floor).
+const GROW_CAP: u64 = 3 << 30;
 
-/// A process that grows by `total` bytes at `rate` bytes/s in 1 MiB chunks, notes when
-/// MemAvailable first falls to `floor`, and on SIGTERM writes what it saw to `out`.
+/// The host tests share one machine's MemAvailable: they run one at a time.
+static HOST: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A process that grows at `rate` bytes/s in 1 MiB chunks until 256 MiB past the moment
+/// MemAvailable first falls to `floor` (at most `total`: other processes on a shared host may free
+/// memory meanwhile), and on SIGTERM writes what it saw to `out`.
 /// Args: out floor total rate comm. Env: HOG_OOM_ADJ, HOG_CHILD (one `sleep` child), HOG_DELAY,
 /// HOG_GO (a file whose existence starts the growth).
 const HOG: &str = r#"
@@ -49,11 +55,14 @@ time.sleep(float(os.environ.get("HOG_DELAY", "0")))
 while os.environ.get("HOG_GO") and not os.path.exists(os.environ["HOG_GO"]):
     time.sleep(0.01)
 chunks, CH, t0 = [], 1 << 20, time.monotonic()
+grown_at_cross = 0
 while grown < total:
+    if crossed is not None and grown >= grown_at_cross + 256 * CH:
+        break
     chunks.append(b"\x01" * CH)
     grown += CH
     if crossed is None and avail() <= floor:
-        crossed = time.monotonic()
+        crossed, grown_at_cross = time.monotonic(), grown
     ahead = grown / rate - (time.monotonic() - t0)
     if ahead > 0:
         time.sleep(ahead)
@@ -74,8 +83,8 @@ fn unfit() -> Option<String> {
         return Some("python3 is not installed (the hog is a python3 script)".into());
     }
     let avail = mem_available();
-    if avail < 4 << 30 {
-        return Some(format!("MemAvailable is only {} MiB; the test needs ≥ 4 GiB to stay safe", avail / MIB));
+    if avail < 6 << 30 {
+        return Some(format!("MemAvailable is only {} MiB; the test needs ≥ 6 GiB to stay safe", avail / MIB));
     }
     None
 }
@@ -213,6 +222,7 @@ fn wait_members(pgid: i32, n: usize) {
 
 #[test]
 fn kill_offender_kills_the_hog_not_the_engine_stand_in() {
+    let _one_at_a_time = HOST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(why) = unfit() {
         eprintln!("skipping: {why}");
         return;
@@ -224,7 +234,7 @@ fn kill_offender_kills_the_hog_not_the_engine_stand_in() {
     let avail = mem_available();
     let (soft, hard) = (avail - 600 * MIB, avail - 900 * MIB);
     let guard = GuardProc::start(standin.pid(), soft, hard, "kill-offender", &receipts, &[]);
-    let mut hog = Hog::start(dir.path(), "sk-hog", hard, 1536 * MIB, false, false, 0.2);
+    let mut hog = Hog::start(dir.path(), "sk-hog", hard, GROW_CAP, false, false, 0.2);
     std::fs::write(dir.path().join("sk-hog.go"), "").unwrap();
     let killed = hog.wait(Duration::from_secs(20));
     let events = guard.stop();
@@ -256,6 +266,7 @@ fn kill_offender_kills_the_hog_not_the_engine_stand_in() {
 
 #[test]
 fn protect_host_kills_the_growing_engine_stand_ins_whole_group() {
+    let _one_at_a_time = HOST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(why) = unfit() {
         eprintln!("skipping: {why}");
         return;
@@ -264,7 +275,7 @@ fn protect_host_kills_the_growing_engine_stand_ins_whole_group() {
     let receipts = dir.path().join("receipts");
     let avail = mem_available();
     let (soft, hard) = (avail - 600 * MIB, avail - 900 * MIB);
-    let mut standin = Hog::start(dir.path(), "sk-standin", hard, 1536 * MIB, true, true, 0.0);
+    let mut standin = Hog::start(dir.path(), "sk-standin", hard, GROW_CAP, true, true, 0.0);
     let pgid = standin.pid();
     wait_members(pgid, 2);
     // The idle baseline for the restart gate: MemAvailable now, with the stand-in still small.

@@ -3,6 +3,7 @@
 //! node agent probes them — never a pass.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 use super::verify::checkpoint_for;
 use super::{io_failure, load, Context};
@@ -27,12 +28,12 @@ fn weights(kit: &Kit) -> (Option<u64>, Option<u64>) {
     }
 }
 
-/// The input preflight needs besides the kit, from this machine.
+/// Where the kit's weights live on this machine: `model.path`, else the model repo's directory in
+/// the Hugging Face cache (or the cache itself for locally made models).
 #[must_use]
-pub fn input(kit: &Kit, env: &[(String, String)]) -> PreflightInput {
+pub fn model_dir(kit: &Kit, env: &[(String, String)]) -> PathBuf {
     let dirs = Dirs::from_env(env);
-    let (weights_per_rank, weights_on_disk) = weights(kit);
-    let disk_path = match &kit.model.path {
+    match &kit.model.path {
         Some(p) => dirs.expand(p),
         None => {
             let hf = model::hf_cache(kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p)).as_deref(), env, &dirs.home);
@@ -42,7 +43,16 @@ pub fn input(kit: &Kit, env: &[(String, String)]) -> PreflightInput {
                 model::repo_dir(&hf, &kit.model.repo)
             }
         }
-    };
+    }
+}
+
+/// The input preflight needs besides the kit, from this machine.
+#[must_use]
+pub fn input(kit: &Kit, env: &[(String, String)]) -> PreflightInput {
+    let dirs = Dirs::from_env(env);
+    let (weights_per_rank, weights_on_disk) = weights(kit);
+    let disk_path = model_dir(kit, env);
+
     let vllm_python = (kit.engine.runtime == Runtime::Venv)
         .then(|| Recipe::load(&kit.engine.requirements).ok())
         .flatten()
