@@ -79,8 +79,7 @@ t0=$(now)
 HF_ENDPOINT="$endpoint" "$bin" download --kit "$work/kit.yaml" --jobs "$JOBS" --json --quiet > "$work/sk.json"
 t1=$(now)
 sk_total=$(python3 -c "print(f'{$t1-$t0:.2f}')")
-read -r sk_transfer sk_verified sk_bytes sk_retries < <(python3 -c '
-import json,sys; j=json.load(open(sys.argv[1])); print(f"{j["transfer_seconds"]:.2f} {j["seconds"]:.2f} {j["fetched_bytes"]} {j["retries"]}")' "$work/sk.json")
+read -r sk_transfer sk_verified sk_bytes sk_retries < <(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('%.2f %.2f %d %d' % (j['transfer_seconds'], j['seconds'], j['fetched_bytes'], j['retries']))" "$work/sk.json")
 HF_ENDPOINT="$endpoint" "$bin" verify --kit "$work/kit.yaml" > /dev/null
 
 t0=$(now)
