@@ -45,6 +45,8 @@ fn layout_lock_and_verify() {
     }
     assert!(s.hub.api_calls().iter().any(|c| c.contains("cursor=")), "{:?}", s.hub.api_calls());
     assert!(s.hub.auth().iter().filter(|(r, _)| *r == Route::Cdn).all(|(_, a)| a.is_none()));
+    let peak = s.hub.peak_connections();
+    assert!((1..=4).contains(&peak), "peak CDN connections {peak} with --jobs 4");
 
     // The lock file lists every file with its sha256.
     let lock: serde_json::Value = serde_json::from_slice(&std::fs::read(s.lock_file()).unwrap()).unwrap();

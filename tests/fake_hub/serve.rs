@@ -25,6 +25,9 @@ struct State {
     rate: AtomicU64,
     ttl_secs: AtomicU64,
     commits_made: AtomicU64,
+    /// CDN bodies being sent now, and the most at once.
+    active: AtomicUsize,
+    peak: AtomicUsize,
     hub: String,
     cdn: String,
     secret: String,
@@ -108,6 +111,8 @@ impl FakeHub {
             rate: AtomicU64::new(0),
             ttl_secs: AtomicU64::new(3600),
             commits_made: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
             hub: hub.clone(),
             cdn: cdn.clone(),
             secret: format!("s{}", std::process::id()),
@@ -190,6 +195,11 @@ impl FakeHub {
     /// API calls (revision/tree) in order, as paths with query.
     pub fn api_calls(&self) -> Vec<String> {
         self.state.log.lock().unwrap().api_calls.clone()
+    }
+
+    /// The most CDN bodies sent at the same time.
+    pub fn peak_connections(&self) -> usize {
+        self.state.peak.load(Ordering::SeqCst)
     }
 
     /// Faults not fired yet.
@@ -498,6 +508,8 @@ async fn cdn_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let st2 = st.clone();
+    let now = st.active.fetch_add(1, Ordering::SeqCst) + 1;
+    st.peak.fetch_max(now, Ordering::SeqCst);
     tokio::spawn(async move {
         let rate = st2.rate.load(Ordering::SeqCst);
         let started = Instant::now();
@@ -549,6 +561,7 @@ async fn cdn_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
             st2.log.lock().unwrap().served[idx].bytes = sent;
         }
         st2.log.lock().unwrap().served[idx].complete = ok && sent == len;
+        st2.active.fetch_sub(1, Ordering::SeqCst);
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     b.body(Body::from_stream(stream)).unwrap()
