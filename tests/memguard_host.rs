@@ -326,4 +326,10 @@ fn bad_flags_are_one_line_usage_errors() {
         assert!(err.lines().next().unwrap().contains(want), "{args:?}: {err}");
         assert!(err.contains("hint: "), "{err}");
     }
+    // A receipt directory that cannot be made is a runtime failure, before anything is watched.
+    let out = spark_kit().args(["guard", "--kit", "tiny-cpu", "--receipts", "/proc/self/no/such"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: memory guard: cannot create the receipt directory /proc/self/no/such"), "{err}");
+    assert!(err.contains("hint: pass --receipts DIR"), "{err}");
 }

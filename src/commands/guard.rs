@@ -15,7 +15,7 @@ use crate::dirs::Dirs;
 use crate::error::Failure;
 use crate::kit::bytes::ByteSize;
 use crate::kit::schema::{GuardPolicy, Transport};
-use crate::memguard::{Guard, GuardConfig, GuardEvent, GuardReporter};
+use crate::memguard::{Guard, GuardConfig, GuardError, GuardEvent, GuardReporter};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -119,8 +119,16 @@ pub fn run(args: &GuardArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let reporter: Arc<dyn GuardReporter> = Arc::new(Channel(Mutex::new(tx)));
     let pgid = args.pgid;
     let policy = cfg.policy;
-    let mut guard =
-        Guard::new(cfg, Box::new(move || pgid), &receipts, reporter).map_err(|e| Failure::runtime(e.to_string()))?;
+    let mut guard = Guard::new(cfg, Box::new(move || pgid), &receipts, reporter).map_err(|e| {
+        let hint = match &e {
+            GuardError::Receipts { .. } => "pass --receipts DIR with a directory you can write",
+            GuardError::Floors { .. } => "raise --soft or lower --hard",
+            GuardError::Open { .. } | GuardError::Meminfo { .. } => {
+                "the guard needs Linux /proc (meminfo and per-process stat)"
+            }
+        };
+        Failure::runtime(e.to_string()).with_hint(hint)
+    })?;
     let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
     for s in [Signal::SIGTERM, Signal::SIGINT] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
