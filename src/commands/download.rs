@@ -137,6 +137,8 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         .map_err(|e| Failure::runtime(format!("cannot start the async runtime: {e}")))?;
     let summary = rt.block_on(download(Arc::new(client), &req, reporter.clone())).map_err(|e| hub_failure(&e))?;
     drop(rt);
+    // Clears the bars before the summary is printed.
+    drop(reporter);
     let lock = lock_path(kit, &dirs);
     if !args.dry_run {
         let mut lf = LockFile::load(&lock).unwrap_or(LockFile {
