@@ -18,6 +18,7 @@ use serde::Serialize;
 use super::attribution::{Attribution, GroupGrowth, Grower, Table, BUCKETS};
 use super::gate::{check_oom_score_adj, restart_gate, Gate, OomAdjCheck, DEFAULT_TOLERANCE};
 use super::meminfo::{self, Meminfo};
+use super::nvml::Nvml;
 use super::pagecache;
 use super::policy::{decide, Decision, EngineReason, Floors};
 use super::procs::ProcDir;
@@ -255,6 +256,11 @@ pub struct Guard {
     psi: Option<Trigger>,
     psi_note: Option<String>,
     psi_file: Option<File>,
+    /// NVML, when the driver's library loads; else why not.
+    nvml: Option<Nvml>,
+    nvml_note: String,
+    /// `(pid, GPU bytes)` from the last NVML query (preallocated).
+    gpu_mem: Vec<(i32, u64)>,
     model_files: Vec<PathBuf>,
     /// MemAvailable at the start of each bucket.
     avail_hist: [u64; BUCKETS],
@@ -300,6 +306,13 @@ impl Guard {
         };
         let psi_file = File::open(&ppath).ok();
         let model_files = pagecache::model_files(&cfg.model_paths);
+        let (nvml, nvml_note) = match Nvml::load() {
+            Ok(n) => {
+                let note = format!("per-process GPU memory from NVML ({} device(s), API {})", n.devices(), n.api);
+                (Some(n), note)
+            }
+            Err(e) => (None, e),
+        };
         let mut g = Self {
             table: Table::new(page_size()),
             cfg,
@@ -314,6 +327,9 @@ impl Guard {
             psi_note,
             psi_file,
             model_files,
+            nvml,
+            nvml_note,
+            gpu_mem: Vec::with_capacity(GPU_PROCS),
             avail_hist: [0; BUCKETS],
         };
         if g.read_meminfo().is_none() {
@@ -342,10 +358,31 @@ impl Guard {
     }
 
     fn scan(&mut self, bucket: u64, last_bucket: u64) {
-        let table = &mut self.table;
+        if let Some(n) = self.nvml.as_mut() {
+            let gpu = &mut self.gpu_mem;
+            gpu.clear();
+            // A failed query leaves this scan without GPU figures; RSS still counts.
+            let _ = n.for_each_process(|pid, bytes| {
+                if gpu.len() < gpu.capacity() {
+                    gpu.push((pid, bytes));
+                }
+            });
+        }
+        let (table, gpu) = (&mut self.table, &self.gpu_mem);
         table.begin();
-        self.procs.for_each_stat(|s| table.add(s, 0, bucket));
+        self.procs.for_each_stat(|s| {
+            let bytes = gpu.iter().filter(|(p, _)| *p == s.pid).map(|(_, b)| *b).sum();
+            table.add(s, bytes, bucket);
+        });
         table.end(bucket, last_bucket);
+    }
+
+    fn gpu_source(&self) -> &'static str {
+        if self.nvml.is_some() {
+            "nvml (RSS + per-process GPU memory)"
+        } else {
+            "none (RSS only)"
+        }
     }
 
     fn attribute(&self, bucket: u64, pgid: Option<i32>) -> Attribution {
@@ -413,7 +450,7 @@ impl Guard {
             mem_free: first.mem_free,
             psi: self.psi.as_ref().map_or_else(|| "none".to_string(), |t| t.spec.clone()),
             memory_locked: locked,
-            gpu_memory_source: GPU_SOURCE,
+            gpu_memory_source: self.gpu_source(),
             baseline,
             max_interval_ms: u64::try_from(self.cfg.interval.as_millis()).unwrap_or(u64::MAX),
             receipts: self.receipts.clone(),
@@ -422,8 +459,10 @@ impl Guard {
             self.emit(&GuardEvent::Note { message });
         }
         self.emit(&GuardEvent::Note {
-            message: if self.cfg.engine_on_gpu {
-                "per-process GPU memory: NVML is not used by this build; attribution is RSS only, and a fall no RSS explains is counted as the engine's (GB10 driver memory)".into()
+            message: if self.nvml.is_some() {
+                self.nvml_note.clone()
+            } else if self.cfg.engine_on_gpu {
+                format!("per-process GPU memory: NVML unavailable ({}); attribution is RSS only, and a fall no RSS explains is counted as the engine's (GB10 driver memory)", self.nvml_note)
             } else {
                 "attribution is RSS only (the engine runs on the CPU, so its memory is all in RSS)".into()
             },
@@ -553,7 +592,7 @@ impl Guard {
                 hard: self.cfg.hard_floor,
                 policy: self.cfg.policy,
                 min_blame: self.cfg.min_blame,
-                unattributed_is_engine: self.cfg.engine_on_gpu,
+                unattributed_is_engine: self.cfg.engine_on_gpu && self.nvml.is_none(),
             };
             let d = decide(&floors, m.mem_available, drop, &a, &self.cfg.sacrificable);
             match d {
@@ -709,7 +748,7 @@ impl Guard {
             window_s: (bucket_len * u32::try_from(BUCKETS).unwrap_or(8)).as_secs_f64(),
             window_drop: drop,
             unattributed: drop.saturating_sub(a.attributed_bytes),
-            gpu_memory_source: GPU_SOURCE,
+            gpu_memory_source: self.gpu_source(),
             engine: a.engine,
             growers: a.growers().to_vec(),
             victim,
@@ -734,7 +773,8 @@ pub fn next_wait(headroom: u64, fall_rate: f64, min: Duration, max: Duration) ->
     Duration::from_secs_f64(by_headroom.min(by_rate).clamp(0.0, 1.0)).clamp(min, max)
 }
 
-const GPU_SOURCE: &str = "none (RSS only)";
+/// Most GPU processes kept from one NVML query.
+const GPU_PROCS: usize = 4096;
 
 fn signal_record(target: Target, signal: &'static str, after: f64, err: Option<nix::errno::Errno>) -> SignalSent {
     let (target, id) = match target {

@@ -13,6 +13,7 @@ pub mod attribution;
 pub mod gate;
 pub mod guard;
 pub mod meminfo;
+pub mod nvml;
 pub mod pagecache;
 pub mod policy;
 pub mod procs;
