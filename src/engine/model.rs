@@ -18,8 +18,6 @@ pub enum ModelError {
     Maker { status: String, log: PathBuf },
     #[error("cannot run the tiny model maker {python}: {source}")]
     MakerStart { python: PathBuf, source: std::io::Error },
-    #[error("model.source `tiny-exl3` needs the EXL3 variant of the tiny model maker, which this build does not have; use `tiny-dense`")]
-    NoExl3Maker,
 }
 
 /// The cache directory of a repo: `models--owner--name`.
@@ -67,7 +65,7 @@ pub fn ensure(
             }
         }
         ModelSource::Hub => hub_snapshot(hf_cache, &kit.model.repo, &kit.model.revision),
-        ModelSource::TinyExl3 => Err(ModelError::NoExl3Maker),
+        ModelSource::TinyExl3 => make_tiny_exl3(data_dir, python, overlay, log),
         ModelSource::TinyDense => {
             let maker = overlay.join("tools/make_tiny_model.py");
             // The directory name carries the overlay's content hash, so a changed maker
@@ -101,6 +99,50 @@ pub fn ensure(
     }
 }
 
+/// The tiny EXL3 model (`tools/make_tiny_exl3.py`), made once into
+/// `<data_dir>/models/tiny-exl3-<overlay tag>`, with its dense twin beside it ([`dense_twin`]).
+fn make_tiny_exl3(data_dir: &Path, python: &Path, overlay: &Path, log: &Path) -> Result<PathBuf, ModelError> {
+    let maker = overlay.join("tools/make_tiny_exl3.py");
+    let tag = overlay.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir = data_dir.join("models").join(format!("tiny-exl3-{tag}"));
+    let twin = dense_twin(&dir);
+    let made = |d: &Path| d.join("config.json").exists() && d.join("model.safetensors").exists();
+    if made(&dir) && made(&twin) {
+        return Ok(dir);
+    }
+    if let Some(p) = log.parent() {
+        let _ = fs::create_dir_all(p);
+    }
+    let start = |source| ModelError::MakerStart { python: python.into(), source };
+    let out = fs::File::create(log).map_err(start)?;
+    let err = out.try_clone().map_err(start)?;
+    let status = Command::new(python)
+        .arg(&maker)
+        .arg("--out")
+        .arg(&dir)
+        .arg("--dense-out")
+        .arg(&twin)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .status()
+        .map_err(start)?;
+    if status.success() && made(&dir) && made(&twin) {
+        Ok(dir)
+    } else {
+        Err(ModelError::Maker { status: status.to_string(), log: log.to_path_buf() })
+    }
+}
+
+/// The dense twin the EXL3 tiny maker writes beside `exl3_dir` (`<dir>-dense`): the same model
+/// with every linear replaced by its decoded EXL3 weight, served without quantization.
+#[must_use]
+pub fn dense_twin(exl3_dir: &Path) -> PathBuf {
+    let mut name = exl3_dir.file_name().map(std::ffi::OsStr::to_os_string).unwrap_or_default();
+    name.push("-dense");
+    exl3_dir.with_file_name(name)
+}
+
 /// The HF hub cache: kit `paths.hf_cache`, else `HF_HUB_CACHE`, `HF_HOME/hub`, `~/.cache/huggingface/hub`.
 #[must_use]
 pub fn hf_cache(configured: Option<&Path>, env: &[(String, String)], home: &Path) -> PathBuf {
@@ -129,6 +171,14 @@ mod tests {
         assert_eq!(hf_cache(None, &e(&[("HF_HOME", "/x")]), home), PathBuf::from("/x/hub"));
         assert_eq!(hf_cache(None, &e(&[("HF_HOME", "/x"), ("HF_HUB_CACHE", "/y")]), home), PathBuf::from("/y"));
         assert_eq!(hf_cache(Some(Path::new("/k")), &e(&[("HF_HUB_CACHE", "/y")]), home), PathBuf::from("/k"));
+    }
+
+    #[test]
+    fn dense_twin_sits_beside() {
+        assert_eq!(
+            dense_twin(Path::new("/d/models/tiny-exl3-0.1.0-ab")),
+            PathBuf::from("/d/models/tiny-exl3-0.1.0-ab-dense")
+        );
     }
 
     #[test]
