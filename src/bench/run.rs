@@ -248,7 +248,10 @@ impl Runner<'_> {
         let n = self.plan.calibration_runs;
         rep.phase(
             "calibration",
-            &format!("{n} prompts of {} tokens: median TTFT = overhead", self.plan.calibration_prompt_tokens),
+            &format!(
+                "{n} tiny prompts (target {} tokens): median TTFT = overhead",
+                self.plan.calibration_prompt_tokens
+            ),
         );
         let mut requests = Vec::new();
         for _ in 0..n {
