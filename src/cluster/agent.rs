@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,10 +68,26 @@ pub fn status_code(status_line: &str) -> Option<u16> {
 /// A small HTTP/1.0 GET with short timeouts: (status, body). Used on the node itself only.
 #[must_use]
 pub fn http_get(host: &str, port: u32, path: &str) -> Option<(u16, String)> {
+    http(host, port, &format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n"), Duration::from_secs(3))
+}
+
+/// One-token completion: the engine really generates (readiness is more than `/health`).
+#[must_use]
+pub fn one_token(host: &str, port: u32, model: &str, api_key: Option<&str>) -> bool {
+    let body = serde_json::json!({"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}).to_string();
+    let auth = api_key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    let req = format!(
+        "POST /v1/completions HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    http(host, port, &req, Duration::from_secs(60)).is_some_and(|(c, _)| c == 200)
+}
+
+fn http(host: &str, port: u32, request: &str, read_timeout: Duration) -> Option<(u16, String)> {
     let addr = (host, u16::try_from(port).ok()?).to_socket_addrs().ok()?.next()?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes()).ok()?;
+    s.set_read_timeout(Some(read_timeout)).ok()?;
+    s.write_all(request.as_bytes()).ok()?;
     let mut buf = Vec::new();
     let _ = s.take(4 << 20).read_to_end(&mut buf);
     let text = String::from_utf8_lossy(&buf).into_owned();
@@ -102,11 +118,52 @@ pub fn parse_progress(metrics: &str) -> Option<(f64, f64)> {
 
 struct Running {
     engine: Engine,
+    api_key: Option<String>,
     kit: Box<Kit>,
     node: usize,
     started: Instant,
     exited_reported: bool,
     ready_reported: bool,
+}
+
+/// The node's memory guard, hosted by the agent on its own thread; it follows the engine's
+/// process group across restarts (`pgid` 0 = no engine).
+struct HostedGuard {
+    pgid: Arc<AtomicI32>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// Guard events go to the supervisor through the agent's event channel.
+struct GuardToEvents(std::sync::mpsc::Sender<Event>);
+impl crate::memguard::GuardReporter for GuardToEvents {
+    fn event(&self, event: &crate::memguard::GuardEvent) {
+        if let Ok(v) = serde_json::to_value(event) {
+            let _ = self.0.send(Event::Guard { event: v });
+        }
+    }
+}
+
+fn start_guard(
+    kit: &Kit,
+    node: usize,
+    dirs: &Dirs,
+    events: std::sync::mpsc::Sender<Event>,
+) -> Result<HostedGuard, String> {
+    let cfg = crate::memguard::GuardConfig::from_kit(kit, &kit.nodes[node].name);
+    let pgid = Arc::new(AtomicI32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let p = Arc::clone(&pgid);
+    let provider = move || Some(p.load(Ordering::Relaxed)).filter(|g| *g > 0);
+    let receipts = dirs.expand(&kit.paths.logs).join("receipts");
+    let mut guard = crate::memguard::Guard::new(cfg, Box::new(provider), &receipts, Arc::new(GuardToEvents(events)))
+        .map_err(|e| format!("memory guard: {e}"))?;
+    let s = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name("memguard".into())
+        .spawn(move || guard.run(&s))
+        .map_err(|e| format!("memory guard thread: {e}"))?;
+    Ok(HostedGuard { pgid, stop, thread })
 }
 
 /// Run the agent until stdin closes. `env` is the process environment.
@@ -137,7 +194,16 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
     let clock = Instant::now();
     let last_line = Arc::new(AtomicU64::new(0));
     let mut running: Option<Running> = None;
+    let mut guard: Option<HostedGuard> = None;
+    let (guard_tx, guard_rx) = mpsc::channel::<Event>();
     loop {
+        while let Ok(ev) = guard_rx.try_recv() {
+            out.emit(&ev);
+        }
+        if let (Some(g), Some(r)) = (guard.as_ref(), running.as_ref()) {
+            let pgid = if r.exited_reported { 0 } else { r.engine.pgid };
+            g.pgid.store(pgid, Ordering::Relaxed);
+        }
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(Some(line)) => match decode::<Command>(&line) {
                 Ok(Command::Start { kit, node }) => {
@@ -151,11 +217,19 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                         }
                     }
                     last_line.store(ms(clock), Ordering::Relaxed);
+                    if guard.is_none() && kit.memory.guard.policy != crate::kit::schema::GuardPolicy::Off {
+                        match start_guard(&kit, node, &dirs, guard_tx.clone()) {
+                            Ok(g) => guard = Some(g),
+                            Err(message) => out.emit(&Event::Error { message, fatal: false }),
+                        }
+                    }
+                    let api_key = local::api_key(&kit, env, &dirs).ok().flatten();
                     match start(&kit, node, &dirs, env, &last_line, clock, out) {
                         Ok(engine) => {
                             out.emit(&Event::Started { pgid: engine.pgid, log: engine.log.display().to_string() });
                             running = Some(Running {
                                 engine,
+                                api_key,
                                 kit,
                                 node,
                                 started: Instant::now(),
@@ -166,13 +240,23 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                         Err(message) => out.emit(&Event::Error { message, fatal: false }),
                     }
                 }
-                Ok(Command::Stop { drain_s }) => stop(&mut running, drain_s, out),
+                Ok(Command::Stop { drain_s }) => {
+                    if let Some(g) = guard.as_ref() {
+                        g.pgid.store(0, Ordering::Relaxed);
+                    }
+                    stop(&mut running, drain_s, out);
+                }
                 Ok(Command::CheckFiles { root, files }) => out.emit(&check_files(&dirs.expand(&root), &files)),
                 Err(e) => out.emit(&Event::Error { message: e.to_string(), fatal: false }),
             },
             Ok(None) | Err(RecvTimeoutError::Disconnected) => {
                 let drain = running.as_ref().map_or(0, |r| u64::from(r.kit.engine.shutdown_timeout_s) + 5);
                 stop(&mut running, drain, out);
+                if let Some(g) = guard.take() {
+                    g.pgid.store(0, Ordering::Relaxed);
+                    g.stop.store(true, Ordering::SeqCst);
+                    let _ = g.thread.join();
+                }
                 return 0;
             }
             Err(RecvTimeoutError::Timeout) => heartbeat(&mut running, &last_line, clock, out),
@@ -247,7 +331,10 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
     } else {
         None
     };
-    if healthy == Some(true) && !r.ready_reported {
+    if healthy == Some(true)
+        && !r.ready_reported
+        && one_token(&host, port, &r.kit.engine.served_model_name, r.api_key.as_deref())
+    {
         r.ready_reported = true;
         out.emit(&Event::Ready { seconds: r.started.elapsed().as_secs_f64() });
     }

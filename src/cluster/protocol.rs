@@ -55,6 +55,8 @@ pub enum Event {
     Stopped { graceful: bool, seconds: f64, survivors: Vec<String> },
     /// Answer to `CheckFiles`: (path, size) for present files, and the missing ones.
     Files { present: Vec<(String, u64)>, missing: Vec<String> },
+    /// The node's memory guard reported something (its event, as JSON).
+    Guard { event: serde_json::Value },
     /// Something failed; the agent keeps running unless `fatal`.
     Error { message: String, fatal: bool },
 }

@@ -56,10 +56,7 @@ pub fn spawn(launch: &Launch, base_env: &[(String, String)]) -> Result<Engine, S
     if let Some(dir) = launch.log.parent() {
         fs::create_dir_all(dir).map_err(|source| SpawnError::Log { path: launch.log.clone(), source })?;
     }
-    let log = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&launch.log)
+    let log = RotatingLog::open(&launch.log, LOG_ROTATE_BYTES, LOG_KEEP)
         .map_err(|source| SpawnError::Log { path: launch.log.clone(), source })?;
     let mut cmd = Command::new(&launch.program);
     cmd.args(&launch.args).env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -88,9 +85,54 @@ pub fn spawn(launch: &Launch, base_env: &[(String, String)]) -> Result<Engine, S
     Ok(Engine { child, pgid, log: launch.log.clone(), pumps })
 }
 
+/// Engine logs rotate at this size…
+pub const LOG_ROTATE_BYTES: u64 = 64 << 20;
+/// …keeping this many old files (`<log>.1` … `<log>.N`).
+pub const LOG_KEEP: u32 = 3;
+
+/// An append-only log file that rotates by size: `log` → `log.1` → … → `log.N` (dropped).
+pub struct RotatingLog {
+    path: PathBuf,
+    file: fs::File,
+    size: u64,
+    limit: u64,
+    keep: u32,
+}
+
+impl RotatingLog {
+    pub fn open(path: &Path, limit: u64, keep: u32) -> std::io::Result<Self> {
+        let file = fs::OpenOptions::new().create(true).append(true).open(path)?;
+        let size = file.metadata()?.len();
+        Ok(Self { path: path.to_path_buf(), file, size, limit, keep })
+    }
+
+    fn rotated(&self, n: u32) -> PathBuf {
+        PathBuf::from(format!("{}.{n}", self.path.display()))
+    }
+
+    /// Append `bytes`, rotating first when they would cross the limit.
+    pub fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.size > 0 && self.size + bytes.len() as u64 > self.limit {
+            for n in (1..self.keep).rev() {
+                let _ = fs::rename(self.rotated(n), self.rotated(n + 1));
+            }
+            if self.keep > 0 {
+                fs::rename(&self.path, self.rotated(1))?;
+            } else {
+                fs::remove_file(&self.path)?;
+            }
+            self.file = fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+            self.size = 0;
+        }
+        self.file.write_all(bytes)?;
+        self.size += bytes.len() as u64;
+        Ok(())
+    }
+}
+
 fn pump(
     stream: impl Read + Send + 'static,
-    log: Arc<Mutex<fs::File>>,
+    log: Arc<Mutex<RotatingLog>>,
     sink: Option<LineSink>,
 ) -> thread::JoinHandle<()> {
     thread::spawn(move || {
@@ -102,7 +144,7 @@ fn pump(
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     if let Ok(mut f) = log.lock() {
-                        let _ = f.write_all(&buf);
+                        let _ = f.write(&buf);
                     }
                     if let Some(s) = &sink {
                         s(String::from_utf8_lossy(&buf).trim_end());
@@ -182,4 +224,23 @@ impl Engine {
 #[must_use]
 pub fn log_path(logs: &Path, kit: &str, node: &str) -> PathBuf {
     logs.join(format!("{kit}-{node}-engine.log"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_rotates_by_size_and_keeps_n() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("e.log");
+        let mut log = RotatingLog::open(&p, 10, 2).unwrap();
+        for i in 0..5 {
+            log.write(format!("line {i}\n").as_bytes()).unwrap(); // 7 bytes each
+        }
+        assert_eq!(fs::read_to_string(&p).unwrap(), "line 4\n");
+        assert_eq!(fs::read_to_string(d.path().join("e.log.1")).unwrap(), "line 3\n");
+        assert_eq!(fs::read_to_string(d.path().join("e.log.2")).unwrap(), "line 2\n");
+        assert!(!d.path().join("e.log.3").exists());
+    }
 }

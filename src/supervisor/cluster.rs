@@ -520,6 +520,13 @@ impl Sup<'_> {
                 }
             }
             Event::Files { .. } => {}
+            Event::Guard { event } => {
+                let kind = event.get("event").and_then(serde_json::Value::as_str).unwrap_or_default();
+                // Actions and floor crossings matter to the operator; samples and notes go to the log.
+                if matches!(kind, "soft-floor" | "acting" | "acted" | "no-action" | "restart-gate") {
+                    self.rep.line(&format!("    {name}: memory guard: {event}"));
+                }
+            }
             Event::Heartbeat { engine_alive, quiet_s, mem_available, healthy, progress } => {
                 if self.baseline[i].is_none() && !self.engines_started {
                     self.baseline[i] = mem_available;
