@@ -5,7 +5,9 @@
 #   FILES=4 SIZE_MIB=512 RATE=50000000 JOBS=16 bash bench/download.sh
 # Prints both times to a complete verified cache and, last, the ratio hf / spark-kit.
 # spark-kit verifies while downloading (a file enters the cache only after its SHA-256
-# matched); `hf download` does not hash, so its time-to-verified adds `hf cache verify`.
+# matched) and fsyncs every file before it enters the cache; `hf download` neither hashes nor
+# fsyncs, so its time-to-verified adds `hf cache verify` and a `sync` (same end state: every
+# file verified and on disk). The hf time without the sync is printed too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FILES=${FILES:-4}
@@ -88,14 +90,18 @@ HF_ENDPOINT="$endpoint" HF_HUB_CACHE="$work/hf-cache" HF_HUB_DISABLE_TELEMETRY=1
 t1=$(now)
 HF_ENDPOINT="$endpoint" HF_HUB_DISABLE_TELEMETRY=1 "$hf" cache verify bench-org/model --cache-dir "$work/hf-cache" > "$work/hfv.log" 2>&1
 t2=$(now)
+sync
+t3=$(now)
 grep -q "All checksums match" "$work/hfv.log" || { echo "bench: hf cache verify failed" >&2; cat "$work/hfv.log" >&2; exit 1; }
 hf_dl=$(python3 -c "print(f'{$t1-$t0:.2f}')")
-hf_verified=$(python3 -c "print(f'{$t2-$t0:.2f}')")
+hf_verified_cached=$(python3 -c "print(f'{$t2-$t0:.2f}')")
+hf_verified=$(python3 -c "print(f'{$t3-$t0:.2f}')")
 
 mb() { python3 -c "print(f'{$sk_bytes/1e6/$1:.0f}')"; }
 echo "files: $FILES x $SIZE_MIB MiB, CDN cap ${RATE} B/s per connection, spark-kit --jobs $JOBS, hf --max-workers 8"
 echo "spark-kit: downloaded in ${sk_transfer} s, verified in ${sk_verified} s (process ${sk_total} s, $(mb "$sk_verified") MB/s, ${sk_retries} retries)"
 echo "spark-kit: time-to-verified / time-to-downloaded = $(python3 -c "print(f'{$sk_verified/$sk_transfer:.3f}')")"
-echo "hf download: downloaded in ${hf_dl} s, + hf cache verify = verified in ${hf_verified} s ($(mb "$hf_verified") MB/s)"
-echo "hf download only / spark-kit verified = $(python3 -c "print(f'{$hf_dl/$sk_total:.2f}')")x"
+echo "hf download: downloaded in ${hf_dl} s, + hf cache verify = verified in ${hf_verified_cached} s, + sync = verified on disk in ${hf_verified} s ($(mb "$hf_verified") MB/s)"
+echo "load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
+echo "hf download only / spark-kit verified = $(python3 -c "print(f'{$hf_dl/$sk_total:.2f}')")x; hf verified (page cache) / spark-kit = $(python3 -c "print(f'{$hf_verified_cached/$sk_total:.2f}')")x"
 echo "ratio (hf time-to-verified / spark-kit time-to-verified): $(python3 -c "print(f'{$hf_verified/$sk_total:.2f}')")x"
