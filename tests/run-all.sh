@@ -31,8 +31,8 @@ step "build"
 cargo build --all-targets
 
 step "engine venv: spark-kit setup --kit tiny-cpu"
-target/debug/spark-kit setup --kit tiny-cpu
-venv=$(target/debug/spark-kit setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
+"${CARGO_TARGET_DIR:-target}/debug/spark-kit" setup --kit tiny-cpu
+venv=$("${CARGO_TARGET_DIR:-target}/debug/spark-kit" setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
 
 step "python overlay tests (pytest in the engine venv)"
 SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
