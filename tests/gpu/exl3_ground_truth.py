@@ -17,7 +17,9 @@ Run on a machine with nvcc + torch + a GPU (see README.md beside this file):
    the CPU reference `forward` for hidden 5120 / expert intermediate 2304 split
    for TP 2 (gate/up column halves, down row halves), K 2/3/5/6.
 5. exl3_gemm time per call and effective bandwidth (trellis bytes / time) for
-   those shapes at 1 and 16 rows, beside an fp16 torch.matmul on the same shape.
+   those shapes at 1 and 16 rows, beside an fp16 torch.matmul on the same shape;
+   once as back-to-back launches from Python and once as 100 calls replayed
+   from a CUDA graph (no launch overhead).
 
 Everything measured goes to DIR/results.json; progress to stdout.
 """
@@ -194,11 +196,39 @@ def timing(ext, results):
                     end.record()
                     torch.cuda.synchronize()
                     res[label] = start.elapsed_time(end) / iters * 1e3  # microseconds
+                # Launch overhead removed: 100 calls captured in one CUDA graph, replayed.
+                try:
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.stream(side):
+                        run()
+                        torch.cuda.synchronize()
+                        with torch.cuda.graph(graph, stream=side):
+                            for _ in range(100):
+                                run()
+                    torch.cuda.synchronize()
+                    graph.replay()
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(10):
+                        graph.replay()
+                    end.record()
+                    torch.cuda.synchronize()
+                    res["exl3_graph"] = start.elapsed_time(end) / 1000 * 1e3
+                except Exception as err:  # capture can fail where the kernel syncs (autotune)
+                    res["exl3_graph_error"] = f"{type(err).__name__}: {err}"
                 tbytes = tr.numel() * 2
                 row = {"shape": name, "in": n_in, "out": n_out, "k": k, "rows": m, "exl3_us": round(res["exl3"], 2),
                        "fp16_matmul_us": round(res["fp16"], 2), "trellis_bytes": tbytes,
                        "exl3_GBps": round(tbytes / res["exl3"] / 1e3, 1),
                        "fp16_GBps": round(n_in * n_out * 2 / res["fp16"] / 1e3, 1)}
+                if "exl3_graph" in res:
+                    row["exl3_graph_us"] = round(res["exl3_graph"], 2)
+                    row["exl3_graph_GBps"] = round(tbytes / res["exl3_graph"] / 1e3, 1)
+                else:
+                    row["exl3_graph_error"] = res["exl3_graph_error"]
                 rows.append(row)
                 log(json.dumps(row))
     results["gemm_timing"] = rows
