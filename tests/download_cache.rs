@@ -208,3 +208,33 @@ fn kit_mismatch_is_a_config_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("model.files.expected_shards"), "{}", stderr(&out));
 }
+
+#[test]
+fn bad_input_is_a_usage_error() {
+    let s = Setup::new(None);
+    let cases: [(&[&str], &str); 4] = [
+        (&["download", "--jobs", "0"], "--jobs 0 is out of range"),
+        (&["download", "--range-size", "1"], "--range-size is below 4KiB"),
+        (&["download", "--only", "engram"], "has no `engram` section"),
+        (&["verify", "--jobs", "0"], "no lock file"),
+    ];
+    for (args, want) in cases {
+        let out = s.cmd(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let e = stderr(&out);
+        assert!(e.starts_with("error: ") && e.contains(want) && e.contains("hint: "), "{args:?}: {e}");
+    }
+    // A kit whose model is made locally has nothing to download.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spark-kit"))
+        .args(["download", "--kit", "tiny-cpu"])
+        .env_clear()
+        .env("HOME", s.dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("names nothing on the Hub"), "{}", stderr(&out));
+    // A malformed HF_ENDPOINT names the variable.
+    let out = s.cmd(&["download"]).env("HF_ENDPOINT", "not a url").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("HF_ENDPOINT `not a url` is not a URL"), "{}", stderr(&out));
+}

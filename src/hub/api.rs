@@ -87,7 +87,8 @@ impl HubClient {
         idle: Duration,
     ) -> Result<Self, HubError> {
         let endpoint = endpoint.trim_end_matches('/').to_string();
-        let origin = Url::parse(&endpoint).map_err(|e| HubError::Kit(format!("HF_ENDPOINT `{endpoint}`: {e}")))?;
+        let origin = Url::parse(&endpoint)
+            .map_err(|e| HubError::BadEndpoint { endpoint: endpoint.clone(), reason: e.to_string() })?;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(idle.min(Duration::from_secs(30)))

@@ -35,6 +35,8 @@ pub enum HubError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("another download holds {lock} (writing {path})")]
     Busy { lock: PathBuf, path: String },
+    #[error("HF_ENDPOINT `{endpoint}` is not a URL: {reason}")]
+    BadEndpoint { endpoint: String, reason: String },
     #[error("{0}")]
     Kit(String),
     #[error("{0}")]
@@ -49,7 +51,10 @@ impl HubError {
     /// A configuration problem (exit code 2) rather than a runtime one.
     #[must_use]
     pub fn is_config(&self) -> bool {
-        matches!(self, Self::Kit(_) | Self::RevisionNotFound { .. } | Self::RepoNotFound { .. })
+        matches!(
+            self,
+            Self::Kit(_) | Self::BadEndpoint { .. } | Self::RevisionNotFound { .. } | Self::RepoNotFound { .. }
+        )
     }
 
     /// One line saying how to fix it.
@@ -93,6 +98,7 @@ impl HubError {
             }
             Self::Io { .. } => "check the path's permissions and free space".into(),
             Self::Busy { .. } => "wait for the other download to finish (or stop it), then rerun".into(),
+            Self::BadEndpoint { .. } => "set HF_ENDPOINT to a URL such as https://huggingface.co, or unset it".into(),
             Self::Kit(_) => "fix the kit (spark-kit kit show) or pin the revision the kit was written for".into(),
             Self::Engram(_) => {
                 "check engram.files and engram.layers against the repo's model.safetensors.index.json".into()
