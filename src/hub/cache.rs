@@ -139,9 +139,9 @@ impl RepoCache {
         fs::rename(&tmp, &path).map_err(|e| HubError::io(&path, e))
     }
 
-    /// Partial blobs (with their journals) not in `keep`: left over from another commit.
+    /// Partial blobs not in `keep` as (blob name, partial, journal path, journal).
     #[must_use]
-    pub fn stale_partials(&self, keep: &HashSet<String>) -> Vec<(PathBuf, PathBuf, Option<Journal>)> {
+    pub fn stale_partials(&self, keep: &HashSet<String>) -> Vec<(String, PathBuf, PathBuf, Option<Journal>)> {
         let Ok(rd) = fs::read_dir(self.dir.join("blobs")) else { return Vec::new() };
         let suffix = format!(".{PARTIAL}");
         rd.flatten()
@@ -151,7 +151,7 @@ impl RepoCache {
                 (!keep.contains(&blob)).then(|| {
                     let j = self.journal(&blob);
                     let journal = Journal::load(&j);
-                    (e.path(), j, journal)
+                    (blob, e.path(), j, journal)
                 })
             })
             .collect()

@@ -121,7 +121,7 @@ pub async fn fetch_repo(
     mut resolved: HashMap<String, Resolved>,
 ) -> Result<Vec<Fetched>, HubError> {
     let Fetcher { client, opts, reporter, counters } = fetcher;
-    discard_stale(&cache, &files, &*reporter, &counters);
+    discard_stale(&cache, &commit, &files, &*reporter, &counters);
     let mut out = Vec::with_capacity(files.len());
     let mut lfs = VecDeque::new();
     for f in files {
@@ -206,19 +206,26 @@ fn fetched_from_blob(cache: &RepoCache, f: &PlannedFile) -> Result<Fetched, HubE
     })
 }
 
-/// Remove partials of blobs this plan does not contain (another commit's bytes), and partials
-/// whose journal does not describe the planned blob.
-fn discard_stale(cache: &RepoCache, files: &[PlannedFile], reporter: &dyn Reporter, counters: &Counters) {
+/// Remove partials of blobs this plan does not contain that belong to another commit (the
+/// branch moved: their bytes will never be wanted again). Partials of the same commit (another
+/// kit's selection) and partials another process is writing are left alone.
+fn discard_stale(cache: &RepoCache, commit: &str, files: &[PlannedFile], reporter: &dyn Reporter, counters: &Counters) {
     let keep: HashSet<String> = files.iter().map(|f| f.blob.clone()).collect();
-    for (partial, journal, j) in cache.stale_partials(&keep) {
+    for (blob, partial, journal, j) in cache.stale_partials(&keep) {
+        if j.as_ref().is_some_and(|j| j.commit == commit) {
+            continue;
+        }
+        let path = j.as_ref().map_or_else(|| blob.clone(), |j| j.path.clone());
+        let Ok(_lock) = cache.lock(&blob, &path) else { continue };
         let what = j.map_or_else(
-            || "a partial without journal".to_string(),
+            || format!("blob {blob} (no journal)"),
             |j| format!("{} ({} bytes done) from commit {}", j.path, j.done.covered(), j.commit),
         );
         let _ = fs::remove_file(&partial);
         let _ = fs::remove_file(&journal);
         counters.discarded_partials.fetch_add(1, Ordering::Relaxed);
-        reporter.note(&format!("{}: discarded the partial download of {what}: not part of this commit", cache.repo));
+        reporter
+            .note(&format!("{}: discarded the partial download of {what}: not part of commit {commit}", cache.repo));
     }
 }
 
