@@ -7,7 +7,7 @@ mod fake_hub;
 use std::time::{Duration, Instant};
 
 use fake_hub::harness::MODEL;
-use fake_hub::{Fault, FaultKind, Served, Setup};
+use fake_hub::{Fault, FaultKind, Route, Served, Setup};
 
 const SHARD: &str = "model-00001-of-00003.safetensors";
 /// The range size the harness asks for (`--range-size 128KiB`).
@@ -131,4 +131,18 @@ fn signed_links_really_expire() {
     s.assert_model_complete();
     assert!(j["reresolves"].as_u64().unwrap() >= 1, "{j}");
     assert!(s.hub.served().iter().any(|r| r.status == 403));
+}
+
+#[test]
+fn resolve_errors_and_quota_are_retried() {
+    let s = Setup::new(None);
+    s.hub.fault(Fault { route: Route::Resolve, ..Fault::cdn(SHARD, FaultKind::Status(503)) });
+    let other = "model-00002-of-00003.safetensors";
+    s.hub.fault(Fault { route: Route::Resolve, ..Fault::cdn(other, FaultKind::QuotaExhausted { reset: 2 }) });
+    let t = Instant::now();
+    s.download_ok(&[]);
+    assert!(t.elapsed() >= Duration::from_secs(2), "did not wait for the RateLimit reset");
+    assert_eq!(s.hub.pending_faults(), 0);
+    s.assert_model_complete();
+    assert_eq!((s.hub.resolves(SHARD), s.hub.resolves(other)), (2, 2));
 }

@@ -137,6 +137,8 @@ pub enum FaultKind {
     Status(u16),
     /// 429 with `Retry-After: n`.
     TooMany { retry_after: u64 },
+    /// 429 with only `RateLimit: "resolvers";r=0;t=n` (the Hub's quota header).
+    QuotaExhausted { reset: u64 },
     /// 206 with a Content-Range one byte off.
     WrongContentRange,
     /// 200 with the whole file, ignoring Range.

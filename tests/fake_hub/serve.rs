@@ -358,8 +358,16 @@ fn resolve(st: &State, repo: &str, rev: &str, path: &str, auth: Option<&str>) ->
     if let Some(r) = gate_check(repo, gate.as_deref(), auth) {
         return r;
     }
-    if let Some(FaultKind::Status(s)) = take_fault(st, Route::Resolve, path) {
-        return error(s, "Fault", "scripted");
+    match take_fault(st, Route::Resolve, path) {
+        Some(FaultKind::Status(s)) => return error(s, "Fault", "scripted"),
+        Some(FaultKind::QuotaExhausted { reset }) => {
+            return resp(429)
+                .header("ratelimit", format!("\"resolvers\";r=0;t={reset}"))
+                .header("ratelimit-policy", "\"fixed window\";\"resolvers\";q=3000;w=300")
+                .body(Body::from("Too Many Requests"))
+                .unwrap()
+        }
+        _ => {}
     }
     let Some(f) = files.files.iter().find(|f| f.path == path) else {
         return resp(404)
