@@ -17,7 +17,7 @@ use sha2::Digest as _;
 use super::api::{HubClient, Resolved};
 use super::cache::{BlobLock, RepoCache};
 use super::error::HubError;
-use super::hashing::{git_sha1, hex, sha256};
+use super::hashing::{drop_cached, git_sha1, hex, sha256};
 use super::headers::{content_range, ratelimit_wait, redact_query, retry_after};
 use super::journal::{Journal, RangeSet};
 use super::plan::{cross_check, Kind, PlannedFile};
@@ -499,6 +499,9 @@ fn start_hasher(sh: &Arc<Shared>, st: &Arc<FileState>) {
                     return None;
                 }
                 h.update(&buf[..n]);
+                // Start writeback of what is hashed and let clean pages go: hundreds of GiB
+                // through the page cache must not crowd out a unified-memory GPU host.
+                drop_cached(&st2.file, pos, n as u64);
                 pos += n as u64;
             }
         }
@@ -563,6 +566,7 @@ async fn finalize(sh: &Arc<Shared>, st: &Arc<FileState>) -> Result<(), HubError>
         return Ok(());
     }
     st.file.sync_data().map_err(|e| HubError::io(&st.partial, e))?;
+    drop_cached(&st.file, 0, st.f.size);
     sh.cache.promote(&st.partial, &st.f.blob)?;
     {
         let _g = lock(&st.journal_lock);
