@@ -20,11 +20,17 @@ wait_healthy() { # pid
     sleep 0.2
   done
 }
-stop_group() { # pgid
+stop_group() { # pid of a process started with setsid (its own session and group)
   kill -TERM -- "-$1" 2>/dev/null || true
-  for _ in $(seq 1 150); do kill -0 -- "-$1" 2>/dev/null || return 0; sleep 0.2; done
+  for _ in $(seq 1 150); do kill -0 -- "-$1" 2>/dev/null || break; sleep 0.2; done
   kill -KILL -- "-$1" 2>/dev/null || true
+  # The next run must not find this one's server still answering.
+  for _ in $(seq 1 150); do curl -fs -o /dev/null "http://127.0.0.1:$port/health" || return 0; sleep 0.2; done
+  echo "port $port still answers after stopping $1" >&2; exit 1
 }
+if curl -fs -o /dev/null "http://127.0.0.1:$port/health"; then
+  echo "something already answers on port $port; set BOOT_BENCH_PORT" >&2; exit 1
+fi
 
 # Warm-up (not measured): builds the venv and the model if needed, and records the engine's
 # exact argv and environment for the by-hand runs.
