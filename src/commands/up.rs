@@ -104,8 +104,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         .with_hint("see `spark-kit status`, stop it with `spark-kit down`"));
     }
     // Fail before anything starts when the head's API port is taken (vLLM would notice late).
-    if let Some(head) = kit.nodes.iter().find(|n| n.role == Role::Head && n.transport == Transport::Local) {
-        let _ = head;
+    if kit.nodes.iter().any(|n| n.role == Role::Head && n.transport == Transport::Local) {
         check_port(&kit.engine.host, kit.engine.port).map_err(|e: UpError| {
             let f = Failure::runtime(e.to_string());
             match e.hint() {

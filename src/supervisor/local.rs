@@ -1,16 +1,14 @@
-//! One node's engine on this machine: prepare (venv, overlay, model), check the port, start
-//! the engine process, wait until healthy.
+//! One node's engine on this machine (the node agent calls these): prepare (venv, overlay,
+//! model), check the port, start the engine process.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::dirs::Dirs;
 use crate::engine::process::{self, Engine, Launch, LineSink};
 use crate::engine::{argv, model, overlay, recipe::Recipe, venv};
 use crate::kit::schema::{Kit, Runtime};
-
-use super::health::{self, Ready};
 
 /// Progress of a bring-up; implemented by the terminal front end.
 pub trait UpReporter: venv::SetupReporter {
@@ -48,14 +46,8 @@ pub enum UpError {
     Port { host: String, port: u32, why: String },
     #[error(transparent)]
     Spawn(#[from] process::SpawnError),
-    #[error("vLLM exited during start ({status}); last log lines:\n{tail}")]
-    ExitedDuringStart { status: String, tail: String, log: PathBuf },
-    #[error("vLLM did not become healthy within {secs} s; last log lines:\n{tail}")]
-    NotReady { secs: u32, tail: String, log: PathBuf },
     #[error("cannot find the spark-kit executable to start the engine: {0}")]
     SelfExe(std::io::Error),
-    #[error("multi-node kits ({0} nodes) need the node agents of the two-node bring-up, which this build does not have yet; use a one-node kit")]
-    MultiNode(usize),
 }
 
 impl UpError {
@@ -65,9 +57,6 @@ impl UpError {
         match self {
             Self::PortInUse { .. } => Some("stop what listens there or pick another port with --port".into()),
             Self::Setup(e) => e.log().map(|l| format!("full install log: {}", l.display())),
-            Self::ExitedDuringStart { log, .. } | Self::NotReady { log, .. } => {
-                Some(format!("full engine log: {}", log.display()))
-            }
             Self::Model(model::ModelError::NotDownloaded { .. }) => Some("run `spark-kit download` first".into()),
             _ => None,
         }
@@ -146,31 +135,6 @@ pub fn launch(
     let launch =
         Launch { program: exe, args, env, log: process::log_path(&prep.logs, &kit.name, &kit.nodes[node].name), sink };
     Ok(process::spawn(&launch, base_env)?)
-}
-
-/// Wait for `/health` 200; fails if the engine exits first or the kit's ready timeout passes.
-pub async fn wait_ready(kit: &Kit, engine: &mut Engine) -> Result<f64, UpError> {
-    let url = format!("{}/health", health::base_url(health::probe_host(&kit.engine.host), kit.engine.port));
-    let mut exited = None;
-    let limit = Duration::from_secs(u64::from(kit.engine.ready_timeout_s));
-    let r = health::wait_healthy(&url, limit, Duration::from_millis(500), || {
-        exited = engine.try_wait();
-        exited.is_some()
-    })
-    .await;
-    match r {
-        Ready::Healthy(secs) => Ok(secs),
-        Ready::Aborted => Err(UpError::ExitedDuringStart {
-            status: exited.map_or_else(|| "unknown status".into(), |s| s.to_string()),
-            tail: engine.log_tail(20),
-            log: engine.log.clone(),
-        }),
-        Ready::TimedOut => Err(UpError::NotReady {
-            secs: kit.engine.ready_timeout_s,
-            tail: engine.log_tail(20),
-            log: engine.log.clone(),
-        }),
-    }
 }
 
 /// The API key for the endpoint from `engine.api_keys` (env var name or file), if any.
