@@ -12,8 +12,8 @@
 #
 # MODE=together (default): both tools load the server at the same time, C=2 streams each, so
 # both see the same server under the same background load (this host is shared: alternating
-# runs a few seconds apart differ by up to 3x). `vllm bench serve` sends VL_PROMPTS=80 requests,
-# C at a time; while they run, `spark-kit bench` runs ROUNDS=6 waves of C streams. Only vLLM
+# runs a few seconds apart differ by up to 3x). `vllm bench serve` sends VL_PROMPTS=240 requests,
+# C at a time; while they run, `spark-kit bench` runs ROUNDS=20 waves of C streams. Only vLLM
 # streams that overlap a spark-kit run (CLOCK_MONOTONIC, the clock of vLLM's start_times) count.
 # MODE=alternate: ROUNDS alternating runs, one wave of C streams per tool per round.
 # Each stream: PROMPT=128 prompt tokens, OUT=256 output tokens (ignore_eos), temperature 0.
@@ -23,9 +23,9 @@ cd "$(dirname "$0")/.."
 C=${C:-2}
 PROMPT=${PROMPT:-128}
 OUT=${OUT:-256}
-ROUNDS=${ROUNDS:-6}
+ROUNDS=${ROUNDS:-20}
 MODE=${MODE:-together}
-VL_PROMPTS=${VL_PROMPTS:-80}
+VL_PROMPTS=${VL_PROMPTS:-240}
 
 # SK=path/to/spark-kit uses that binary instead of building this checkout.
 if [ -z "${SK:-}" ]; then
