@@ -147,13 +147,15 @@ fn serves_chat_and_stream_deterministically_and_stops_clean() {
 
 fn failing_up(extra: &[&str]) -> (i32, String) {
     let logs = tempfile::tempdir().unwrap();
+    let marker = format!("SPARK_KIT_TEST_RUN={}", logs.path().display());
     let mut cmd = spark_kit();
     cmd.args(["up", "--kit", "tiny-cpu", "--set", &format!("paths.logs={}", logs.path().display())]);
-    cmd.args(extra);
-    let before = common::engine_processes();
+    cmd.args(extra).env("SPARK_KIT_TEST_RUN", logs.path());
+    let port =
+        extra.iter().position(|a| *a == "--port").map(|i| format!("--port {}", extra[i + 1])).unwrap_or_default();
     let out = cmd.output().unwrap();
-    let after = common::engine_processes();
-    let leftover: Vec<_> = after.iter().filter(|p| !before.contains(p)).collect();
+    // Whatever this `up` started (its agents carry the marker, its engine the port) is gone.
+    let leftover = common::marked_processes(&marker, &port);
     assert!(leftover.is_empty(), "processes left behind: {leftover:?}");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }

@@ -39,4 +39,4 @@ SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
   PYTHONPATH=python_overlay "$venv/bin/python" -m pytest python_overlay/tests -q -p no:cacheprovider
 
 step "cargo test (unit, integration, end to end)"
-SPARK_KIT_TEST_E2E=1 cargo test --all-targets
+SPARK_KIT_TEST_E2E=1 cargo test --all-targets --no-fail-fast

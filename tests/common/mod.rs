@@ -48,15 +48,6 @@ pub fn group_members(pgid: i32) -> Vec<String> {
     spark_kit::engine::pgroup::members(pgid).into_iter().map(|s| format!("{} ({})", s.pid, s.comm)).collect()
 }
 
-/// Every live process that looks like an engine or vLLM process, as (pid, comm).
-pub fn engine_processes() -> Vec<(i32, String)> {
-    stats()
-        .into_iter()
-        .filter(|s| s.comm.starts_with("VLLM") || s.comm == "spark-kit")
-        .map(|s| (s.pid, s.comm))
-        .collect()
-}
-
 /// Every descendant of `pid` (children, grandchildren, …).
 pub fn descendants(pid: i32) -> Vec<i32> {
     let all = stats();
@@ -76,4 +67,21 @@ pub fn engine_pgid_under(pid: i32) -> Option<i32> {
     descendants(pid).into_iter().find(|p| {
         std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"__engine"))
     })
+}
+
+/// Live processes that carry `marker` in their environment (set on the command a test started,
+/// inherited by its agents) or `needle` in their command line (e.g. `--port 8123` of an engine).
+/// Unrelated processes on a shared machine are not counted.
+pub fn marked_processes(marker: &str, needle: &str) -> Vec<(i32, String)> {
+    stats()
+        .into_iter()
+        .filter(|s| {
+            let env = std::fs::read(format!("/proc/{}/environ", s.pid)).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{}/cmdline", s.pid)).unwrap_or_default();
+            let has = |hay: &[u8], n: &str| !n.is_empty() && hay.windows(n.len()).any(|w| w == n.as_bytes());
+            let cmd_text: Vec<u8> = cmd.iter().map(|b| if *b == 0 { b' ' } else { *b }).collect();
+            has(&env, marker) || has(&cmd_text, needle)
+        })
+        .map(|s| (s.pid, s.comm))
+        .collect()
 }
