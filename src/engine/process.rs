@@ -65,10 +65,14 @@ pub fn spawn(launch: &Launch, base_env: &[(String, String)]) -> Result<Engine, S
     }
     cmd.envs(&launch.env);
     cmd.process_group(0);
-    // SAFETY: runs between fork and exec; prctl is async-signal-safe and touches no Rust state.
+    // SAFETY: runs between fork and exec; prctl and signal(2) are async-signal-safe and touch no
+    // Rust state.
     unsafe {
         cmd.pre_exec(|| {
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+            // The agent ignores SIGINT; the engine (vLLM) gets the default disposition back.
+            nix::sys::signal::signal(Signal::SIGINT, nix::sys::signal::SigHandler::SigDfl)
+                .map_err(std::io::Error::from)?;
             Ok(())
         });
     }
