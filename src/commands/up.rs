@@ -131,6 +131,8 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         std::thread::spawn(move || watch_ready(&snap, started, verbose))
     };
     let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone());
+    // `down` is answered with the final snapshot before the process (and its socket) goes.
+    crate::supervisor::control::wait_answered(Duration::from_secs(5));
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(pid_path(&logs, &kit.name));
     drop(printer);

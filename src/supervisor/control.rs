@@ -4,11 +4,23 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::cluster::{Handles, Snapshot};
 use super::state::State;
+
+/// `down` requests still waiting for their answer; the supervisor lets them finish before it
+/// exits, so `down` always gets the final snapshot.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Wait (at most `limit`) until every `down` request has been answered.
+pub fn wait_answered(limit: Duration) {
+    let until = Instant::now() + limit;
+    while PENDING.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
 /// Paths of a kit's runtime files.
 #[must_use]
@@ -54,6 +66,7 @@ fn answer(conn: UnixStream, h: &Handles) {
             let _ = writeln!(w, "{}", snapshot_json(h));
         }
         "down" => {
+            PENDING.fetch_add(1, Ordering::SeqCst);
             h.stop.store(true, Ordering::SeqCst);
             // Answer once stopped (the process keeps serving this thread until it exits).
             let deadline = Instant::now() + Duration::from_secs(600);
@@ -65,6 +78,8 @@ fn answer(conn: UnixStream, h: &Handles) {
                 std::thread::sleep(Duration::from_millis(200));
             }
             let _ = writeln!(w, "{}", snapshot_json(h));
+            let _ = w.flush();
+            PENDING.fetch_sub(1, Ordering::SeqCst);
         }
         other => {
             let _ = writeln!(w, "{{\"error\":\"unknown request {other:?}\"}}");

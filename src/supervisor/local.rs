@@ -30,7 +30,7 @@ pub struct Prepared {
 /// Why bring-up failed. All are runtime failures (exit 1).
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
-    #[error("engine.runtime `docker` cannot run on this machine's CPU path; use a venv kit (e.g. --kit tiny-cpu)")]
+    #[error("engine.runtime `docker` is not started by `up` yet (its docker run command is built and unit-tested; running it is open work); set engine.runtime=venv with a venv that has vLLM, or use --kit tiny-cpu")]
     Docker,
     #[error("{0}")]
     Setup(#[from] venv::SetupError),
