@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::verify::size;
 use super::{io_failure, load, Context};
 use crate::cli::{DownloadArgs, Only};
 use crate::dirs::Dirs;
@@ -23,7 +24,7 @@ use crate::hub::report::{Reporter, Silent};
 use crate::hub::retry::Backoff;
 use crate::hub::run::{download, EngramTarget, RepoRequest, Request, Summary, Want};
 use crate::hub::{endpoint, HubError};
-use crate::kit::bytes::{ByteSize, GIB, KIB, MIB};
+use crate::kit::bytes::{ByteSize, KIB};
 use crate::kit::schema::{Kit, ModelSource};
 
 /// Seconds between plain progress lines when stderr is not a terminal.
@@ -161,18 +162,6 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         human(&summary, &lock)
     };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))
-}
-
-#[allow(clippy::cast_precision_loss)]
-fn size(bytes: u64) -> String {
-    let b = bytes as f64;
-    if bytes >= GIB {
-        format!("{:.2} GiB", b / GIB as f64)
-    } else if bytes >= MIB {
-        format!("{:.1} MiB", b / MIB as f64)
-    } else {
-        format!("{:.1} KiB", b / KIB as f64)
-    }
 }
 
 #[allow(clippy::cast_precision_loss)]
