@@ -108,6 +108,9 @@ pub struct UpArgs {
     /// Seconds in-flight requests get to finish at shutdown (engine.shutdown_timeout_s).
     #[arg(long, value_name = "SECONDS")]
     pub shutdown_timeout: Option<String>,
+    /// Start without the preflight checks on every node (they stop the bring-up on a failure).
+    #[arg(long)]
+    pub skip_preflight: bool,
     #[command(flatten)]
     pub kit: KitArgs,
 }

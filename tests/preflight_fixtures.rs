@@ -6,10 +6,12 @@
 
 use std::path::PathBuf;
 
+use spark_kit::cluster::protocol::{decode, encode, Event};
 use spark_kit::kit::{self, schema::Kit};
 use spark_kit::node::checks::{Check, Verdict};
+use spark_kit::node::facts::{gather, FactRequest, NodeFacts};
 use spark_kit::node::preflight::{run, PreflightInput};
-use spark_kit::node::{ProbeSource, RecordedProbe, Report};
+use spark_kit::node::{RecordedProbe, Report};
 
 const GIB: u64 = 1 << 30;
 
@@ -34,9 +36,10 @@ fn input() -> PreflightInput {
 /// Run preflight on the 2x Spark kit with the head and worker replayed from fixtures.
 fn preflight(kit: &Kit, head: &str, worker: Option<&str>) -> Report {
     let (head, worker) = (fixture(head), worker.map(fixture));
-    let source = |n: &kit::schema::Node| -> Option<Box<dyn ProbeSource>> {
+    let source = |n: &kit::schema::Node, req: &FactRequest| -> Result<NodeFacts, String> {
         let root = if n.name == "spark-1" { Some(head.clone()) } else { worker.clone() };
-        root.map(|root| Box::new(RecordedProbe { root }) as Box<dyn ProbeSource>)
+        root.map(|root| gather(&RecordedProbe { root }, req))
+            .ok_or_else(|| format!("{}'s node agent: no answer", n.name))
     };
     run(kit, &input(), &source)
 }
@@ -190,19 +193,48 @@ fn mtu_mismatch_fails_parity_and_warns_at_1500() {
 }
 
 #[test]
-fn a_remote_node_without_an_agent_is_not_checked_never_passed() {
+fn a_remote_node_whose_agent_does_not_answer_is_not_checked_never_passed() {
     let r = preflight(&kit_2x(), "gb10-healthy", None);
-    assert_check(&r, "spark-2", "node", Verdict::NotChecked, "not checked: spark-2 is reached over ssh");
+    assert_check(&r, "spark-2", "node", Verdict::NotChecked, "not checked: spark-2's node agent: no answer");
     assert_check(&r, "all", "parity", Verdict::NotChecked, "not checked");
     assert!(r.checks.iter().all(|c| c.node != "spark-2" || c.verdict == Verdict::NotChecked));
     assert_eq!(r.status, Verdict::NotChecked);
 }
 
 #[test]
+fn ssh_is_checked_both_ways() {
+    let r = preflight(&kit_2x(), "gb10-healthy", Some("gb10-healthy-worker"));
+    assert_check(&r, "spark-1", "ssh", Verdict::Pass, "ssh to spark-2 in batch mode works");
+    assert_check(&r, "spark-2", "ssh", Verdict::Pass, "ssh to spark-1 in batch mode works");
+    let r = preflight(&kit_2x(), "gb10-healthy", Some("worker-no-ssh-back"));
+    assert_check(&r, "spark-2", "ssh", Verdict::Fail, "ssh to spark-1 in batch mode failed: ");
+    assert_eq!(r.status, Verdict::Fail);
+}
+
+#[test]
+fn the_facts_survive_the_agent_protocol() {
+    // The worker's facts travel as JSON (protocol Event::Facts): the verdicts must not change.
+    let kit = kit_2x();
+    let direct = preflight(&kit, "gb10-healthy", Some("worker-old-driver"));
+    let source = |n: &kit::schema::Node, req: &FactRequest| -> Result<NodeFacts, String> {
+        let root = fixture(if n.name == "spark-1" { "gb10-healthy" } else { "worker-old-driver" });
+        let facts = gather(&RecordedProbe { root }, req);
+        let line = encode(&Event::Facts { facts: Box::new(facts) }).unwrap();
+        match decode::<Event>(&line).unwrap() {
+            Event::Facts { facts } => Ok(*facts),
+            other => panic!("{other:?}"),
+        }
+    };
+    let wired = run(&kit, &input(), &source);
+    assert_eq!(serde_json::to_value(&direct).unwrap(), serde_json::to_value(&wired).unwrap());
+    assert_eq!(wired.status, Verdict::Fail);
+}
+
+#[test]
 fn a_cpu_kit_skips_the_gpu_checks() {
     let kit = kit::resolve(kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
-    let source = |_: &kit::schema::Node| -> Option<Box<dyn ProbeSource>> {
-        Some(Box::new(RecordedProbe { root: fixture("gb10-healthy") }))
+    let source = |_: &kit::schema::Node, req: &FactRequest| -> Result<NodeFacts, String> {
+        Ok(gather(&RecordedProbe { root: fixture("gb10-healthy") }, req))
     };
     let r = run(&kit, &PreflightInput { disk_path: "/models/tiny".into(), ..PreflightInput::default() }, &source);
     assert_check(&r, "local", "gpu", Verdict::Skip, "the kit runs on the CPU");

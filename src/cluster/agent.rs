@@ -14,6 +14,8 @@ use crate::dirs::Dirs;
 use crate::engine::process::{Engine, LineSink};
 use crate::engine::venv::SetupReporter;
 use crate::kit::schema::{Kit, Role};
+use crate::node::facts::gather;
+use crate::node::probe::LocalProbe;
 use crate::supervisor::health::probe_host;
 use crate::supervisor::{hang, local};
 
@@ -247,6 +249,10 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                     stop(&mut running, drain_s, out);
                 }
                 Ok(Command::CheckFiles { root, files }) => out.emit(&check_files(&dirs.expand(&root), &files)),
+                Ok(Command::Preflight { request }) => {
+                    let facts = gather(&LocalProbe { timeout_s: 10 }, &request);
+                    out.emit(&Event::Facts { facts: Box::new(facts) });
+                }
                 Err(e) => out.emit(&Event::Error { message: e.to_string(), fatal: false }),
             },
             Ok(None) | Err(RecvTimeoutError::Disconnected) => {

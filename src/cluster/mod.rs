@@ -2,6 +2,7 @@
 //! exec), pushing the binary to nodes.
 
 pub mod agent;
+pub mod client;
 pub mod protocol;
 pub mod push;
 pub mod transport;

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::kit::Kit;
+use crate::node::facts::{FactRequest, NodeFacts};
 
 /// Protocol version; both sides refuse other versions.
 pub const VERSION: u32 = 1;
@@ -23,6 +24,8 @@ pub enum Command {
     Stop { drain_s: u64 },
     /// Report presence and size of files (weights check): paths relative to `root`.
     CheckFiles { root: String, files: Vec<String> },
+    /// Gather this node's preflight facts (answered with [`Event::Facts`]).
+    Preflight { request: FactRequest },
 }
 
 /// What an agent reports.
@@ -55,6 +58,8 @@ pub enum Event {
     Stopped { graceful: bool, seconds: f64, survivors: Vec<String> },
     /// Answer to `CheckFiles`: (path, size) for present files, and the missing ones.
     Files { present: Vec<(String, u64)>, missing: Vec<String> },
+    /// Answer to `Preflight`: the node's raw facts; the verdicts are computed by the asker.
+    Facts { facts: Box<NodeFacts> },
     /// The node's memory guard reported something (its event, as JSON).
     Guard { event: serde_json::Value },
     /// Something failed; the agent keeps running unless `fatal`.

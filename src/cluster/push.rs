@@ -49,10 +49,7 @@ pub fn ensure(node: &Node, exe: &Path, sha: &str) -> Result<String, PushError> {
         .output()
         .map_err(|e| PushError::Reach { node: node.name.clone(), why: e.to_string() })?;
     if !out.status.success() && out.stdout.is_empty() {
-        return Err(PushError::Reach {
-            node: node.name.clone(),
-            why: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
+        return Err(PushError::Reach { node: node.name.clone(), why: one_line(&String::from_utf8_lossy(&out.stderr)) });
     }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut lines = text.lines().collect::<Vec<_>>();
@@ -83,11 +80,16 @@ pub fn ensure(node: &Node, exe: &Path, sha: &str) -> Result<String, PushError> {
     } else {
         Err(PushError::Failed {
             node: node.name.clone(),
-            why: format!(
+            why: one_line(&format!(
                 "{} {}",
-                String::from_utf8_lossy(&out.stdout).trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )),
         })
     }
+}
+
+/// Command output as one line (errors are one line).
+fn one_line(text: &str) -> String {
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" | ")
 }

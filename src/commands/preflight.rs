@@ -1,22 +1,31 @@
 //! `spark-kit preflight [--kit K] [--json]`: every check on every node the kit names. Nodes on
-//! this machine (transport `local`) are probed here; remote nodes are "not checked" until the
-//! node agent probes them — never a pass.
+//! this machine (transport `local`) are probed here; the others through a node agent started on
+//! them for the purpose. A node that cannot be reached is "not checked" — never a pass.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use super::verify::checkpoint_for;
 use super::{io_failure, load, Context};
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
 use crate::cli::PreflightArgs;
+use crate::cluster::client::{self, AgentProc};
+use crate::cluster::protocol::{Command, Event};
+use crate::cluster::push;
 use crate::dirs::Dirs;
+use crate::engine::argv::node_ranks;
 use crate::engine::{model, recipe::Recipe, venv};
 use crate::error::Failure;
-use crate::kit::schema::{Kit, Node, Runtime, Transport};
+use crate::kit::schema::{Kit, Runtime, Transport};
 use crate::node::checks::Verdict;
-use crate::node::preflight::{self, PreflightInput, Report};
-use crate::node::probe::{LocalProbe, ProbeSource};
+use crate::node::facts::{gather, NodeFacts};
+use crate::node::preflight::{request_for, PreflightInput, Report};
+use crate::node::probe::LocalProbe;
+use crate::supervisor::bringup::{evaluate, FACTS_TIMEOUT_S};
+use crate::supervisor::local::logs_dir;
 
 /// Weights per rank and on disk, when the kit's checkpoint can be measured (a local
 /// `model.path`, or the modelled DeepSeek V4.1 Flash for the kit that serves it).
@@ -66,10 +75,9 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let kit = &resolved.kit;
     let input = input(kit, &ctx.env);
     let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}", kit.nodes.len(), kit.name);
-    let local = |n: &Node| -> Option<Box<dyn ProbeSource>> {
-        (n.transport == Transport::Local).then(|| Box::new(LocalProbe { timeout_s: 10 }) as Box<dyn ProbeSource>)
-    };
-    let report = preflight::run(kit, &input, &local);
+    let logs = logs_dir(kit, &Dirs::from_env(&ctx.env));
+    let facts = through_agents(kit, &input, &logs);
+    let report = evaluate(kit, &input, &facts);
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
     } else {
@@ -80,14 +88,76 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     match report.status {
         Verdict::Fail => Err(Failure::runtime(format!("preflight failed: {fail} check(s) failed, {warn} warning(s)"))
             .with_hint("each FAIL line above says what to fix")),
-        Verdict::NotChecked => {
-            Err(Failure::runtime(format!("preflight incomplete: {unchecked} check(s) could not run from this machine"))
-                .with_hint(
-                    "remote nodes are checked through the node agent; run `spark-kit preflight` on them meanwhile",
-                ))
-        }
+        Verdict::NotChecked => Err(Failure::runtime(format!(
+            "preflight incomplete: {unchecked} check(s) could not run (a node did not answer)"
+        ))
+        .with_hint(format!("see the node agents' logs in {}", logs.display()))),
         _ => Ok(()),
     }
+}
+
+/// Gather every node's facts: nodes on this machine directly, the others through a node agent
+/// started for the purpose (over the node's transport, the binary pushed when it differs).
+fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<NodeFacts, String>> {
+    let local = |i: usize| kit.nodes[i].transport == Transport::Local;
+    let mut facts: Vec<Result<NodeFacts, String>> = (0..kit.nodes.len())
+        .map(|i| {
+            if local(i) {
+                Ok(gather(&LocalProbe { timeout_s: 10 }, &request_for(kit, &kit.nodes[i], input)))
+            } else {
+                Err(String::new())
+            }
+        })
+        .collect();
+    if kit.nodes.iter().all(|n| n.transport == Transport::Local) {
+        return facts;
+    }
+    let exe_sha = crate::dirs::self_exe()
+        .map_err(|e| e.to_string())
+        .and_then(|exe| push::sha256_file(&exe).map(|sha| (exe, sha)).map_err(|e| e.to_string()));
+    let (tx, rx) = mpsc::channel();
+    let ranks = node_ranks(kit);
+    let mut agents: Vec<Option<AgentProc>> = (0..kit.nodes.len()).map(|_| None).collect();
+    for i in (0..kit.nodes.len()).filter(|i| !local(*i)) {
+        let node = &kit.nodes[i];
+        let log = logs.join(format!("{}-{}-agent.log", kit.name, node.name));
+        let started = exe_sha.clone().and_then(|(exe, sha)| {
+            client::spawn(node, i, ranks[i], &exe, &sha, &log, tx.clone()).map_err(|e| e.to_string())
+        });
+        let mut held = Vec::new();
+        let hello = started.and_then(|mut agent| {
+            let said = client::wait_for(&rx, i, Duration::from_secs(60), &mut held, |ev| {
+                matches!(ev, Event::Hello { .. }).then_some(())
+            });
+            let request = request_for(kit, node, input);
+            let asked = said.and_then(|()| {
+                if agent.send(&Command::Preflight { request }) {
+                    Ok(())
+                } else {
+                    Err("the agent's stdin closed".to_string())
+                }
+            });
+            agents[i] = Some(agent);
+            asked
+        });
+        facts[i] = hello.and_then(|()| {
+            client::wait_for(&rx, i, Duration::from_secs(FACTS_TIMEOUT_S), &mut held, |ev| match ev {
+                Event::Facts { facts } => Some(*facts),
+                _ => None,
+            })
+        });
+        if let Err(why) = &facts[i] {
+            facts[i] = Err(format!("{}'s node agent: {why}", node.name));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for a in agents.iter_mut().flatten() {
+        a.hang_up();
+    }
+    for a in agents.iter_mut().flatten() {
+        a.reap(deadline);
+    }
+    facts
 }
 
 fn human(r: &Report) -> String {

@@ -130,7 +130,8 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         let verbose = args.verbose;
         std::thread::spawn(move || watch_ready(&snap, started, verbose))
     };
-    let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone());
+    let preflight = (!args.skip_preflight).then(|| super::preflight::input(&kit, &ctx.env));
+    let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), preflight.as_ref());
     // `down` is answered with the final snapshot before the process (and its socket) goes.
     crate::supervisor::control::wait_answered(Duration::from_secs(5));
     let _ = std::fs::remove_file(&sock);
@@ -270,7 +271,12 @@ pub fn restart(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    let detached =
-        UpArgs { verbose: false, detach: true, shutdown_timeout: args.shutdown_timeout.clone(), kit: args.kit.clone() };
+    let detached = UpArgs {
+        verbose: false,
+        detach: true,
+        shutdown_timeout: args.shutdown_timeout.clone(),
+        skip_preflight: args.skip_preflight,
+        kit: args.kit.clone(),
+    };
     run(&detached, ctx)
 }

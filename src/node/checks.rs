@@ -263,11 +263,14 @@ fn leftovers(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
     } else {
         let n = found.len();
         let shown: Vec<String> = found.into_iter().take(5).collect();
-        o.fail(
-            "leftovers",
-            format!("{n} leftover engine/GPU process(es): {}", shown.join(", ")),
-            "stop them (`spark-kit down`, or kill their process group) and wait for MemAvailable to recover",
-        );
+        let fix = "stop them (`spark-kit down`, or kill their process group) and wait for MemAvailable to recover";
+        if spec.gpu {
+            o.fail("leftovers", format!("{n} leftover engine/GPU process(es): {}", shown.join(", ")), fix);
+        } else {
+            // A CPU kit's engine memory is ordinary memory the kernel can see and reclaim: another
+            // vLLM on this machine only competes for cores.
+            o.warn("leftovers", format!("{n} other vLLM/Ray process(es) on this node: {}", shown.join(", ")), fix);
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The raw facts of one node, gathered through a [`ProbeSource`]. Gathering does I/O; every
 //! verdict over the facts ([`super::checks`]) is pure.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::probe::{ProbeError, ProbeSource};
 
@@ -9,7 +9,7 @@ use super::probe::{ProbeError, ProbeSource};
 pub type Probed = Result<String, ProbeError>;
 
 /// One GID table entry from `/sys/class/infiniband/<hca>/ports/<port>/gids/<index>`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GidEntry {
     pub port: u32,
     pub index: u32,
@@ -21,19 +21,15 @@ pub struct GidEntry {
 }
 
 /// The link facts of the node's fabric interface and HCA.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct FabricFacts {
     pub interface: Option<String>,
     pub hca: Option<String>,
     /// `/sys/class/net/<if>/operstate`, `speed` (Mb/s), `mtu`.
-    #[serde(skip)]
     pub operstate: Option<Probed>,
-    #[serde(skip)]
     pub speed: Option<Probed>,
-    #[serde(skip)]
     pub mtu: Option<Probed>,
     /// `ip -4 -o addr show <if>`.
-    #[serde(skip)]
     pub ip_addr: Option<Probed>,
     /// The GID table of every port of the HCA (empty when none could be read).
     pub gids: Vec<GidEntry>,
@@ -43,8 +39,8 @@ pub struct FabricFacts {
     pub port_states: Vec<(u32, String)>,
 }
 
-/// Everything preflight looks at on one node.
-#[derive(Debug, Clone)]
+/// Everything preflight looks at on one node (sent by a node agent as JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeFacts {
     pub uname_m: Probed,
     pub uname_r: Probed,
@@ -67,7 +63,7 @@ pub struct NodeFacts {
     pub weights_present: bool,
     pub fabric: FabricFacts,
     /// `(port, what, free?)` for the ports this node must bind.
-    pub ports: Vec<(u32, &'static str, Result<bool, ProbeError>)>,
+    pub ports: Vec<(u32, String, Result<bool, ProbeError>)>,
     /// `(target node, ssh result)` for each node this node must reach over ssh.
     pub ssh: Vec<(String, Probed)>,
     /// `timedatectl show -p NTPSynchronized --value`.
@@ -76,8 +72,8 @@ pub struct NodeFacts {
     pub nft: Probed,
 }
 
-/// What to gather on a node beyond the fixed set.
-#[derive(Debug, Clone, Default)]
+/// What to gather on a node beyond the fixed set (sent to a node agent as JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FactRequest {
     pub interface: Option<String>,
     pub hca: Option<String>,
@@ -85,7 +81,7 @@ pub struct FactRequest {
     pub vllm_python: Option<String>,
     /// Where the weights live (or will).
     pub disk_path: String,
-    pub ports: Vec<(String, u32, &'static str)>,
+    pub ports: Vec<(String, u32, String)>,
     /// ssh targets: `(node name, argv of an ssh call that runs `true`)`.
     pub ssh: Vec<(String, Vec<String>)>,
 }
@@ -122,7 +118,7 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
         disk_path: req.disk_path.clone(),
         weights_present,
         fabric: fabric(p, req),
-        ports: req.ports.iter().map(|(host, port, what)| (*port, *what, p.port_free(host, *port))).collect(),
+        ports: req.ports.iter().map(|(host, port, what)| (*port, what.clone(), p.port_free(host, *port))).collect(),
         ssh: req
             .ssh
             .iter()

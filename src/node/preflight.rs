@@ -1,14 +1,13 @@
-//! The preflight runner: for each node of the kit, gather facts through that node's probe
-//! source and run the checks; then compare nodes. A node with no probe source (a remote node
-//! before the node agent reaches it) gets a "not checked" verdict, never a pass.
+//! The preflight runner: for each node of the kit, gather facts on that node (here, or through
+//! its node agent) and run the checks; then compare nodes. A node that cannot be reached gets a
+//! "not checked" verdict, never a pass.
 
 use std::net::Ipv4Addr;
 
 use serde::Serialize;
 
 use super::checks::{cross_checks, node_checks, Check, NodeSpec, Verdict};
-use super::facts::{gather, FactRequest, NodeFacts};
-use super::probe::ProbeSource;
+use super::facts::{FactRequest, NodeFacts};
 use crate::kit::schema::{Kit, Node, Role, Transport};
 
 /// What preflight knows besides the kit.
@@ -75,28 +74,18 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
 pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactRequest {
     let mut ports = Vec::new();
     if node.role == Role::Head {
-        ports.push((kit.engine.host.clone(), kit.engine.port, "API"));
+        ports.push((kit.engine.host.clone(), kit.engine.port, "API".into()));
         if kit.nodes.len() > 1 {
             let host = node.fabric.ipv4.clone().unwrap_or_else(|| "0.0.0.0".into());
-            ports.push((host, kit.engine.master_port, "master (torch.distributed)"));
+            ports.push((host, kit.engine.master_port, "master (torch.distributed)".into()));
         }
     }
+    // ssh both ways: the head reaches every ssh worker, and every ssh worker reaches the head
+    // (each node's `ssh_*` fields say how to reach *that* node).
     let ssh = if node.role == Role::Head {
-        kit.nodes
-            .iter()
-            .filter(|n| n.transport == Transport::Ssh)
-            .map(|n| {
-                let host = n.ssh_host.clone().unwrap_or_else(|| n.name.clone());
-                let target = n.ssh_user.as_ref().map_or(host.clone(), |u| format!("{u}@{host}"));
-                let mut argv: Vec<String> =
-                    ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-p"].map(String::from).to_vec();
-                argv.push(n.ssh_port.to_string());
-                argv.extend(n.ssh_options.iter().cloned());
-                argv.push(target);
-                argv.push("true".into());
-                (n.name.clone(), argv)
-            })
-            .collect()
+        kit.nodes.iter().filter(|n| n.transport == Transport::Ssh).map(ssh_probe).collect()
+    } else if node.transport == Transport::Ssh {
+        kit.nodes.iter().filter(|n| n.role == Role::Head).map(ssh_probe).collect()
     } else {
         Vec::new()
     };
@@ -110,36 +99,47 @@ pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactReques
     }
 }
 
-/// Run preflight. `source` gives the probe source of a node, or `None` when it cannot be
-/// reached from here.
-pub fn run<'a>(
+/// `(node name, argv of a batch-mode ssh call into `n` that runs `true`)`. A node without
+/// `ssh_host` is reached at its fabric address, else by its name.
+fn ssh_probe(n: &Node) -> (String, Vec<String>) {
+    let host = n.ssh_host.clone().or_else(|| n.fabric.ipv4.clone()).unwrap_or_else(|| n.name.clone());
+    let target = n.ssh_user.as_ref().map_or(host.clone(), |u| format!("{u}@{host}"));
+    let mut argv: Vec<String> =
+        ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-p"].map(String::from).to_vec();
+    argv.push(n.ssh_port.to_string());
+    argv.extend(n.ssh_options.iter().cloned());
+    argv.push(target);
+    argv.push("true".into());
+    (n.name.clone(), argv)
+}
+
+/// Run preflight. `facts` gathers a node's facts for a request (here, or on the node through its
+/// agent), or says why it could not.
+pub fn run(
     kit: &Kit,
     input: &PreflightInput,
-    source: &dyn Fn(&Node) -> Option<Box<dyn ProbeSource + 'a>>,
+    facts_of: &dyn Fn(&Node, &FactRequest) -> Result<NodeFacts, String>,
 ) -> Report {
     let mut checks = Vec::new();
     let mut facts: Vec<(String, NodeFacts)> = Vec::new();
     let mut unreachable = false;
     for node in &kit.nodes {
-        match source(node) {
-            Some(p) => {
-                let f = gather(p.as_ref(), &request_for(kit, node, input));
+        match facts_of(node, &request_for(kit, node, input)) {
+            Ok(f) => {
                 checks.extend(node_checks(&spec_for(kit, node, input), &f));
                 facts.push((node.name.clone(), f));
             }
-            None => {
+            Err(why) => {
                 unreachable = true;
                 checks.push(Check {
                     node: node.name.clone(),
                     id: "node",
                     verdict: Verdict::NotChecked,
-                    message: format!(
-                        "not checked: {} is reached over {}; its checks (and ssh back to the head) need the node agent",
-                        node.name,
-                        transport_name(node.transport)
-                    ),
+                    message: format!("not checked: {why}"),
                     fix: Some(format!(
-                        "run `spark-kit preflight` on {} itself until the node agent runs it",
+                        "make {} reachable over {} (see `spark-kit logs --node {}`), then run preflight again",
+                        node.name,
+                        transport_name(node.transport),
                         node.name
                     )),
                 });
@@ -156,7 +156,7 @@ pub fn run<'a>(
             verdict: Verdict::NotChecked,
             message: "driver/kernel/spark-kit/vLLM parity and MTU on both ends: not checked, not every node answered"
                 .into(),
-            fix: Some("needs every node's facts (node agent)".into()),
+            fix: Some("every node must answer; see the not-checked lines above".into()),
         });
     }
     let status = if checks.iter().any(|c| c.verdict == Verdict::Fail) {

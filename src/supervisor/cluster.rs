@@ -3,9 +3,8 @@
 //! state machine, and a status snapshot for `status` / `down` over the control socket.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -13,13 +12,15 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::hang;
 use super::health::{base_url, probe_host};
 use super::state::{Action, Input, Machine, Policy, State};
-use crate::cluster::protocol::{decode, encode, Command, Event};
+use super::{bringup, hang};
+use crate::cluster::client::{self, AgentProc, Msg};
+use crate::cluster::protocol::{Command, Event};
 use crate::cluster::{push, transport};
 use crate::engine::argv::node_ranks;
 use crate::kit::schema::{Kit, Role};
+use crate::node::preflight::PreflightInput;
 
 /// Human progress of the supervisor (the front end prints it).
 pub trait ClusterReporter: Send + Sync {
@@ -66,21 +67,11 @@ pub enum ClusterError {
     #[error("cannot find the spark-kit executable: {0}")]
     SelfExe(std::io::Error),
     #[error(transparent)]
-    Push(#[from] push::PushError),
-    #[error("cannot start the agent for node {node}: {why}")]
-    Agent { node: String, why: String },
+    Agent(#[from] client::AgentError),
+    #[error("{0}")]
+    Preflight(String),
     #[error("node {node}'s agent did not answer within {secs} s (see {log})")]
     NoHello { node: String, secs: u64, log: String },
-}
-
-enum Msg {
-    Event(usize, Event),
-    Lost(usize),
-}
-
-struct Agent {
-    child: Child,
-    stdin: Option<ChildStdin>,
 }
 
 /// Shared handles: the snapshot others read, and the stop flag others set.
@@ -96,7 +87,7 @@ struct Sup<'a> {
     sha: String,
     logs: PathBuf,
     rep: &'a dyn ClusterReporter,
-    agents: Vec<Option<Agent>>,
+    agents: Vec<Option<AgentProc>>,
     tx: Sender<Msg>,
     h: Handles,
     clock: Instant,
@@ -112,7 +103,14 @@ struct Sup<'a> {
 }
 
 /// Run the deployment until stopped; returns the exit code.
-pub fn run(kit: &Kit, logs: &Path, policy: Policy, rep: &dyn ClusterReporter, h: Handles) -> Result<i32, ClusterError> {
+pub fn run(
+    kit: &Kit,
+    logs: &Path,
+    policy: Policy,
+    rep: &dyn ClusterReporter,
+    h: Handles,
+    preflight: Option<&PreflightInput>,
+) -> Result<i32, ClusterError> {
     let exe = crate::dirs::self_exe().map_err(ClusterError::SelfExe)?;
     let sha = push::sha256_file(&exe).map_err(ClusterError::SelfExe)?;
     let (tx, rx) = mpsc::channel();
@@ -140,6 +138,10 @@ pub fn run(kit: &Kit, logs: &Path, policy: Policy, rep: &dyn ClusterReporter, h:
         sup.spawn_agent(i)?;
     }
     sup.wait_hello(&rx)?;
+    match preflight {
+        Some(input) => sup.preflight(&rx, input)?,
+        None => rep.line("==> preflight skipped (--skip-preflight)"),
+    }
     sup.start_all(&rx);
     let mut restart_at: Option<(Instant, Instant)> = None;
     loop {
@@ -240,47 +242,14 @@ impl Sup<'_> {
 
     fn spawn_agent(&mut self, i: usize) -> Result<(), ClusterError> {
         let node = &self.kit.nodes[i];
-        let bin = push::ensure(node, &self.exe, &self.sha)?;
         let rank = node_ranks(self.kit)[i];
-        let argv = vec![bin, "node".to_string(), "--rank".into(), rank.to_string()];
-        let _ = std::fs::create_dir_all(&self.logs);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.agent_log(i))
-            .map_err(|e| ClusterError::Agent { node: node.name.clone(), why: e.to_string() })?;
-        let mut child = transport::command(node, &argv)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| ClusterError::Agent { node: node.name.clone(), why: e.to_string() })?;
-        let stdout = child.stdout.take();
-        let stdin = child.stdin.take();
-        let tx = self.tx.clone();
-        std::thread::spawn(move || {
-            if let Some(out) = stdout {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if let Ok(ev) = decode::<Event>(&line) {
-                        if tx.send(Msg::Event(i, ev)).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-            let _ = tx.send(Msg::Lost(i));
-        });
-        self.agents[i] = Some(Agent { child, stdin });
+        let agent = client::spawn(node, i, rank, &self.exe, &self.sha, &self.agent_log(i), self.tx.clone())?;
+        self.agents[i] = Some(agent);
         Ok(())
     }
 
     fn send(&mut self, i: usize, cmd: &Command) -> bool {
-        let Some(agent) = self.agents[i].as_mut() else { return false };
-        let Some(stdin) = agent.stdin.as_mut() else { return false };
-        match encode(cmd) {
-            Ok(line) => writeln!(stdin, "{line}").and_then(|()| stdin.flush()).is_ok(),
-            Err(_) => false,
-        }
+        self.agents[i].as_mut().is_some_and(|a| a.send(cmd))
     }
 
     fn wait_hello(&mut self, rx: &Receiver<Msg>) -> Result<(), ClusterError> {
@@ -311,6 +280,31 @@ impl Sup<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Preflight on every node through its agent; a failure stops the bring-up.
+    fn preflight(&mut self, rx: &Receiver<Msg>, input: &PreflightInput) -> Result<(), ClusterError> {
+        self.rep.line("==> preflight on every node");
+        let mut held = Vec::new();
+        let agents = &mut self.agents;
+        let facts = bringup::gather_all(
+            self.kit,
+            input,
+            rx,
+            &mut |i, cmd| agents[i].as_mut().is_some_and(|a| a.send(cmd)),
+            &mut held,
+        );
+        for m in held {
+            let _ = self.tx.send(m);
+        }
+        let report = bringup::evaluate(self.kit, input, &facts);
+        for line in bringup::report_lines(&report) {
+            self.rep.line(&line);
+        }
+        bringup::gate(&report).map_err(|e| {
+            self.close_agents();
+            ClusterError::Preflight(e)
+        })
     }
 
     fn no_hello(&mut self, i: usize, secs: u64) -> ClusterError {
@@ -380,20 +374,11 @@ impl Sup<'_> {
 
     fn close_agents(&mut self) {
         for a in self.agents.iter_mut().flatten() {
-            a.stdin.take();
+            a.hang_up();
         }
         let deadline = Instant::now() + Duration::from_secs(u64::from(self.kit.engine.shutdown_timeout_s) + 20);
         for a in self.agents.iter_mut().flatten() {
-            while Instant::now() < deadline {
-                if a.child.try_wait().ok().flatten().is_some() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if a.child.try_wait().ok().flatten().is_none() {
-                let _ = a.child.kill();
-                let _ = a.child.wait();
-            }
+            a.reap(deadline);
         }
     }
 
@@ -519,7 +504,7 @@ impl Sup<'_> {
                     return vec![Input::StartFailed { node: name, why: message }];
                 }
             }
-            Event::Files { .. } => {}
+            Event::Files { .. } | Event::Facts { .. } => {}
             Event::Guard { event } => {
                 let kind = event.get("event").and_then(serde_json::Value::as_str).unwrap_or_default();
                 // Actions and floor crossings matter to the operator; samples and notes go to the log.

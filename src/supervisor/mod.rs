@@ -1,5 +1,6 @@
 //! Bringing a deployment up and keeping it alive.
 
+pub mod bringup;
 pub mod cluster;
 pub mod control;
 pub mod hang;

@@ -1,0 +1,132 @@
+//! Bring-up gates run through the node agents before any engine starts: preflight on every node
+//! (facts gathered on the node, verdicts computed here) and weight presence on every node.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use crate::cluster::client::Msg;
+use crate::cluster::protocol::{Command, Event};
+use crate::kit::schema::Kit;
+use crate::node::checks::Verdict;
+use crate::node::facts::NodeFacts;
+use crate::node::preflight::{self, PreflightInput, Report};
+
+/// Seconds a node may take to gather its facts (ssh probes time out after 5 s each).
+pub const FACTS_TIMEOUT_S: u64 = 120;
+
+/// Ask every agent for its facts at once and collect the answers; `send(i, cmd)` reaches agent
+/// `i`. Messages that are not answers are handed back in `held` for the caller to process.
+pub fn gather_all(
+    kit: &Kit,
+    input: &PreflightInput,
+    rx: &Receiver<Msg>,
+    send: &mut dyn FnMut(usize, &Command) -> bool,
+    held: &mut Vec<Msg>,
+) -> Vec<Result<NodeFacts, String>> {
+    let n = kit.nodes.len();
+    let mut got: Vec<Option<Result<NodeFacts, String>>> = (0..n).map(|_| None).collect();
+    for (i, node) in kit.nodes.iter().enumerate() {
+        let request = preflight::request_for(kit, node, input);
+        if !send(i, &Command::Preflight { request }) {
+            got[i] = Some(Err(format!("{} has no agent connection", node.name)));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(FACTS_TIMEOUT_S);
+    while got.iter().any(Option::is_none) {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(Msg::Event(i, Event::Facts { facts })) if got[i].is_none() => got[i] = Some(Ok(*facts)),
+            Ok(Msg::Event(i, Event::Error { message, .. })) if got[i].is_none() => got[i] = Some(Err(message)),
+            Ok(Msg::Lost(i)) if got[i].is_none() => {
+                got[i] = Some(Err(format!("the agent of {} went away", kit.nodes[i].name)));
+                held.push(Msg::Lost(i));
+            }
+            Ok(other) => held.push(other),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    got.into_iter()
+        .enumerate()
+        .map(|(i, g)| {
+            g.unwrap_or_else(|| {
+                Err(format!("{} did not report its facts within {FACTS_TIMEOUT_S} s", kit.nodes[i].name))
+            })
+        })
+        .collect()
+}
+
+/// The report over gathered facts (pure).
+#[must_use]
+pub fn evaluate(kit: &Kit, input: &PreflightInput, facts: &[Result<NodeFacts, String>]) -> Report {
+    preflight::run(kit, input, &|node, _| {
+        let i = kit.nodes.iter().position(|n| n.name == node.name).unwrap_or(usize::MAX);
+        facts.get(i).cloned().unwrap_or_else(|| Err(format!("{} is not in the kit", node.name)))
+    })
+}
+
+/// Lines for the operator: every check that is not a plain pass, then a summary.
+#[must_use]
+pub fn report_lines(r: &Report) -> Vec<String> {
+    let mut lines = Vec::new();
+    for c in &r.checks {
+        if matches!(c.verdict, Verdict::Warn | Verdict::Fail | Verdict::NotChecked) {
+            let fix = c.fix.as_deref().map(|f| format!("; fix: {f}")).unwrap_or_default();
+            lines.push(format!("    {}: preflight {}: {}: {}{fix}", c.node, c.id, c.verdict.label(), c.message));
+        }
+    }
+    let (pass, warn, fail, unchecked) = r.counts();
+    lines.push(format!("    preflight: {pass} pass, {warn} warn, {fail} fail, {unchecked} not checked"));
+    lines
+}
+
+/// `Err(one line)` when the report must stop the bring-up (a failure, or a node not checked).
+pub fn gate(r: &Report) -> Result<(), String> {
+    if r.status == Verdict::Pass {
+        return Ok(());
+    }
+    let bad: Vec<String> = r
+        .checks
+        .iter()
+        .filter(|c| matches!(c.verdict, Verdict::Fail | Verdict::NotChecked))
+        .map(|c| format!("{} {}: {}", c.node, c.id, c.message))
+        .collect();
+    Err(format!("preflight failed ({} problem(s)): {}", bad.len(), bad.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::checks::Check;
+
+    fn report(verdicts: &[Verdict]) -> Report {
+        let checks = verdicts
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Check {
+                node: format!("n{i}"),
+                id: "memory",
+                verdict: *v,
+                message: format!("m{i}"),
+                fix: Some("f".into()),
+            })
+            .collect();
+        let status = if verdicts.contains(&Verdict::Fail) {
+            Verdict::Fail
+        } else if verdicts.contains(&Verdict::NotChecked) {
+            Verdict::NotChecked
+        } else {
+            Verdict::Pass
+        };
+        Report { kit: "k".into(), status, checks }
+    }
+
+    #[test]
+    fn gate_passes_warnings_and_stops_failures() {
+        assert!(gate(&report(&[Verdict::Pass, Verdict::Warn])).is_ok());
+        let e = gate(&report(&[Verdict::Pass, Verdict::Fail, Verdict::NotChecked])).unwrap_err();
+        assert!(e.starts_with("preflight failed (2 problem(s)): n1 memory: m1; n2 memory: m2"), "{e}");
+        let lines = report_lines(&report(&[Verdict::Pass, Verdict::Warn]));
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("n1: preflight memory: warn: m1; fix: f"), "{lines:?}");
+        assert!(lines[1].ends_with("1 pass, 1 warn, 0 fail, 0 not checked"), "{lines:?}");
+    }
+}
