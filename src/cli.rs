@@ -45,6 +45,9 @@ pub enum Command {
     /// (internal) The engine process: embedded Python running vLLM. Started by `up`.
     #[command(name = "__engine", hide = true)]
     Engine(EngineArgs),
+    /// (internal) Run a copy program (rsync) with the page cache of its files kept under a cap.
+    #[command(name = "__cache-capped", hide = true)]
+    CacheCapped(CacheCappedArgs),
     /// Download the kit's model and Engram files from the Hub into the HF cache, verified (resumable).
     Download(DownloadArgs),
     /// Check the downloaded files against spark-kit.lock (SHA-256; --fast: sizes); `--structure` audits the EXL3 headers.
@@ -163,6 +166,16 @@ pub struct EngineArgs {
     /// Arguments for `vllm` (after `--`).
     #[arg(last = true, required = true)]
     pub vllm: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CacheCappedArgs {
+    /// Page cache (bytes) the program's files may keep.
+    #[arg(long)]
+    pub cap: u64,
+    /// The program and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
 }
 
 /// Which repo `download --only` fetches.

@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;
+pub mod clock;
 pub mod cluster;
 pub mod commands;
 pub mod dirs;
@@ -17,3 +18,4 @@ pub mod memguard;
 pub mod node;
 pub mod plan;
 pub mod supervisor;
+pub mod weights;

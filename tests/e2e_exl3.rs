@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{free_port, group_members, spark_kit, venv_python};
+use spark_kit::engine::process::untagged;
 
 fn enabled() -> bool {
     if std::env::var_os("SPARK_KIT_TEST_E2E").is_some() {
@@ -124,7 +125,7 @@ fn served_model(log: &str) -> PathBuf {
 /// lines and whether it logged the first EXL3 forward.
 fn exl3_activity(log: &str) -> BTreeMap<String, (usize, bool)> {
     let mut per = BTreeMap::new();
-    for line in log.lines() {
+    for line in log.lines().map(untagged) {
         let Some(head) = line.strip_prefix('(') else { continue };
         let Some((who, _)) = head.split_once(')') else { continue };
         if !who.starts_with("Worker") && !who.contains("Worker_TP") {

@@ -22,22 +22,35 @@ pub fn wrap(node: &Node, argv: &[String]) -> Vec<String> {
         Transport::Local => argv.to_vec(),
         Transport::Exec => node.exec_prefix.iter().cloned().chain(argv.iter().cloned()).collect(),
         Transport::Ssh => {
-            let mut out: Vec<String> =
-                ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5"]
-                    .iter()
-                    .map(|s| (*s).to_string())
-                    .collect();
-            out.extend(["-o".into(), "ServerAliveCountMax=3".into(), "-p".into(), node.ssh_port.to_string()]);
-            out.extend(node.ssh_options.iter().cloned());
-            let host = node.ssh_host.clone().unwrap_or_default();
-            out.push(match &node.ssh_user {
-                Some(u) if !u.is_empty() => format!("{u}@{host}"),
-                _ => host,
-            });
+            let mut out = ssh_base(node);
+            out.push(ssh_target(node));
             out.push("--".into());
             out.push(argv.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "));
             out
         }
+    }
+}
+
+/// The OpenSSH client with spark-kit's options and the node's own: batch mode (never a password
+/// prompt), connect timeout, keep-alives, port, `ssh_options`. Without the target.
+#[must_use]
+pub fn ssh_base(node: &Node) -> Vec<String> {
+    let mut out: Vec<String> = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5"]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
+    out.extend(["-o".into(), "ServerAliveCountMax=3".into(), "-p".into(), node.ssh_port.to_string()]);
+    out.extend(node.ssh_options.iter().cloned());
+    out
+}
+
+/// `user@host` (or `host`) of an ssh node.
+#[must_use]
+pub fn ssh_target(node: &Node) -> String {
+    let host = node.ssh_host.clone().unwrap_or_default();
+    match &node.ssh_user {
+        Some(u) if !u.is_empty() => format!("{u}@{host}"),
+        _ => host,
     }
 }
 

@@ -1,5 +1,5 @@
 //! `spark-kit logs [--node N] [-f] [-n LINES]`: the engine logs, read on each node through its
-//! transport (`tail`), lines prefixed with the node name.
+//! transport (`tail`). Every line carries its time, node and rank (written so by the agent).
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -36,18 +36,16 @@ pub fn run(args: &LogsArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| Failure::runtime(format!("cannot read logs of node {}: {e}", node.name)))?;
-        for stream in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        // Log lines carry their node and rank already; what `tail` itself says gets the node name.
+        for (stream, prefix) in [
+            (child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), String::new()),
+            (child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), format!("[{}] ", node.name)),
+        ] {
+            let Some(stream) = stream else { continue };
             let tx = tx.clone();
-            let tag = node.name.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    if tx.send(format!("[{tag}] {line}")).is_err() {
+                    if tx.send(format!("{prefix}{line}")).is_err() {
                         return;
                     }
                 }

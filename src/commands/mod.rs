@@ -4,6 +4,7 @@
 //! only `main.rs` touches the real stdout/stderr and exits.
 
 pub mod bench;
+pub mod cache_capped;
 pub mod completions;
 pub mod config;
 pub mod download;
@@ -51,6 +52,7 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Command::Restart(args) => up::restart(&args, ctx),
         Command::Node(args) => node::run(&args, ctx),
         Command::Engine(args) => engine::run(&args, ctx),
+        Command::CacheCapped(args) => cache_capped::run(&args),
         Command::Download(args) => download::run(&args, ctx),
         Command::Verify(args) => verify::run(&args, ctx),
         Command::Plan(args) => plan::run(&args, ctx),

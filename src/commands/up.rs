@@ -14,10 +14,11 @@ use crate::dirs::Dirs;
 use crate::error::Failure;
 use crate::kit::schema::{Kit, Role, Transport};
 use crate::kit::{Origin, Override};
-use crate::supervisor::cluster::{self, ClusterReporter, Handles, Snapshot};
+use crate::supervisor::cluster::{self, ClusterReporter, Gates, Handles, Snapshot};
 use crate::supervisor::control::{pid_path, request, serve, socket_path};
 use crate::supervisor::local::{check_port, logs_dir, UpError};
 use crate::supervisor::state::{Policy, State};
+use crate::weights::listing::weights_root;
 
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
@@ -130,8 +131,17 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         let verbose = args.verbose;
         std::thread::spawn(move || watch_ready(&snap, started, verbose))
     };
-    let preflight = (!args.skip_preflight).then(|| super::preflight::input(&kit, &ctx.env));
-    let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), preflight.as_ref());
+    let hf = crate::engine::model::hf_cache(
+        kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p)).as_deref(),
+        &ctx.env,
+        &dirs.home,
+    );
+    let gates = Gates {
+        preflight: (!args.skip_preflight).then(|| super::preflight::input(&kit, &ctx.env)),
+        weights_root: weights_root(&kit, &hf).map(|p| dirs.expand(&p.to_string_lossy())),
+        home: dirs.home.clone(),
+    };
+    let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), &gates);
     // `down` is answered with the final snapshot before the process (and its socket) goes.
     crate::supervisor::control::wait_answered(Duration::from_secs(5));
     let _ = std::fs::remove_file(&sock);
@@ -159,8 +169,8 @@ fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool) {
                 if let Some(log) = &n.engine_log {
                     if !tails.contains(log) && std::path::Path::new(log).exists() {
                         tails.push(log.clone());
-                        let (log, tag) = (log.clone(), n.name.clone());
-                        std::thread::spawn(move || tail_file(&log, &tag));
+                        let log = log.clone();
+                        std::thread::spawn(move || tail_file(&log));
                     }
                 }
             }
@@ -180,7 +190,8 @@ fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool) {
     }
 }
 
-fn tail_file(path: &str, tag: &str) {
+/// Print new lines of a local engine log (they carry their node and rank tags).
+fn tail_file(path: &str) {
     use std::io::{BufRead, Seek};
     let Ok(mut f) = std::fs::File::open(path) else { return };
     let _ = f.seek(std::io::SeekFrom::End(0));
@@ -191,7 +202,7 @@ fn tail_file(path: &str, tag: &str) {
         match r.read_line(&mut line) {
             Ok(0) => std::thread::sleep(Duration::from_millis(200)),
             Ok(_) => {
-                let _ = writeln!(std::io::stderr(), "[{tag}] {}", line.trim_end());
+                let _ = writeln!(std::io::stderr(), "{}", line.trim_end());
             }
             Err(_) => return,
         }

@@ -28,6 +28,8 @@ pub struct Launch {
     /// Added to a minimal base environment (PATH, HOME, LANG, TERM, USER, TMPDIR).
     pub env: BTreeMap<String, String>,
     pub log: PathBuf,
+    /// Tag written before every line in the log: node and rank(s), e.g. `node-b/r1`.
+    pub tag: String,
     pub sink: Option<LineSink>,
 }
 
@@ -81,10 +83,10 @@ pub fn spawn(launch: &Launch, base_env: &[(String, String)]) -> Result<Engine, S
     let log = Arc::new(Mutex::new(log));
     let mut pumps = Vec::new();
     if let Some(out) = child.stdout.take() {
-        pumps.push(pump(out, Arc::clone(&log), launch.sink.clone()));
+        pumps.push(pump(out, format!("{} out", launch.tag), Arc::clone(&log), launch.sink.clone()));
     }
     if let Some(err) = child.stderr.take() {
-        pumps.push(pump(err, Arc::clone(&log), launch.sink.clone()));
+        pumps.push(pump(err, format!("{} err", launch.tag), Arc::clone(&log), launch.sink.clone()));
     }
     Ok(Engine { child, pgid, log: launch.log.clone(), pumps })
 }
@@ -134,8 +136,30 @@ impl RotatingLog {
     }
 }
 
+/// One log line as written to the file: `<UTC time> <node>/r<rank> <out|err>| <line>`.
+#[must_use]
+pub fn tagged(time: &str, tag: &str, line: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(line.len() + tag.len() + 32);
+    v.extend_from_slice(time.as_bytes());
+    v.push(b' ');
+    v.extend_from_slice(tag.as_bytes());
+    v.extend_from_slice(b"| ");
+    v.extend_from_slice(line);
+    if !line.ends_with(b"\n") {
+        v.push(b'\n');
+    }
+    v
+}
+
+/// The engine's own text of a tagged log line (the line itself when it has no tag).
+#[must_use]
+pub fn untagged(line: &str) -> &str {
+    line.split_once("| ").filter(|(head, _)| head.ends_with(" out") || head.ends_with(" err")).map_or(line, |(_, l)| l)
+}
+
 fn pump(
     stream: impl Read + Send + 'static,
+    tag: String,
     log: Arc<Mutex<RotatingLog>>,
     sink: Option<LineSink>,
 ) -> thread::JoinHandle<()> {
@@ -147,8 +171,9 @@ fn pump(
             match reader.read_until(b'\n', &mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
+                    let line = tagged(&crate::clock::now_rfc3339(), &tag, &buf);
                     if let Ok(mut f) = log.lock() {
-                        let _ = f.write(&buf);
+                        let _ = f.write(&line);
                     }
                     if let Some(s) = &sink {
                         s(String::from_utf8_lossy(&buf).trim_end());
@@ -233,6 +258,16 @@ pub fn log_path(logs: &Path, kit: &str, node: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_are_tagged_with_time_node_rank_and_stream() {
+        let l = tagged("2026-12-02T16:21:03.123Z", "node-b/r1 err", b"(Worker pid=7) INFO ready\n");
+        let s = String::from_utf8(l).unwrap();
+        assert_eq!(s, "2026-12-02T16:21:03.123Z node-b/r1 err| (Worker pid=7) INFO ready\n");
+        assert_eq!(untagged(s.trim_end()), "(Worker pid=7) INFO ready");
+        assert_eq!(untagged("plain | text"), "plain | text");
+        assert!(tagged("t", "a/r0 out", b"no newline").ends_with(b"no newline\n"));
+    }
 
     #[test]
     fn log_rotates_by_size_and_keeps_n() {

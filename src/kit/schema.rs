@@ -67,7 +67,7 @@ pub enum ModelSource {
 }
 
 /// The model checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Model {
     /// Where the weights come from.
@@ -84,6 +84,39 @@ pub struct Model {
     pub files: Vec<ExpectedFile>,
     /// Expected bits per weight (K) by matrix class, reported against the trellis by `verify --structure`.
     pub k_map: BTreeMap<String, f64>,
+    /// How the weights reach the other nodes before `up` starts an engine (`hub` and `local` models).
+    pub sync: WeightSync,
+    /// `rsync` only: page cache the copy may leave behind on each end (flushed and dropped as it goes).
+    pub sync_page_cache: ByteSize,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Self {
+            source: ModelSource::default(),
+            repo: String::new(),
+            revision: String::new(),
+            path: None,
+            expected_shards: 0,
+            files: Vec::new(),
+            k_map: BTreeMap::new(),
+            sync: WeightSync::default(),
+            sync_page_cache: ByteSize::gib(1),
+        }
+    }
+}
+
+/// How the weights get onto every node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum WeightSync {
+    /// Every node already sees the same files at the same path (a shared mount, or copied by
+    /// hand): each node's agent checks every file and its size; a difference stops `up`.
+    #[default]
+    Shared,
+    /// The head copies its tree to each ssh node with rsync (resumable, only changed files,
+    /// page cache capped), then checks as `shared` does.
+    Rsync,
 }
 
 /// A file the kit expects in a repository.

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::bytes::MIB;
-use super::schema::{Kit, ModelSource, Role, Runtime, SpecMethod, Transport};
+use super::schema::{Kit, ModelSource, Role, Runtime, SpecMethod, Transport, WeightSync};
 
 /// One semantic problem before its origin is known.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +122,13 @@ fn nodes(kit: &Kit, out: &mut Vec<Finding>) {
                 ));
             }
             _ => {}
+        }
+        if kit.model.sync == WeightSync::Rsync && n.role != Role::Head && n.transport != Transport::Ssh {
+            out.push(finding(
+                format!("{key}.transport"),
+                "model.sync is rsync, which copies over ssh, but this node is not reached over ssh",
+                "use transport: ssh for this node, or model.sync: shared with the weights mounted on every node",
+            ));
         }
         range(out, &format!("{key}.ssh_port"), u64::from(n.ssh_port), 1, 65535);
         if let Some(ip) = &n.fabric.ipv4 {

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::attribution::{GroupGrowth, Grower};
 use super::meminfo::Meminfo;
 use super::psi::Pressure;
+use crate::clock::rfc3339;
 
 /// A signal the guard sent.
 #[derive(Debug, Clone, Serialize)]
@@ -75,23 +76,6 @@ pub fn now() -> (u128, String) {
     (d.as_millis(), rfc3339(d.as_secs(), d.subsec_millis()))
 }
 
-/// `2026-12-02T13:45:07.123Z` from Unix seconds (civil-from-days, proleptic Gregorian).
-#[must_use]
-pub fn rfc3339(secs: u64, millis: u32) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z", rem / 3600, rem / 60 % 60, rem % 60)
-}
-
 /// Write `r` as `<dir>/guard-<unix_ms>-<decision>.json` (pretty JSON, written then renamed).
 pub fn write(dir: &Path, r: &Receipt) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
@@ -101,16 +85,4 @@ pub fn write(dir: &Path, r: &Receipt) -> std::io::Result<PathBuf> {
     std::fs::write(&tmp, text + "\n")?;
     std::fs::rename(&tmp, &path)?;
     Ok(path)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn formats_utc_times() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.005Z");
-        assert_eq!(rfc3339(1_796_219_107, 123), "2026-12-02T13:45:07.123Z");
-    }
 }

@@ -4,12 +4,14 @@
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use crate::cluster::client::Msg;
+use crate::cluster::client::{self, Msg};
 use crate::cluster::protocol::{Command, Event};
-use crate::kit::schema::Kit;
+use crate::cluster::push;
+use crate::kit::schema::{Kit, Role, WeightSync};
 use crate::node::checks::Verdict;
 use crate::node::facts::NodeFacts;
 use crate::node::preflight::{self, PreflightInput, Report};
+use crate::weights::{listing, rsync};
 
 /// Seconds a node may take to gather its facts (ssh probes time out after 5 s each).
 pub const FACTS_TIMEOUT_S: u64 = 120;
@@ -91,6 +93,92 @@ pub fn gate(r: &Report) -> Result<(), String> {
         .collect();
     Err(format!("preflight failed ({} problem(s)): {}", bad.len(), bad.join("; ")))
 }
+
+/// What the weights step needs from the supervisor.
+pub struct WeightsCtx<'a> {
+    pub kit: &'a Kit,
+    /// The head's weight tree (`None`: every node makes its own model).
+    pub root: Option<std::path::PathBuf>,
+    pub home: std::path::PathBuf,
+    /// This spark-kit binary (its sha256 names the copy pushed to nodes).
+    pub exe: &'a std::path::Path,
+    pub sha: &'a str,
+}
+
+/// Weights on every node: with `model.sync: rsync` copy the head's tree to each ssh worker, then
+/// ask every worker's agent for each file and its size. `Err(one line)` stops the bring-up.
+pub fn weights(
+    w: &WeightsCtx<'_>,
+    rx: &Receiver<Msg>,
+    send: &mut dyn FnMut(usize, &Command) -> bool,
+    held: &mut Vec<Msg>,
+    line: &dyn Fn(&str),
+) -> Result<(), String> {
+    let kit = w.kit;
+    let Some(root) = &w.root else {
+        line("==> weights: the tiny model is made on every node");
+        return Ok(());
+    };
+    let files = listing::list(root).map_err(|e| {
+        format!("the head's weights at {} cannot be read ({e}); run `spark-kit download` first", root.display())
+    })?;
+    if files.is_empty() {
+        return Err(format!("no weight files under {} on the head; run `spark-kit download` first", root.display()));
+    }
+    let total: u64 = files.iter().map(|(_, s)| s).sum();
+    let node_root = listing::node_path(root, &w.home);
+    line(&format!("==> weights: {} file(s), {:.2} GiB under {node_root}", files.len(), total as f64 / GIB));
+    let workers: Vec<usize> = (0..kit.nodes.len()).filter(|i| kit.nodes[*i].role != Role::Head).collect();
+    if kit.model.sync == WeightSync::Rsync {
+        for &i in &workers {
+            let node = &kit.nodes[i];
+            let remote_bin = push::ensure(node, w.exe, w.sha).map_err(|e| e.to_string())?;
+            let argv = rsync::argv(
+                node,
+                root,
+                &node_root,
+                &w.exe.to_string_lossy(),
+                &remote_bin,
+                kit.model.sync_page_cache.bytes(),
+            );
+            line(&format!(
+                "    {}: rsync (only changed files; page cache capped at {})",
+                node.name, kit.model.sync_page_cache
+            ));
+            let t = Instant::now();
+            rsync::run(node, &argv, &|l| line(&format!("    {}: {l}", node.name))).map_err(|e| e.to_string())?;
+            line(&format!("    {}: rsync done in {:.1} s", node.name, t.elapsed().as_secs_f64()));
+        }
+    }
+    let names: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
+    for &i in &workers {
+        let node = &kit.nodes[i];
+        if !send(i, &Command::CheckFiles { root: node_root.clone(), files: names.clone() }) {
+            return Err(format!("{} has no agent connection", node.name));
+        }
+        let (present, missing) = client::wait_for(rx, i, Duration::from_secs(120), held, |ev| match ev {
+            Event::Files { present, missing } => Some((present, missing)),
+            _ => None,
+        })
+        .map_err(|e| format!("{}: weights check: {e}", node.name))?;
+        let diffs = listing::differences(&files, &present, &missing);
+        if !diffs.is_empty() {
+            let fix = match kit.model.sync {
+                WeightSync::Shared => "mount the same weights at that path on every node, or set model.sync: rsync",
+                WeightSync::Rsync => "run `spark-kit up` again (rsync resumes), and check free space on the node",
+            };
+            return Err(format!(
+                "{}: the weights under {node_root} differ from the head's: {}; fix: {fix}",
+                node.name,
+                listing::summary(&diffs)
+            ));
+        }
+        line(&format!("    {}: all {} weight file(s) present with the head's sizes", node.name, files.len()));
+    }
+    Ok(())
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 #[cfg(test)]
 mod tests {

@@ -70,6 +70,8 @@ pub enum ClusterError {
     Agent(#[from] client::AgentError),
     #[error("{0}")]
     Preflight(String),
+    #[error("{0}")]
+    Weights(String),
     #[error("node {node}'s agent did not answer within {secs} s (see {log})")]
     NoHello { node: String, secs: u64, log: String },
 }
@@ -102,6 +104,16 @@ struct Sup<'a> {
     engines_started: bool,
 }
 
+/// What runs through the agents before any engine starts.
+pub struct Gates {
+    /// Preflight on every node (`None`: skipped with `--skip-preflight`).
+    pub preflight: Option<PreflightInput>,
+    /// The head's weight tree, which every node must hold (`None`: each node makes its own model).
+    pub weights_root: Option<PathBuf>,
+    /// The head's home directory (paths under it are sent home-relative).
+    pub home: PathBuf,
+}
+
 /// Run the deployment until stopped; returns the exit code.
 pub fn run(
     kit: &Kit,
@@ -109,7 +121,7 @@ pub fn run(
     policy: Policy,
     rep: &dyn ClusterReporter,
     h: Handles,
-    preflight: Option<&PreflightInput>,
+    gates: &Gates,
 ) -> Result<i32, ClusterError> {
     let exe = crate::dirs::self_exe().map_err(ClusterError::SelfExe)?;
     let sha = push::sha256_file(&exe).map_err(ClusterError::SelfExe)?;
@@ -138,10 +150,11 @@ pub fn run(
         sup.spawn_agent(i)?;
     }
     sup.wait_hello(&rx)?;
-    match preflight {
+    match &gates.preflight {
         Some(input) => sup.preflight(&rx, input)?,
         None => rep.line("==> preflight skipped (--skip-preflight)"),
     }
+    sup.weights(&rx, gates)?;
     sup.start_all(&rx);
     let mut restart_at: Option<(Instant, Instant)> = None;
     loop {
@@ -304,6 +317,31 @@ impl Sup<'_> {
         bringup::gate(&report).map_err(|e| {
             self.close_agents();
             ClusterError::Preflight(e)
+        })
+    }
+
+    /// Weights on every node (rsync first when the kit says so); a difference stops the bring-up.
+    fn weights(&mut self, rx: &Receiver<Msg>, gates: &Gates) -> Result<(), ClusterError> {
+        let w = bringup::WeightsCtx {
+            kit: self.kit,
+            root: gates.weights_root.clone(),
+            home: gates.home.clone(),
+            exe: &self.exe,
+            sha: &self.sha,
+        };
+        let mut held = Vec::new();
+        let agents = &mut self.agents;
+        let rep = self.rep;
+        let result =
+            bringup::weights(&w, rx, &mut |i, cmd| agents[i].as_mut().is_some_and(|a| a.send(cmd)), &mut held, &|l| {
+                rep.line(l)
+            });
+        for m in held {
+            let _ = self.tx.send(m);
+        }
+        result.map_err(|e| {
+            self.close_agents();
+            ClusterError::Weights(e)
         })
     }
 

@@ -132,8 +132,10 @@ pub fn launch(
     args.extend(spec.vllm_args);
     let mut env = spec.env;
     env.extend(extra_env.iter().cloned());
-    let launch =
-        Launch { program: exe, args, env, log: process::log_path(&prep.logs, &kit.name, &kit.nodes[node].name), sink };
+    let log = process::log_path(&prep.logs, &kit.name, &kit.nodes[node].name);
+    let ranks = crate::engine::argv::node_ranks(kit);
+    let tag = format!("{}/r{}", kit.nodes[node].name, ranks.get(node).copied().unwrap_or(0));
+    let launch = Launch { program: exe, args, env, log, tag, sink };
     Ok(process::spawn(&launch, base_env)?)
 }
 

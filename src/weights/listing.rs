@@ -1,0 +1,125 @@
+//! The weight files the head has (relative path and size), and the comparison with what a node
+//! reports. Listing reads the directory; the comparison is pure.
+
+use std::path::{Path, PathBuf};
+
+use crate::engine::model;
+use crate::kit::schema::{Kit, ModelSource};
+
+/// Names that are never weights: in-flight downloads and rsync's resume area.
+#[must_use]
+pub fn ignored(name: &str) -> bool {
+    name == ".rsync-partial"
+        || name.ends_with(".partial")
+        || name.ends_with(".incomplete")
+        || name.starts_with(".push.")
+}
+
+/// The directory whose tree every node must hold, or `None` when each node makes its own model
+/// (the tiny models are made on every node from the same seed).
+#[must_use]
+pub fn weights_root(kit: &Kit, hf_cache: &Path) -> Option<PathBuf> {
+    match kit.model.source {
+        ModelSource::Local => kit.model.path.as_ref().map(PathBuf::from),
+        // The whole repository directory: blobs, snapshots (relative symlinks) and refs, so the
+        // copy is a valid Hugging Face cache entry on the node.
+        ModelSource::Hub => Some(model::repo_dir(hf_cache, &kit.model.repo)),
+        ModelSource::TinyDense | ModelSource::TinyExl3 => None,
+    }
+}
+
+/// Every regular file under `root` (symlinks followed for the size), sorted by path.
+pub fn list(root: &Path) -> std::io::Result<Vec<(String, u64)>> {
+    let mut out = Vec::new();
+    walk(root, root, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, u64)>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if ignored(&name) {
+            continue;
+        }
+        let path = entry.path();
+        let meta = std::fs::metadata(&path)?;
+        if meta.is_dir() {
+            walk(root, &path, out)?;
+        } else if meta.is_file() {
+            let rel = path.strip_prefix(root).unwrap_or(&path).to_string_lossy().into_owned();
+            out.push((rel, meta.len()));
+        }
+    }
+    Ok(())
+}
+
+/// `path` as the node should read it: `~/…` when it is under the head's home (each node expands
+/// its own home), else unchanged.
+#[must_use]
+pub fn node_path(path: &Path, home: &Path) -> String {
+    match path.strip_prefix(home) {
+        Ok(rel) if !home.as_os_str().is_empty() => format!("~/{}", rel.display()),
+        _ => path.display().to_string(),
+    }
+}
+
+/// What is wrong with a node's copy: missing files and size mismatches (at most `limit` named).
+#[must_use]
+pub fn differences(expected: &[(String, u64)], present: &[(String, u64)], missing: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = missing.iter().map(|m| format!("{m} missing")).collect();
+    for (path, size) in expected {
+        if let Some((_, got)) = present.iter().find(|(p, _)| p == path) {
+            if got != size {
+                out.push(format!("{path} is {got} bytes, the head's is {size}"));
+            }
+        }
+    }
+    out
+}
+
+/// One line summing up `differences` (the first few named).
+#[must_use]
+pub fn summary(diffs: &[String]) -> String {
+    let shown: Vec<&str> = diffs.iter().take(3).map(String::as_str).collect();
+    let more = diffs.len().saturating_sub(shown.len());
+    let tail = if more > 0 { format!(" (+{more} more)") } else { String::new() };
+    format!("{} file(s) differ: {}{tail}", diffs.len(), shown.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_files_following_links_and_skipping_partials() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("blobs")).unwrap();
+        std::fs::create_dir_all(d.path().join("snapshots/abc")).unwrap();
+        std::fs::create_dir_all(d.path().join(".rsync-partial")).unwrap();
+        std::fs::write(d.path().join("blobs/b1"), vec![0u8; 10]).unwrap();
+        std::fs::write(d.path().join("blobs/b2.incomplete"), vec![0u8; 3]).unwrap();
+        std::fs::write(d.path().join(".rsync-partial/x"), vec![0u8; 3]).unwrap();
+        std::os::unix::fs::symlink("../../blobs/b1", d.path().join("snapshots/abc/model.safetensors")).unwrap();
+        let l = list(d.path()).unwrap();
+        assert_eq!(l, vec![("blobs/b1".to_string(), 10), ("snapshots/abc/model.safetensors".to_string(), 10)]);
+    }
+
+    #[test]
+    fn differences_name_missing_and_short_files() {
+        let exp = vec![("a".to_string(), 5), ("b".to_string(), 7), ("c".to_string(), 1)];
+        let present = vec![("a".to_string(), 5), ("b".to_string(), 3)];
+        let d = differences(&exp, &present, &["c".to_string()]);
+        assert_eq!(d, vec!["c missing".to_string(), "b is 3 bytes, the head's is 7".to_string()]);
+        assert!(differences(&exp[..1], &present[..1], &[]).is_empty());
+        let s = summary(&["1".into(), "2".into(), "3".into(), "4".into()]);
+        assert_eq!(s, "4 file(s) differ: 1; 2; 3 (+1 more)");
+    }
+
+    #[test]
+    fn node_paths_are_home_relative() {
+        assert_eq!(node_path(Path::new("/home/u/.cache/hf"), Path::new("/home/u")), "~/.cache/hf");
+        assert_eq!(node_path(Path::new("/models/x"), Path::new("/home/u")), "/models/x");
+    }
+}
