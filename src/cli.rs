@@ -96,6 +96,9 @@ pub struct SetupArgs {
     /// No progress lines.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Keep older venvs of the same requirement set (default: remove those no process uses).
+    #[arg(long)]
+    pub keep_old: bool,
     #[command(flatten)]
     pub kit: KitArgs,
 }

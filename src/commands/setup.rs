@@ -3,6 +3,7 @@
 use super::{io_failure, load, progress::Lines, Context};
 use crate::cli::SetupArgs;
 use crate::dirs::Dirs;
+use crate::engine::prune::prune;
 use crate::engine::{recipe::Recipe, venv};
 use crate::error::Failure;
 use crate::kit::schema::Runtime;
@@ -28,10 +29,23 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             None => f,
         }
     })?;
+    let pruned = if args.keep_old { Vec::new() } else { prune(&dirs.cache.join("venvs"), &recipe.name, &info.path) };
     if args.json {
-        let text = serde_json::to_string_pretty(&info).map_err(|e| Failure::runtime(e.to_string()))?;
+        let mut v = serde_json::to_value(&info).map_err(|e| Failure::runtime(e.to_string()))?;
+        if let serde_json::Value::Object(m) = &mut v {
+            m.insert("pruned".into(), serde_json::to_value(&pruned).map_err(|e| Failure::runtime(e.to_string()))?);
+        }
+        let text = serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?;
         writeln!(ctx.out, "{text}").map_err(|e| io_failure(&e))
     } else {
+        for p in &pruned {
+            let gib = p.bytes as f64 / f64::from(1u32 << 30);
+            let line = match &p.kept {
+                None => format!("removed the old venv {} ({gib:.1} GiB)", p.path.display()),
+                Some(why) => format!("kept the old venv {} ({gib:.1} GiB): {why}", p.path.display()),
+            };
+            writeln!(ctx.err, "{line}").map_err(|e| io_failure(&e))?;
+        }
         let how = if info.cached { "ready (cached)" } else { "built" };
         writeln!(ctx.out, "engine venv {how}: {}", info.path.display()).map_err(|e| io_failure(&e))
     }

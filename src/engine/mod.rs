@@ -8,5 +8,6 @@ pub mod model;
 pub mod overlay;
 pub mod pgroup;
 pub mod process;
+pub mod prune;
 pub mod recipe;
 pub mod venv;
