@@ -12,7 +12,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,15 +30,7 @@ fn skip_reason() -> Option<String> {
     if std::env::var_os("SPARK_KIT_TEST_E2E").is_none() {
         return Some("SPARK_KIT_TEST_E2E is not set (run `bash tests/run-all.sh`)".into());
     }
-    if !nix::unistd::geteuid().is_root() {
-        return Some("needs root for network namespaces".into());
-    }
-    for tool in ["/usr/sbin/sshd", "/usr/bin/ssh-keygen", "/usr/bin/ssh"] {
-        if !Path::new(tool).exists() && !Path::new(&tool.replace("/usr", "")).exists() {
-            return Some(format!("{tool} is missing (apt-get install openssh-server openssh-client)"));
-        }
-    }
-    None
+    common::sshd::skip_reason(&["ip"])
 }
 
 /// The two namespaces, the veth pair and sshd; torn down on drop.
@@ -74,32 +66,12 @@ impl Net {
         }
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        sh(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", d.join("host").to_str().unwrap()]);
-        sh(&["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", d.join("id").to_str().unwrap()]);
-        std::fs::copy(d.join("id.pub"), d.join("authorized_keys")).unwrap();
-        let host_pub = std::fs::read_to_string(d.join("host.pub")).unwrap();
-        std::fs::write(d.join("known_hosts"), format!("10.77.0.1 {host_pub}10.77.0.2 {host_pub}")).unwrap();
-        std::fs::create_dir_all("/run/sshd").unwrap();
-        let sshd_bin = if Path::new("/usr/sbin/sshd").exists() { "/usr/sbin/sshd" } else { "/sbin/sshd" };
+        common::sshd::make_keys(d, &["10.77.0.1".into(), "10.77.0.2".into()]);
         // A real sshd in each namespace: the supervisor reaches the worker over ssh, and
         // preflight checks ssh both ways (worker → head too).
         let sshd = [(NS1, "10.77.0.1"), (NS2, "10.77.0.2")]
             .iter()
-            .map(|(ns, ip)| {
-                let cfg = format!(
-                    "ListenAddress {ip}\nHostKey {0}/host\nAuthorizedKeysFile {0}/authorized_keys\nPidFile {0}/sshd-{ns}.pid\n\
-                     PermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\nUsePAM no\nPrintMotd no\n",
-                    d.display()
-                );
-                let conf = d.join(format!("sshd_config-{ns}"));
-                std::fs::write(&conf, cfg).unwrap();
-                Command::new("ip")
-                    .args(["netns", "exec", ns, sshd_bin, "-D", "-e", "-f", conf.to_str().unwrap()])
-                    .stdout(Stdio::null())
-                    .stderr(std::fs::File::create(d.join(format!("sshd-{ns}.log"))).unwrap())
-                    .spawn()
-                    .unwrap()
-            })
+            .map(|(ns, ip)| common::sshd::spawn(d, ip, ns, &["ip", "netns", "exec", ns]))
             .collect();
         let net = Self { dir, sshd };
         // sshd answers?
@@ -121,15 +93,7 @@ impl Net {
     }
 
     fn ssh_opts(&self) -> Vec<String> {
-        let d = self.dir.path();
-        vec![
-            "-i".into(),
-            d.join("id").display().to_string(),
-            "-o".into(),
-            format!("UserKnownHostsFile={}", d.join("known_hosts").display()),
-            "-o".into(),
-            "StrictHostKeyChecking=yes".into(),
-        ]
+        common::sshd::client_opts(self.dir.path())
     }
 
     fn logs(&self) -> PathBuf {

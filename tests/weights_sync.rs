@@ -26,16 +26,7 @@ fn skip_reason() -> Option<String> {
     if std::env::var_os("SPARK_KIT_TEST_E2E").is_none() {
         return Some("SPARK_KIT_TEST_E2E is not set (run `bash tests/run-all.sh`)".into());
     }
-    if !nix::unistd::geteuid().is_root() {
-        return Some("needs root to run sshd".into());
-    }
-    for tool in ["sshd", "ssh-keygen", "ssh", "rsync", "fincore"] {
-        let found = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"].iter().any(|d| Path::new(d).join(tool).exists());
-        if !found {
-            return Some(format!("{tool} is missing (apt-get install openssh-server openssh-client rsync util-linux)"));
-        }
-    }
-    None
+    common::sshd::skip_reason(&["rsync", "fincore"])
 }
 
 struct Sshd {
@@ -47,35 +38,9 @@ struct Sshd {
 impl Sshd {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        for key in ["host", "id"] {
-            let ok = Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-                .arg(d.join(key))
-                .status()
-                .unwrap();
-            assert!(ok.success());
-        }
-        std::fs::copy(d.join("id.pub"), d.join("authorized_keys")).unwrap();
         let port = common::free_port();
-        let host_pub = std::fs::read_to_string(d.join("host.pub")).unwrap();
-        std::fs::write(d.join("known_hosts"), format!("[127.0.0.1]:{port} {host_pub}")).unwrap();
-        let cfg = format!(
-            "ListenAddress 127.0.0.1:{port}\nHostKey {0}/host\nAuthorizedKeysFile {0}/authorized_keys\n\
-             PidFile {0}/sshd.pid\nPermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\n\
-             UsePAM no\nPrintMotd no\n",
-            d.display()
-        );
-        std::fs::write(d.join("sshd_config"), cfg).unwrap();
-        std::fs::create_dir_all("/run/sshd").unwrap();
-        let bin = if Path::new("/usr/sbin/sshd").exists() { "/usr/sbin/sshd" } else { "/sbin/sshd" };
-        let child = Command::new(bin)
-            .args(["-D", "-e", "-f"])
-            .arg(d.join("sshd_config"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("sshd.log")).unwrap())
-            .spawn()
-            .unwrap();
+        common::sshd::make_keys(dir.path(), &[format!("[127.0.0.1]:{port}")]);
+        let child = common::sshd::spawn(dir.path(), &format!("127.0.0.1:{port}"), "loopback", &[]);
         let s = Self { dir, port, child };
         let t = Instant::now();
         loop {
@@ -93,21 +58,13 @@ impl Sshd {
     }
 
     fn node(&self) -> Node {
-        let d = self.dir.path();
         Node {
             name: "node-b".into(),
             transport: Transport::Ssh,
             ssh_host: Some("127.0.0.1".into()),
             ssh_user: Some("root".into()),
             ssh_port: u32::from(self.port),
-            ssh_options: vec![
-                "-i".into(),
-                d.join("id").display().to_string(),
-                "-o".into(),
-                format!("UserKnownHostsFile={}", d.join("known_hosts").display()),
-                "-o".into(),
-                "StrictHostKeyChecking=yes".into(),
-            ],
+            ssh_options: common::sshd::client_opts(self.dir.path()),
             ..Node::default()
         }
     }

@@ -1,6 +1,8 @@
 //! Shared helpers of the integration tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod sshd;
+
 use std::path::PathBuf;
 use std::process::Command;
 
