@@ -26,6 +26,9 @@
 # its start, anchored by reading CLOCK_MONOTONIC just before launching it).
 # MODE=alternate: ROUNDS alternating runs, one wave of C streams per tool per round (exposed to
 # whatever else the host does at each moment: much noisier).
+# MODE=counters: each tool alone (spark-kit ROUNDS waves, then vLLM C x ROUNDS requests without
+# warm-up), each read against the server's own counters (vllm:inter_token_latency_seconds
+# count / sum over the run): does each client see the rate the server produced?
 # Reported: medians over the counted streams of each tool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +39,11 @@ ROUNDS=${ROUNDS:-30}
 MODE=${MODE:-together}
 # vLLM completes about C requests per spark-kit wave (same batch); 1.5x that, plus its head start.
 VL_PROMPTS=${VL_PROMPTS:-$((C * (ROUNDS * 3 / 2 + 8)))}
-case "$MODE" in together | alternate) ;; *) echo "error: MODE=$MODE: use MODE=together or MODE=alternate" >&2; exit 2 ;; esac
+case "$MODE" in together | alternate | counters) ;; *)
+  echo "error: MODE=$MODE: use MODE=together, MODE=alternate or MODE=counters" >&2
+  exit 2
+  ;;
+esac
 
 # SK=path/to/spark-kit uses that binary instead of building this checkout.
 if [ -z "${SK:-}" ]; then
@@ -99,11 +106,11 @@ fi
 echo "load ($MODE): $C streams per tool x $OUT tokens, prompt $PROMPT tokens (vLLM random text $vl_input + template $template)," \
   "$ROUNDS spark-kit waves, model $model at $URL" >&2
 
-vllm_bench() { # $1 = result name, $2 = number of prompts
+vllm_bench() { # $1 = result name, $2 = number of prompts, $3 = warm-up requests (default 1)
   "$py" -m vllm.entrypoints.cli.main bench serve --backend openai-chat --base-url "$URL" \
     --endpoint /v1/chat/completions --model "$model" --tokenizer "$root" --dataset-name random \
     --random-input-len "$vl_input" --random-output-len "$OUT" --random-range-ratio 0 --num-prompts "$2" \
-    --max-concurrency "$C" --ignore-eos --temperature 0 --num-warmups 1 --disable-tqdm \
+    --max-concurrency "$C" --ignore-eos --temperature 0 --num-warmups "${3:-1}" --disable-tqdm \
     --save-result --save-detailed --result-dir "$work" --result-filename "$1.json" >"$work/$1.log" 2>&1
 }
 sk_bench() { # $1 = result name, $2 = waves
@@ -111,9 +118,26 @@ sk_bench() { # $1 = result name, $2 = waves
     --decode-prompt-tokens "$PROMPT" --prefill none --quiet --json "$work/$1.json" >/dev/null
 }
 
+counters() { # $1 = file: the server's inter-token latency count and sum so far
+  "$py" - "$URL" >"$1" <<'EOF'
+import re, sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1] + "/metrics", timeout=10).read().decode()
+get = lambda n: sum(float(m) for m in re.findall(r"^vllm:%s\{[^}]*\} ([0-9.e+-]+)$" % n, text, re.M))
+print(get("inter_token_latency_seconds_count"), get("inter_token_latency_seconds_sum"))
+EOF
+}
+
 sk_files=()
 vl_files=()
-if [ "$MODE" = together ]; then
+if [ "$MODE" = counters ]; then
+  counters "$work/counters-0"
+  sk_bench sk "$ROUNDS"
+  counters "$work/counters-1"
+  vllm_bench vllm $((C * ROUNDS)) 0 || { tail -20 "$work/vllm.log" >&2; echo "error: vllm bench serve failed" >&2; exit 1; }
+  counters "$work/counters-2"
+  sk_files=(sk)
+  vl_files=(vllm)
+elif [ "$MODE" = together ]; then
   vllm_bench vllm "$VL_PROMPTS" &
   vl_pid=$!
   # Wait (one process, polling /metrics) until vLLM's main run has C streams in flight.
@@ -155,14 +179,14 @@ med = statistics.median
 
 
 def spark_kit(name):
-    """Per stream (first, last, decode tok/s, TTFT, prompt tokens), and per wave aggregates."""
+    """Per stream (first, last, decode tok/s, TTFT, prompt tokens, completion tokens); wave aggregates."""
     d = json.load(open(f"{work}/{name}.json"))
     try:
         t0 = float(open(f"{work}/{name}.t0").read())  # CLOCK_MONOTONIC at launch
     except FileNotFoundError:
         t0 = 0.0
-    streams = [(t0 + q["first_s"], t0 + q["last_s"], q["decode_tok_s"], q["ttft_s"], q["prompt_tokens"])
-               for w in d["decode"] for q in w["requests"] if q["decode_tok_s"]]
+    streams = [(t0 + q["first_s"], t0 + q["last_s"], q["decode_tok_s"], q["ttft_s"], q["prompt_tokens"],
+                q["completion_tokens"]) for w in d["decode"] for q in w["requests"] if q["decode_tok_s"]]
     return streams, [w["aggregate_tok_s"] for w in d["decode"] if w["aggregate_tok_s"]]
 
 
@@ -172,7 +196,7 @@ def vllm(name):
     streams, firsts, lasts, tokens = [], [], [], 0
     for n, ttft, lat, st, p in zip(v["output_lens"], v["ttfts"], v["latencies"], v["start_times"], v["input_lens"]):
         if n > 1 and lat > ttft:
-            streams.append((st + ttft, st + lat, (n - 1) / (lat - ttft), ttft, p))  # 1 / TPOT
+            streams.append((st + ttft, st + lat, (n - 1) / (lat - ttft), ttft, p, n))  # 1 / TPOT
             firsts.append(st + ttft)
             lasts.append(st + lat)
             tokens += n - 1
@@ -208,6 +232,13 @@ if mode == "together":
         if s and v:
             print(f"  {half}: spark-kit {med(s):7.1f} ({len(s)} streams)  vllm {med(v):7.1f} ({len(v)} streams)  "
                   f"ratio {med(s) / med(v):.3f}")
+elif mode == "counters":
+    c = [tuple(map(float, open(f"{work}/counters-{i}").read().split())) for i in range(3)]
+    for name, xs, a, b in (("spark-kit", sk, c[0], c[1]), ("vllm     ", vl, c[1], c[2])):
+        client = sum(x[5] - 1 for x in xs) / sum(x[1] - x[0] for x in xs)
+        server = (b[0] - a[0]) / (b[1] - a[1])
+        print(f"{name} alone: client {client:.1f} tok/s (Σ(tokens − 1) / Σ(t_last − t_first) over {len(xs)} streams), "
+              f"server {server:.1f} tok/s ({b[0] - a[0]:.0f} inter-token intervals), client/server {client / server:.3f}")
 else:
     print(f"aggregate (spark-kit's definition on both): {med(sk_agg):.1f} vs {med(vl_agg):.1f} tok/s, "
           f"ratio {med(sk_agg) / med(vl_agg):.3f}")
