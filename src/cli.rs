@@ -310,6 +310,9 @@ pub struct BenchRunArgs {
     /// Prompt length of decode streams in tokens (default 256, less if max_model_len is smaller).
     #[arg(long, value_name = "N")]
     pub decode_prompt_tokens: Option<u64>,
+    /// Waves per concurrency level, run back to back (more samples on a noisy host).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub decode_repeats: u32,
     /// Seconds one decode request may take (prefill: min(2700, 60 + 0.008 x tokens)).
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
     pub timeout: f64,

@@ -93,6 +93,7 @@ fn reports_the_scripted_ttft_decode_aggregate_and_prefill() {
     assert_eq!(r["settings"]["vendor_params"], true);
     assert_eq!(r["settings"]["tokenize"], true);
     assert_eq!(r["failures"], serde_json::json!([]));
+    assert!(r["settings"].get("decode_repeats").is_none(), "one wave per level: the version-1 layout, unchanged");
 
     // Calibration: 16-token prompts → TTFT = base + 16 / rate; the overhead is their median.
     let overhead = f(&r["calibration"]["overhead_s"]);
@@ -156,6 +157,81 @@ fn reports_the_scripted_ttft_decode_aggregate_and_prefill() {
     assert_eq!(doc.root_element().attribute("width"), Some("1200"));
     let texts: String = doc.descendants().filter_map(|n| n.text()).collect();
     assert!(texts.contains("Decode") && texts.contains("Prefill"), "{texts}");
+}
+
+#[test]
+fn decode_repeats_run_waves_back_to_back_and_the_table_pools_them() {
+    let script = Script::default();
+    let span = 10.0 * script.interval.as_secs_f64(); // 31 tokens, 3 per event after the first
+    let srv = FakeServer::start(script);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let o = bench(
+        &[
+            "--url",
+            &srv.url,
+            "--concurrency",
+            "2,1",
+            "--decode-repeats",
+            "3",
+            "--decode-tokens",
+            "31",
+            "--decode-prompt-tokens",
+            "64",
+            "--prefill",
+            "none",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.code, 0, "stderr: {}", o.stderr);
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(schema_errors(&r), Vec::<String>::new());
+    assert_eq!(r["settings"]["decode_repeats"], 3);
+    let waves = r["decode"].as_array().unwrap();
+    let levels: Vec<u64> = waves.iter().map(|w| w["concurrency"].as_u64().unwrap()).collect();
+    assert_eq!(levels, vec![1, 1, 1, 2, 2, 2], "ascending levels, three waves each, in run order");
+    for w in waves {
+        assert_eq!(w["requests"].as_array().unwrap().len() as u64, w["concurrency"].as_u64().unwrap());
+        for q in w["requests"].as_array().unwrap() {
+            assert_rel("decode tok/s", f(&q["decode_tok_s"]), 30.0 / span, 0.05);
+        }
+        assert_rel("aggregate tok/s", f(&w["aggregate_tok_s"]), f(&w["concurrency"]) * 30.0 / span, 0.06);
+    }
+    // One wave after the other: a wave is sent only when the previous one has finished.
+    for pair in waves.windows(2) {
+        let last = pair[0]["requests"].as_array().unwrap().iter().map(|q| f(&q["last_s"])).fold(0.0, f64::max);
+        let sent = pair[1]["requests"].as_array().unwrap().iter().map(|q| f(&q["sent_s"])).fold(f64::MAX, f64::min);
+        assert!(sent >= last, "a wave started at {sent:.3} s before the previous one ended at {last:.3} s");
+    }
+    // Every prompt of a level is fitted with /tokenize before its first wave, so no /tokenize
+    // call falls between the waves of a level.
+    let seen = srv.seen.lock().unwrap().clone();
+    let salt = |b: &Value| b["messages"][0]["content"].as_str().unwrap().split_whitespace().next().unwrap().to_string();
+    let decode: Vec<usize> = (0..seen.len())
+        .filter(|&i| seen[i].path == "/v1/chat/completions" && seen[i].body["max_tokens"] == 31)
+        .collect();
+    assert_eq!(decode.len(), 9, "3 waves of 1, then 3 waves of 2");
+    for (c, level) in [(1, &decode[..3]), (2, &decode[3..])] {
+        let salts: Vec<String> = level.iter().map(|&i| salt(&seen[i].body)).collect();
+        let last_tokenize = (0..seen.len())
+            .filter(|&i| seen[i].path == "/tokenize" && salts.contains(&salt(&seen[i].body)))
+            .max()
+            .unwrap();
+        assert!(last_tokenize < level[0], "level {c}: a /tokenize call came after its first wave started");
+    }
+    drop(seen);
+    // The table pools each level's waves into one line.
+    assert!(o.stdout.contains("3 waves per level"), "{}", o.stdout);
+    let rows: Vec<&str> =
+        o.stdout.lines().skip_while(|l| !l.starts_with("DECODE")).skip(2).take_while(|l| !l.is_empty()).collect();
+    assert_eq!(rows.len(), 2, "one row per level: {rows:?}");
+    assert!(rows[1].trim_start().starts_with('2'), "{rows:?}");
+
+    let o = bench(&["--url", &srv.url, "--decode-repeats", "0", "--prefill", "none"], &[]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(o.stderr.contains("--decode-repeats 0: out of range") && o.stderr.contains("hint:"), "{}", o.stderr);
 }
 
 #[test]

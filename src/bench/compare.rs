@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::levels::{levels, Level};
 use super::result::BenchResult;
 use super::sizes::length_label;
 
@@ -35,15 +36,16 @@ pub fn rows(a: &BenchResult, b: &BenchResult) -> Vec<Row> {
         Some(a.calibration.overhead_s * 1e3),
         Some(b.calibration.overhead_s * 1e3),
     )];
-    let mut levels: Vec<u32> = a.decode.iter().chain(&b.decode).map(|w| w.concurrency).collect();
-    levels.sort_unstable();
-    levels.dedup();
-    for c in levels {
-        let wa = a.decode.iter().find(|w| w.concurrency == c);
-        let wb = b.decode.iter().find(|w| w.concurrency == c);
-        let per = |w: Option<&super::result::Wave>| w.and_then(|w| w.decode_tok_s.as_ref()).map(|s| s.median);
-        let agg = |w: Option<&super::result::Wave>| w.and_then(|w| w.aggregate_tok_s);
-        let ttft = |w: Option<&super::result::Wave>| w.and_then(|w| w.ttft_s.as_ref()).map(|s| s.median * 1e3);
+    let (la, lb) = (levels(&a.decode), levels(&b.decode));
+    let mut cs: Vec<u32> = la.iter().chain(&lb).map(|l| l.concurrency).collect();
+    cs.sort_unstable();
+    cs.dedup();
+    for c in cs {
+        let wa = la.iter().find(|l| l.concurrency == c);
+        let wb = lb.iter().find(|l| l.concurrency == c);
+        let per = |w: Option<&Level>| w.and_then(|w| w.decode_tok_s.as_ref()).map(|s| s.median);
+        let agg = |w: Option<&Level>| w.and_then(|w| w.aggregate_tok_s);
+        let ttft = |w: Option<&Level>| w.and_then(|w| w.ttft_s.as_ref()).map(|s| s.median * 1e3);
         out.push(row(format!("decode x{c} per stream"), "tok/s", per(wa), per(wb)));
         out.push(row(format!("decode x{c} aggregate"), "tok/s", agg(wa), agg(wb)));
         out.push(row(format!("decode x{c} TTFT"), "ms", ttft(wa), ttft(wb)));

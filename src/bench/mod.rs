@@ -5,6 +5,7 @@
 pub mod client;
 pub mod compare;
 pub mod host;
+pub mod levels;
 pub mod metrics;
 pub mod plot;
 pub mod prompt;

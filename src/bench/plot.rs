@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
+use super::levels::levels;
 use super::result::BenchResult;
 use super::sizes::length_label;
 
@@ -144,10 +145,10 @@ fn decode_panel<DB: DrawingBackend>(
     r: &BenchResult,
     area: &Area<'_, DB>,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let ls = levels(&r.decode);
     let per: Vec<(f64, f64)> =
-        r.decode.iter().filter_map(|w| Some((f64::from(w.concurrency), w.decode_tok_s.as_ref()?.median))).collect();
-    let agg: Vec<(f64, f64)> =
-        r.decode.iter().filter_map(|w| Some((f64::from(w.concurrency), w.aggregate_tok_s?))).collect();
+        ls.iter().filter_map(|w| Some((f64::from(w.concurrency), w.decode_tok_s.as_ref()?.median))).collect();
+    let agg: Vec<(f64, f64)> = ls.iter().filter_map(|w| Some((f64::from(w.concurrency), w.aggregate_tok_s?))).collect();
     if per.is_empty() && agg.is_empty() {
         return empty(area, "no decode measurements");
     }

@@ -27,7 +27,8 @@ pub struct BenchResult {
     pub settings: Settings,
     /// TTFT of tiny prompts, subtracted from prefill TTFTs.
     pub calibration: Calibration,
-    /// Concurrency waves, ascending.
+    /// Decode waves in the order they ran: ascending concurrency, `settings.decode_repeats`
+    /// waves per level.
     pub decode: Vec<Wave>,
     /// Prefill ladder, ascending prompt length.
     pub prefill: Vec<PrefillStep>,
@@ -105,6 +106,10 @@ pub struct Settings {
     pub decode_tokens: u64,
     /// Prompt length of the decode streams, in tokens.
     pub decode_prompt_tokens: u64,
+    /// Waves per concurrency level, run back to back (absent = 1).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[schemars(range(min = 1))]
+    pub decode_repeats: u32,
     /// Prompt lengths of the prefill ladder, ascending (tokens).
     pub prefill_lengths: Vec<u64>,
     /// Requests per prefill length.
@@ -193,6 +198,15 @@ pub struct Failure {
     /// `warmup`, `calibration`, `decode c=N` or `prefill N`.
     pub phase: String,
     pub error: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// The JSON Schema of [`BenchResult`], pretty-printed (what docs/bench-result.schema.json holds).

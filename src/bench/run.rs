@@ -20,6 +20,8 @@ pub struct Plan {
     pub concurrency: Vec<u32>,
     /// Decode and prefill lengths as asked for (`None` = default, fitted to the model).
     pub lengths: Lengths,
+    /// Waves per concurrency level, run back to back.
+    pub decode_repeats: u32,
     pub prefill_repeats: u32,
     pub prefill_max_tokens: u64,
     pub calibration_prompt_tokens: u64,
@@ -269,19 +271,36 @@ impl Runner<'_> {
         Ok(Calibration { requests, overhead_s })
     }
 
-    async fn wave(&mut self, c: u32, rep: &mut dyn BenchReporter) -> Result<Wave, BenchError> {
-        let phase = format!("decode c={c}");
-        rep.phase(
-            "decode",
-            &format!(
-                "{c} stream(s) × {} tokens, prompt {} tokens",
-                self.fitted.decode_tokens, self.fitted.decode_prompt_tokens
-            ),
-        );
-        let mut reqs = Vec::new();
-        for _ in 0..c {
-            reqs.push(self.request_for(self.fitted.decode_prompt_tokens, self.fitted.decode_tokens).await?);
+    /// The `decode_repeats` waves of `c` streams. Every prompt is built (and checked with
+    /// `/tokenize`) before the first wave, so the waves follow each other without gaps.
+    async fn waves(&mut self, c: u32, rep: &mut dyn BenchReporter) -> Result<Vec<Wave>, BenchError> {
+        let repeats = self.plan.decode_repeats.max(1);
+        let mut prompts = Vec::new();
+        for _ in 0..repeats {
+            let mut reqs = Vec::new();
+            for _ in 0..c {
+                reqs.push(self.request_for(self.fitted.decode_prompt_tokens, self.fitted.decode_tokens).await?);
+            }
+            prompts.push(reqs);
         }
+        let mut waves = Vec::new();
+        for (k, reqs) in prompts.into_iter().enumerate() {
+            let of = if repeats > 1 { format!(", wave {} of {repeats}", k + 1) } else { String::new() };
+            rep.phase(
+                "decode",
+                &format!(
+                    "{c} stream(s) × {} tokens, prompt {} tokens{of}",
+                    self.fitted.decode_tokens, self.fitted.decode_prompt_tokens
+                ),
+            );
+            waves.push(self.wave(c, reqs, rep).await);
+        }
+        Ok(waves)
+    }
+
+    /// One wave: the `c` requests start together.
+    async fn wave(&mut self, c: u32, reqs: Vec<ChatRequest>, rep: &mut dyn BenchReporter) -> Wave {
+        let phase = format!("decode c={c}");
         let mut set = tokio::task::JoinSet::new();
         for (i, req) in reqs.into_iter().enumerate() {
             let ep = self.ep.clone();
@@ -320,14 +339,14 @@ impl Runner<'_> {
         }
         let rates: Vec<f64> = requests.iter().filter_map(|r| r.decode_tok_s).collect();
         let ttfts: Vec<f64> = requests.iter().map(|r| r.ttft_s).collect();
-        Ok(Wave {
+        Wave {
             concurrency: c,
             aggregate_tok_s: aggregate_rate(&times),
             decode_tok_s: summarize(&rates),
             ttft_s: summarize(&ttfts),
             requests,
             failed,
-        })
+        }
     }
 
     async fn prefill(
@@ -418,7 +437,7 @@ pub async fn run(
     let calibration = runner.calibrate(rep).await?;
     let mut decode = Vec::new();
     for &c in &plan.concurrency {
-        decode.push(runner.wave(c, rep).await?);
+        decode.extend(runner.waves(c, rep).await?);
     }
     let mut prefill = Vec::new();
     for &len in &fitted.prefill {
@@ -428,6 +447,7 @@ pub async fn run(
         concurrency: plan.concurrency.clone(),
         decode_tokens: fitted.decode_tokens,
         decode_prompt_tokens: fitted.decode_prompt_tokens,
+        decode_repeats: plan.decode_repeats.max(1),
         prefill_lengths: fitted.prefill.clone(),
         prefill_repeats: plan.prefill_repeats,
         prefill_max_tokens: plan.prefill_max_tokens,

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use super::levels::levels;
 use super::result::BenchResult;
 use super::sizes::length_label;
 
@@ -45,14 +46,22 @@ pub fn render(r: &BenchResult) -> String {
         if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }
     );
     if !r.decode.is_empty() {
-        let _ =
-            writeln!(s, "\nDECODE  {} tokens per stream, prompt {} tokens", st.decode_tokens, st.decode_prompt_tokens);
+        let waves = if st.decode_repeats > 1 {
+            format!(", {} waves per level (all their streams)", st.decode_repeats)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "\nDECODE  {} tokens per stream, prompt {} tokens{waves}",
+            st.decode_tokens, st.decode_prompt_tokens
+        );
         let _ = writeln!(
             s,
             "{:>7}  {:>14}  {:>10}  {:>10}  {:>16}  {:>11}  {:>8}  {:>6}",
             "streams", "tok/s/stream", "min", "max", "aggregate tok/s", "TTFT ms", "p90 ms", "failed"
         );
-        for w in &r.decode {
+        for w in &levels(&r.decode) {
             let d = w.decode_tok_s.as_ref();
             let t = w.ttft_s.as_ref();
             let _ = writeln!(

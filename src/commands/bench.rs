@@ -103,6 +103,10 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         return Err(Failure::usage("--prefill-repeats 0: need at least one request per length")
             .with_hint("use e.g. --prefill-repeats 3, or --prefill none to skip the ladder"));
     }
+    if args.decode_repeats == 0 || args.decode_repeats > 10_000 {
+        return Err(Failure::usage(format!("--decode-repeats {}: out of range 1..=10000", args.decode_repeats))
+            .with_hint("use e.g. --decode-repeats 1 (one wave per concurrency level)"));
+    }
     for (flag, v) in [("--decode-tokens", args.decode_tokens), ("--decode-prompt-tokens", args.decode_prompt_tokens)] {
         if v == Some(0) || v.is_some_and(|v| v > 16 * 1024 * 1024) {
             return Err(Failure::usage(format!("{flag} {}: out of range 1..=16m", v.unwrap_or(0)))
@@ -146,6 +150,7 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             decode_prompt_tokens: args.decode_prompt_tokens,
             prefill,
         },
+        decode_repeats: args.decode_repeats,
         prefill_repeats: args.prefill_repeats,
         prefill_max_tokens: 8,
         calibration_prompt_tokens: 16,
