@@ -7,87 +7,20 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use common::up::{e2e_enabled, up_tiny_cpu};
 use common::{free_port, spark_kit};
 use serde_json::Value;
 
-fn enabled() -> bool {
-    if std::env::var_os("SPARK_KIT_TEST_E2E").is_some() {
-        return true;
-    }
-    eprintln!("skipping: SPARK_KIT_TEST_E2E is not set (run `bash tests/run-all.sh`, which builds the engine venv)");
-    false
-}
-
-/// `spark-kit up --kit tiny-cpu --port P`, stopped with SIGINT when dropped (`up` drains and
-/// stops its engines before it exits).
-struct Up {
-    child: Child,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(90) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        eprintln!("up did not stop 90 s after SIGINT; killing it");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `GET /v1/models` answers 200: the endpoint serves (what bench needs; independent of `up`'s banner).
-fn serving(port: u16) -> bool {
-    let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
-    if c.write_all(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
-}
-
-fn up(port: u16, logs: &std::path::Path) -> Up {
-    let mut child = spark_kit()
-        .args(["up", "--kit", "tiny-cpu", "--port", &port.to_string()])
-        .args(["--set", &format!("paths.logs={}", logs.display())])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    // Drain stdout so `up` never blocks on a full pipe.
-    std::thread::spawn(move || BufReader::new(out).lines().map_while(Result::ok).for_each(drop));
-    let mut u = Up { child };
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while !serving(port) {
-        if let Ok(Some(status)) = u.child.try_wait() {
-            panic!("up exited before the endpoint served: {status}");
-        }
-        assert!(Instant::now() < deadline, "the endpoint did not serve within 600 s");
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    u
-}
-
 #[test]
 fn bench_measures_the_tiny_cpu_endpoint() {
-    if !enabled() {
+    if !e2e_enabled() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let _server = up(port, dir.path());
+    let server = up_tiny_cpu(&[], dir.path(), port, Duration::from_secs(600));
     let json = dir.path().join("bench.json");
     let png = dir.path().join("bench.png");
     let t = Instant::now();
@@ -137,4 +70,5 @@ fn bench_measures_the_tiny_cpu_endpoint() {
     let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
     let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
     assert_eq!((w, h), (1200, 500));
+    server.interrupt();
 }

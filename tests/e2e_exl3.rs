@@ -10,85 +10,17 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{free_port, group_members, spark_kit, venv_python};
+use common::up::{e2e_enabled, up_tiny_cpu, Serving};
+use common::{free_port, venv_python};
 use spark_kit::engine::process::untagged;
 
-fn enabled() -> bool {
-    if std::env::var_os("SPARK_KIT_TEST_E2E").is_some() {
-        return true;
-    }
-    eprintln!("skipping: SPARK_KIT_TEST_E2E is not set (run `bash tests/run-all.sh`, which builds the engine venv)");
-    false
-}
-
-/// True when `GET path` on 127.0.0.1:`port` answers 200.
-fn http_ok(port: u16, path: &str) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).is_err() {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
-}
-
-/// `up` with `extra` settings until its "Ctrl-C stops" banner, or until the endpoint it serves
-/// answers `/v1/models` (whichever comes first).
-fn up(extra: &[&str], logs: &Path, port: u16) -> (Child, i32) {
-    let mut cmd = spark_kit();
-    cmd.args(["up", "--kit", "tiny-cpu", "--port", &port.to_string()]);
-    cmd.args(["--set", &format!("paths.logs={}", logs.display())]);
-    cmd.args(extra).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = cmd.spawn().unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let mut seen = Vec::new();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) => {
-                let done = line.starts_with("Ctrl-C");
-                seen.push(line);
-                if done {
-                    break;
-                }
-            }
-            Err(_) => {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("up exited before ready: {status}; stdout: {seen:?}");
-                }
-                if http_ok(port, "/v1/models") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "not ready in 900 s: {seen:?}");
-            }
-        }
-    }
-    let pgid = common::engine_pgid_under(child.id() as i32).expect("engine process under up");
-    (child, pgid)
-}
-
-fn stop(mut child: Child, pgid: i32) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let t = Instant::now();
-    while !group_members(pgid).is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(30), "engine group alive 30 s after SIGINT");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert!(child.wait().unwrap().success());
+/// `up` with `extra` settings on `port` until it serves; its process and engine group.
+fn up(extra: &[&str], logs: &Path, port: u16) -> Serving {
+    up_tiny_cpu(extra, logs, port, Duration::from_secs(900))
 }
 
 /// Greedy completions for 10 prompts: token strings of each (16 tokens, EOS ignored).
@@ -145,15 +77,15 @@ fn exl3_activity(log: &str) -> BTreeMap<String, (usize, bool)> {
 
 #[test]
 fn tiny_exl3_serves_the_same_greedy_tokens_as_its_dense_twin() {
-    if !enabled() {
+    if !e2e_enabled() {
         return;
     }
     let logs = tempfile::tempdir().unwrap();
     let exl3_logs = logs.path().join("exl3");
     let port = free_port();
-    let (child, pgid) = up(&["--set", "model.source=tiny-exl3"], &exl3_logs, port);
+    let server = up(&["--set", "model.source=tiny-exl3"], &exl3_logs, port);
     let exl3 = greedy(port);
-    stop(child, pgid);
+    server.interrupt();
     let log = std::fs::read_to_string(exl3_logs.join("tiny-cpu-local-engine.log")).unwrap();
     let model = served_model(&log);
     assert!(model.file_name().unwrap().to_string_lossy().starts_with("tiny-exl3-"), "{}", model.display());
@@ -173,10 +105,10 @@ fn tiny_exl3_serves_the_same_greedy_tokens_as_its_dense_twin() {
     let twin = model.with_file_name(format!("{}-dense", model.file_name().unwrap().to_string_lossy()));
     let dense_logs = logs.path().join("dense");
     let port = free_port();
-    let (child, pgid) =
+    let server =
         up(&["--set", "model.source=local", "--set", &format!("model.path={}", twin.display())], &dense_logs, port);
     let dense = greedy(port);
-    stop(child, pgid);
+    server.interrupt();
     let dense_log = std::fs::read_to_string(dense_logs.join("tiny-cpu-local-engine.log")).unwrap();
     assert!(!dense_log.contains("exl3: "), "the dense twin went through the exl3 method");
     assert!(dense_log.contains("quantization=None"), "the dense twin was served quantized");

@@ -8,84 +8,18 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{free_port, group_members, spark_kit, venv_python};
+use common::up::{e2e_enabled, up_tiny_cpu, Serving};
+use common::{free_port, spark_kit, venv_python};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn enabled() -> bool {
-    if std::env::var_os("SPARK_KIT_TEST_E2E").is_some() {
-        return true;
-    }
-    eprintln!("skipping: SPARK_KIT_TEST_E2E is not set (run `bash tests/run-all.sh`, which builds the engine venv)");
-    false
-}
-
-struct Up {
-    child: Child,
-    stdout: Vec<String>,
-    engine_pgid: i32,
-}
-
-/// Start `up`, wait for its "ready" banner; returns the process and the engine's group.
-fn up(extra: &[&str], logs: &std::path::Path) -> Up {
-    let mut cmd = spark_kit();
-    cmd.args(["up", "--kit", "tiny-cpu", "--set", &format!("paths.logs={}", logs.display())]);
-    cmd.args(extra).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = cmd.spawn().unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut stdout = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) => {
-                let done = line.starts_with("Ctrl-C");
-                stdout.push(line);
-                if done {
-                    break;
-                }
-            }
-            Err(_) => {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("up exited before ready: {status}; stdout: {stdout:?}");
-                }
-                assert!(Instant::now() < deadline, "not ready in 600 s");
-            }
-        }
-    }
-    let engine_pgid = common::engine_pgid_under(child.id() as i32).expect("engine process under up");
-    Up { child, stdout, engine_pgid }
-}
-
-fn interrupt_and_check_clean(mut u: Up) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(u.child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let t = Instant::now();
-    loop {
-        if group_members(u.engine_pgid).is_empty() {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "engine group still alive 30 s after SIGINT: {:?}",
-            group_members(u.engine_pgid)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    eprintln!("engine group gone {:.1} s after SIGINT", t.elapsed().as_secs_f64());
-    let status = u.child.wait().unwrap();
-    assert!(status.success(), "up exit status {status}");
+/// Start `up` on `port` and wait until it serves.
+fn up(port: u16, logs: &std::path::Path) -> Serving {
+    up_tiny_cpu(&[], logs, port, Duration::from_secs(600))
 }
 
 const CLIENT: &str = r#"
@@ -109,7 +43,7 @@ fn query(base: &str) -> serde_json::Value {
 
 #[test]
 fn serves_chat_and_stream_deterministically_and_stops_clean() {
-    if !enabled() {
+    if !e2e_enabled() {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -117,13 +51,14 @@ fn serves_chat_and_stream_deterministically_and_stops_clean() {
     let mut answers = Vec::new();
     for boot in 0..2 {
         let port = free_port();
-        let u = up(&["--port", &port.to_string()], logs.path());
+        let u = up(port, logs.path());
         assert!(u.stdout.iter().any(|l| l == &format!("endpoint: http://127.0.0.1:{port}/v1")), "{:?}", u.stdout);
         let r = query(&format!("http://127.0.0.1:{port}/v1"));
         assert_eq!(r["models"], serde_json::json!(["tiny-llama"]));
         assert!(r["chunks"].as_u64().unwrap() > 1, "stream came in one piece: {r}");
         answers.push((r["chat"].clone(), r["stream"].clone()));
-        interrupt_and_check_clean(u);
+        let secs = u.interrupt();
+        eprintln!("engine group gone {secs:.1} s after SIGINT");
         if boot == 0 {
             // The overlay's plugin line: exactly once in every vLLM process.
             let log = std::fs::read_to_string(logs.path().join("tiny-cpu-local-engine.log")).unwrap();
@@ -162,7 +97,7 @@ fn failing_up(extra: &[&str]) -> (i32, String) {
 
 #[test]
 fn bad_inputs_fail_with_one_clear_error() {
-    if !enabled() {
+    if !e2e_enabled() {
         return;
     }
     let _g = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -1,7 +1,8 @@
 //! Shared helpers of the integration tests.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 pub mod sshd;
+pub mod up;
 
 use std::path::PathBuf;
 use std::process::Command;
