@@ -6,9 +6,11 @@
 
 pub mod budget;
 pub mod exl3_audit;
+pub mod exl3_decode;
 pub mod names;
 pub mod quant_ledger;
 pub mod safetensors;
+pub mod tensor_data;
 pub mod virtual_ckpt;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -93,6 +95,13 @@ pub enum CheckpointError {
     DuplicateAcrossShards { tensor: String, first: PathBuf, second: PathBuf },
     #[error("{path}: tensor `{tensor}`: cannot read its 4 marker bytes: {source}", path = path.display())]
     MarkerRead {
+        path: PathBuf,
+        tensor: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: tensor `{tensor}`: cannot read its data: {source}", path = path.display())]
+    DataRead {
         path: PathBuf,
         tensor: String,
         #[source]
@@ -263,13 +272,13 @@ struct Index {
 
 /// Read exactly `buf.len()` bytes at `offset` (one `pread` on Unix).
 #[cfg(unix)]
-fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+pub(crate) fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
     std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
 }
 
 /// Read exactly `buf.len()` bytes at `offset`.
 #[cfg(not(unix))]
-fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+pub(crate) fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
     file.seek(SeekFrom::Start(offset))?;
     file.read_exact(buf)
 }
