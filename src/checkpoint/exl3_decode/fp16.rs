@@ -36,6 +36,9 @@ pub fn from_f64(x: f64) -> u16 {
     if a == 0.0 {
         return sign;
     }
+    if a >= 65520.0 {
+        return sign | 0x7C00; // infinity, or rounds past the largest finite value (65504)
+    }
     // Quantum (ulp) of the binade `a` falls in; subnormals share the smallest one, 2^-24.
     #[allow(clippy::cast_possible_truncation)] // |log2| < 1100 for finite non-zero f64
     let exp = a.log2().floor() as i32;
