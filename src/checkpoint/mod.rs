@@ -5,6 +5,7 @@
 //! so they run the same on a real download and on the modelled DeepSeek V4.1 Flash shape.
 
 pub mod budget;
+pub mod decode_check;
 pub mod exl3_audit;
 pub mod exl3_decode;
 pub mod names;
@@ -107,6 +108,8 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+    #[error("tensor `{tensor}`: cannot decode: {why}")]
+    Decode { tensor: String, why: String },
     #[error("virtual checkpoint `{name}`: {why}")]
     Virtual { name: String, why: String },
 }

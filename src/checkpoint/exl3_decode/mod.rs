@@ -15,6 +15,7 @@ pub mod bitstream;
 pub mod codebook;
 pub mod fp16;
 pub mod hadamard;
+pub mod sample;
 
 use self::bitstream::{decode_tile, TileBits, TILE};
 use crate::checkpoint::exl3_audit::Codebook;
