@@ -224,3 +224,57 @@ def test_cuda_extension_missing_fails_closed(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_exllamav3)
     with pytest.raises(Exl3FormatError, match="EXL3 on CUDA needs exllamav3's extension"):
         vllm_linear.cuda_extension()
+
+
+def test_linear_bias_loader_places_checks_and_passes_other_params_through():
+    vllm_linear = pytest.importorskip("spark_overlay.exl3.vllm_linear")
+    from types import SimpleNamespace
+
+    OutputShard = vllm_linear.OutputShard
+    method = vllm_linear.Exl3LinearMethod(SimpleNamespace(packed_modules_mapping={}), "model.layers.0.self_attn.qkv_proj")
+    layer = torch.nn.Module()
+    layer.bias = torch.nn.Parameter(torch.full((512,), 7.0, dtype=torch.bfloat16), requires_grad=False)
+    layer.exl3_biases = set()
+    layer.exl3_shards = [
+        OutputShard("q", ShardSpec("model.layers.0.self_attn.q_proj", 256, 512, (0, 256), (256, 512)), 256),
+        OutputShard("k", ShardSpec("model.layers.0.self_attn.k_proj", 256, 256, (0, 256), (128, 256)), 128),
+        OutputShard("v", ShardSpec("model.layers.0.self_attn.v_proj", 256, 256, (0, 256), (128, 256)), 128),
+    ]
+    passed = []
+    load = method._bias_loader(layer, lambda param, loaded, *a, **k: passed.append((param, a)))
+    other = torch.nn.Parameter(torch.zeros(3))
+    load(other, torch.ones(3), "q")
+    assert passed == [(other, ("q",))]
+    q = torch.arange(512, dtype=torch.float16)
+    v = -torch.arange(256, dtype=torch.float16)
+    load(layer.bias, q, "q")
+    load(layer.bias, v, "v")
+    assert torch.equal(layer.bias[:256].float(), q[256:].float())
+    assert torch.equal(layer.bias[384:].float(), v[128:].float())
+    assert torch.equal(layer.bias[256:384].float(), torch.full((128,), 7.0))  # k not loaded yet
+    with pytest.raises(Exl3FormatError, match=r"v_proj\.bias: loaded twice"):
+        load(layer.bias, v, "v")
+    with pytest.raises(Exl3FormatError, match=r"k_proj\.bias: shape \[200\] does not match \[256\]"):
+        load(layer.bias, torch.zeros(200, dtype=torch.float16), "k")
+
+
+def test_moe_biases_all_or_none_and_the_layer_must_take_them():
+    vllm_moe = pytest.importorskip("spark_overlay.exl3.vllm_moe")
+    from types import SimpleNamespace
+
+    spec = lambda name: ShardSpec(name, 256, 256, (0, 256), (0, 256))  # noqa: E731
+    with_b = [{sid: (spec(f"experts.{e}.{sid}"), {"trellis": None, "bias": None}) for sid in ("w1", "w3", "w2")}
+              for e in range(2)]
+    check = vllm_moe.Exl3MoEMethod._check_biases
+    takes = SimpleNamespace(moe=SimpleNamespace(has_bias=True), prefix="model.layers.0.mlp.experts")
+    takes_none = SimpleNamespace(moe=SimpleNamespace(has_bias=False), prefix="model.layers.0.mlp.experts")
+    assert check(takes, with_b) is True
+    with pytest.raises(Exl3FormatError, match=r"experts\.0\.w1\.bias: the checkpoint has expert biases but"):
+        check(takes_none, with_b)
+    del with_b[1]["w2"][1]["bias"]
+    with pytest.raises(Exl3FormatError, match=r"experts\.1\.w2\.bias: missing from the checkpoint while"):
+        check(takes, with_b)
+    without = [{sid: (spec(f"experts.{e}.{sid}"), {"trellis": None}) for sid in ("w1", "w3", "w2")} for e in range(2)]
+    assert check(takes_none, without) is False
+    with pytest.raises(Exl3FormatError, match=r"experts\.0\.w1\.bias: missing from the checkpoint, but vLLM"):
+        check(takes, without)
