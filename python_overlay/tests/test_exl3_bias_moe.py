@@ -249,8 +249,8 @@ def test_linear_bias_loader_places_checks_and_passes_other_params_through():
     v = -torch.arange(256, dtype=torch.float16)
     load(layer.bias, q, "q")
     load(layer.bias, v, "v")
-    assert torch.equal(layer.bias[:256].float(), q[256:].float())
-    assert torch.equal(layer.bias[384:].float(), v[128:].float())
+    assert torch.equal(layer.bias[:256], q[256:].to(torch.bfloat16))  # converted to the layer's dtype
+    assert torch.equal(layer.bias[384:], v[128:].to(torch.bfloat16))
     assert torch.equal(layer.bias[256:384].float(), torch.full((128,), 7.0))  # k not loaded yet
     with pytest.raises(Exl3FormatError, match=r"v_proj\.bias: loaded twice"):
         load(layer.bias, v, "v")
