@@ -225,6 +225,13 @@ pub struct VerifyArgs {
     /// Header-only EXL3 structural audit: every packed matrix's trellis/suh/svh/marker, K vs the kit's k_map.
     #[arg(long)]
     pub structure: bool,
+    /// The structural audit, then decode a sample of 128x128 blocks of every packed matrix and check the
+    /// weights are finite and sanely scaled (catches a broken pack before a long boot).
+    #[arg(long, conflicts_with_all = ["fast", "jobs", "virtual"])]
+    pub decode: bool,
+    /// With --decode: 128x128 blocks (64 tiles each) decoded per matrix.
+    #[arg(long, value_name = "N", requires = "decode", default_value_t = 2)]
+    pub decode_blocks: usize,
     /// Lock-file check of sizes and presence only (no hashing).
     #[arg(long, conflicts_with = "structure")]
     pub fast: bool,

@@ -5,10 +5,13 @@
 //! so they run the same on a real download and on the modelled DeepSeek V4.1 Flash shape.
 
 pub mod budget;
+pub mod decode_check;
 pub mod exl3_audit;
+pub mod exl3_decode;
 pub mod names;
 pub mod quant_ledger;
 pub mod safetensors;
+pub mod tensor_data;
 pub mod virtual_ckpt;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -98,6 +101,15 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path}: tensor `{tensor}`: cannot read its data: {source}", path = path.display())]
+    DataRead {
+        path: PathBuf,
+        tensor: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("tensor `{tensor}`: cannot decode: {why}")]
+    Decode { tensor: String, why: String },
     #[error("virtual checkpoint `{name}`: {why}")]
     Virtual { name: String, why: String },
 }
@@ -263,13 +275,13 @@ struct Index {
 
 /// Read exactly `buf.len()` bytes at `offset` (one `pread` on Unix).
 #[cfg(unix)]
-fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+pub(crate) fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
     std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
 }
 
 /// Read exactly `buf.len()` bytes at `offset`.
 #[cfg(not(unix))]
-fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+pub(crate) fn read_at(file: &mut File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
     file.seek(SeekFrom::Start(offset))?;
     file.read_exact(buf)
 }

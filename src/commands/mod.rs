@@ -21,6 +21,7 @@ pub mod setup;
 pub mod status;
 pub mod up;
 pub mod verify;
+pub mod verify_decode;
 
 use std::io::Write;
 

@@ -88,7 +88,7 @@ pub(super) fn size(bytes: u64) -> String {
 }
 
 pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    if !args.structure {
+    if !args.structure && !args.decode {
         return lock_check(args, ctx);
     }
     let resolved = load::resolve(&args.kit, &ctx.env)?;
@@ -96,6 +96,9 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let (ckpt, label) = checkpoint_in(kit, &ctx.env, args.model.as_ref(), args.r#virtual, false)?;
     let report =
         audit(&ckpt, &AuditOptions { k_map: kit.model.k_map.clone() }).map_err(|e| Failure::runtime(e.to_string()))?;
+    if args.decode {
+        return super::verify_decode::run(args, &kit.model.k_map, &ckpt, &label, &report, ctx);
+    }
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
     } else {
@@ -109,7 +112,7 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
 }
 
-fn human(r: &AuditReport, label: &str) -> String {
+pub(super) fn human(r: &AuditReport, label: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{label}: {} shards, {} tensors, {}", r.shards, r.tensors, size(r.total_bytes));
     let codebooks: Vec<String> = r.codebooks.iter().map(|(c, n)| format!("{} {n}", c.name())).collect();

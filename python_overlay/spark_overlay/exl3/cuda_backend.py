@@ -102,3 +102,107 @@ def prepare_cuda_layer(layer: torch.nn.Module, shards, expected_codebook: str | 
 
 def cuda_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return layer.exl3_cuda(x, bias)
+
+
+# vLLM shard ids of one expert: gate (w1), up (w3), down (w2).
+MOE_SHARDS = ("w1", "w3", "w2")
+
+
+class Exl3CudaMoE:
+    """Routed EXL3 experts on CUDA: a per-expert loop of `exl3_gemm` (gate, up, SiLU-and-mul, down).
+
+    `experts[e]` maps "w1"/"w3"/"w2" to (ShardSpec, parts) of local expert e:
+    gate/up are column slices, down a row slice of this rank (whole 128-blocks
+    required, as for linears). Biases (`parts["bias"]`, the rank's slice) are
+    added after each projection; the down bias only where `add_down_bias` (rank
+    0), so it is counted once after the tensor-parallel sum. The output is this
+    rank's partial sum in x's dtype, accumulated in float32.
+
+    exllamav3's fused `exl3_moe` kernel is not used: it needs its own host-side
+    scheduling (tokens sorted by expert, device pointer tables, temp buffers
+    sized by its concurrency, gather tables) and one mcg/mul1 codebook for all
+    projections; see docs/exl3-overlay.md.
+    """
+
+    def __init__(
+        self,
+        experts: Sequence[Mapping[str, tuple[ShardSpec, Mapping[str, torch.Tensor]]]],
+        expected_codebook: str | None,
+        ext,
+        device: torch.device | str,
+        add_down_bias: bool = True,
+    ) -> None:
+        self.layers = []
+        self.biases = []
+        for e, shards in enumerate(experts):
+            missing = [sid for sid in MOE_SHARDS if sid not in shards]
+            if missing:
+                raise Exl3FormatError(f"local expert {e}: no EXL3 tensors for shard(s) {', '.join(missing)}")
+            layers, biases = {}, {}
+            for sid in MOE_SHARDS:
+                spec, parts = shards[sid]
+                layers[sid] = Exl3CudaShards([spec], [parts], expected_codebook, ext, device)
+                bias = parts.get("bias")
+                if sid == "w2" and not add_down_bias:
+                    bias = None
+                biases[sid] = None if bias is None else bias.to(device=device, dtype=torch.float32)
+            hidden_in = layers["w1"].in_features
+            if layers["w3"].in_features != hidden_in or layers["w2"].in_features != layers["w1"].shards[0]["out"]:
+                raise Exl3FormatError(
+                    f"{shards['w2'][0].name}: gate/up/down shapes of local expert {e} do not chain "
+                    "(hidden -> intermediate -> hidden)"
+                )
+            self.layers.append(layers)
+            self.biases.append(biases)
+        self.hidden = self.layers[0]["w2"].shards[0]["out"] if self.layers else 0
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """One expert's output for rows `x` (fp16 in, float32 out, biases included)."""
+        layers, biases = self.layers[e], self.biases[e]
+
+        def project(sid, inp):
+            y = layers[sid](inp).float()
+            return y if biases[sid] is None else y + biases[sid]
+
+        h = torch.nn.functional.silu(project("w1", x)) * project("w3", x)
+        return project("w2", h.to(torch.float16))
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        expert_map: torch.Tensor | None = None,
+        weight_on_input: bool = False,
+    ) -> torch.Tensor:
+        tokens, top_k = topk_ids.shape
+        ids = topk_ids.reshape(-1).long()
+        if expert_map is not None:
+            ids = expert_map[ids].long()  # global -> local, -1 = another rank's expert
+        weights = topk_weights.reshape(-1).float()
+        rows = torch.arange(tokens, device=x.device).repeat_interleave(top_k)
+        local = ids >= 0
+        ids, weights, rows = ids[local], weights[local], rows[local]
+        order = torch.argsort(ids, stable=True)
+        ids, weights, rows = ids[order], weights[order], rows[order]
+        counts = torch.bincount(ids, minlength=len(self.layers)).tolist()
+        out = torch.zeros(tokens, self.hidden, dtype=torch.float32, device=x.device)
+        x16 = x.to(torch.float16)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            sel, w = rows[start : start + n], weights[start : start + n, None]
+            start += n
+            xe = x16[sel]
+            if weight_on_input:
+                y = self.expert(e, (xe.float() * w).to(torch.float16))
+            else:
+                y = self.expert(e, xe) * w
+            out.index_add_(0, sel, y)
+        return out.to(x.dtype)
+
+
+def prepare_cuda_moe(experts, expected_codebook: str | None, ext, add_down_bias: bool) -> Exl3CudaMoE:
+    device = torch.device("cuda", torch.cuda.current_device())
+    return Exl3CudaMoE(experts, expected_codebook, ext, device, add_down_bias)

@@ -34,6 +34,7 @@ from .trellis import HALF_K, TILE
 PART_KINDS = ("trellis", "suh", "svh", "su", "sv", CODEBOOK_MCG, CODEBOOK_MUL1, "weight")
 PART_DTYPES = {
     "trellis": torch.int16,
+    "bias": torch.float16,
     "suh": torch.float16,
     "svh": torch.float16,
     "su": torch.int16,
@@ -120,6 +121,12 @@ def check_part(spec: ShardSpec, kind: str, tensor: torch.Tensor) -> None:
                 f"(padded {spec.padded_in}) x out {spec.out_features} (padded {spec.padded_out}) needs "
                 f"[{tiles[0]}, {tiles[1]}, 16*K]; the checkpoint does not belong to this model config"
             )
+    elif kind == "bias":
+        if tensor.dim() != 1 or tensor.shape[0] != spec.padded_out:
+            raise Exl3FormatError(
+                f"{name}: shape {list(tensor.shape)} does not match [{spec.padded_out}] (out {spec.out_features} "
+                "padded to 128, as exllamav3 writes biases)"
+            )
     elif kind in ("suh", "svh", "su", "sv"):
         length = spec.padded_in if kind in ("suh", "su") else spec.padded_out
         if kind in ("su", "sv"):
@@ -132,6 +139,8 @@ def check_part(spec: ShardSpec, kind: str, tensor: torch.Tensor) -> None:
 
 def rank_part(spec: ShardSpec, kind: str, tensor: torch.Tensor) -> torch.Tensor:
     """The part of a checked tensor this rank keeps: whole-tile specs keep only their tiles."""
+    if kind == "bias":
+        return rank_bias(spec, tensor)
     if not spec.whole_tiles:
         return tensor
     i0, i1 = spec.padded_range("in")
@@ -147,6 +156,17 @@ def rank_part(spec: ShardSpec, kind: str, tensor: torch.Tensor) -> torch.Tensor:
     if kind == "sv":
         return tensor[o0 // TILE : o1 // TILE].contiguous()
     return tensor
+
+
+def rank_bias(spec: ShardSpec, bias: torch.Tensor) -> torch.Tensor:
+    """The bias entries of this rank's output columns (padding dropped): bias[out_range].
+
+    Column-parallel ranks get their slice; a row-parallel rank (out_range = all
+    columns) gets the whole bias, which the layer must add once, after the
+    partial outputs are summed (vLLM adds it on rank 0 only).
+    """
+    o0, o1 = spec.out_range
+    return bias[o0:o1].contiguous()
 
 
 def shard_codebook(spec: ShardSpec, parts: Mapping[str, torch.Tensor], expected: str | None) -> str:

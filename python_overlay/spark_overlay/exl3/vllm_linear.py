@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import Exl3FormatError
-from .shards import PART_DTYPES, PART_KINDS, ShardSpec, check_part, decode_shard, rank_part, shard_k
+from .shards import PART_DTYPES, PART_KINDS, ShardSpec, check_part, decode_shard, rank_bias, rank_part, shard_k
 
 logger = logging.getLogger("vllm.spark_overlay.exl3")
 
@@ -155,6 +155,23 @@ def output_shards(layer: torch.nn.Module, prefix: str, packed: dict[str, list[st
     raise Exl3FormatError(f"{prefix}: layer type {kind.__name__} is not supported by the EXL3 linear method")
 
 
+def bias_slot(shards: list[OutputShard], key: object, bias: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Where the checked checkpoint bias of shard `key` goes in the layer's local bias, and its part.
+
+    Returns (offset, values): the rows of the layer's output this shard fills
+    start at `offset` (shards are laid out in order, each followed by its pad
+    rows); `values` is the rank's slice (`shards.rank_bias`).
+    """
+    offset = 0
+    for shard in shards:
+        if shard.key == key:
+            check_part(shard.spec, "bias", bias)
+            return offset, rank_bias(shard.spec, bias)
+        offset += shard.local_out + shard.pad_rows
+    keys = ", ".join(repr(s.key) for s in shards)
+    raise Exl3FormatError(f"bias for shard id {key!r} does not name one of this layer's EXL3 linears ({keys})")
+
+
 def supported_layer(layer: torch.nn.Module) -> bool:
     from vllm.model_executor.layers.linear import (
         ColumnParallelLinear,
@@ -216,6 +233,11 @@ class Exl3LinearMethod(_linear_method_base()):
         **extra_weight_attrs,
     ) -> None:
         layer.exl3_parts = {}
+        layer.exl3_biases = set()
+        # vLLM creates the layer's own `bias` parameter after this call, with
+        # `self.weight_loader` as its loader: shadow that method so EXL3 biases
+        # (fp16, padded to 128) are checked and placed per shard here.
+        layer.weight_loader = self._bias_loader(layer, layer.weight_loader)
         layer.exl3_params_dtype = params_dtype
         layer.exl3_output_partition_sizes = list(output_partition_sizes)
         layer.exl3_input_size_per_partition = input_size_per_partition
@@ -237,6 +259,28 @@ class Exl3LinearMethod(_linear_method_base()):
                 )
             layer.exl3_shards = shards
         return shards
+
+    def _bias_loader(self, layer: torch.nn.Module, fallback):
+        def load(param: torch.nn.Parameter, loaded: torch.Tensor, *args, **kwargs):
+            if param is not layer._parameters.get("bias"):
+                return fallback(param, loaded, *args, **kwargs)
+            shard_id = args[0] if args else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+            if shard_id is None:
+                shard_id = getattr(loaded, "shard_id", None)
+            shards = self._shards(layer)
+            match = [s for s in shards if s.key == shard_id]
+            name = f"{match[0].spec.name}.bias" if len(match) == 1 else f"{self.prefix}.bias"
+            try:
+                offset, values = bias_slot(shards, shard_id, loaded.detach().to("cpu"))
+            except Exl3FormatError as err:
+                raise Exl3FormatError(f"{name}: {err}" if not str(err).startswith(name) else str(err)) from None
+            if shard_id in layer.exl3_biases:
+                raise Exl3FormatError(f"{name}: loaded twice (duplicate tensor in the checkpoint)")
+            layer.exl3_biases.add(shard_id)
+            param.data[offset : offset + values.shape[0]].copy_(values.to(param.dtype))
+            return None
+
+        return load
 
     def _loader(self, layer: torch.nn.Module, kind: str):
         def load(param: torch.nn.Parameter, loaded: torch.Tensor, shard_id=None, *args, **kwargs) -> None:
@@ -271,6 +315,18 @@ class Exl3LinearMethod(_linear_method_base()):
                     f"{shard.spec.name}.trellis: missing from the checkpoint (no EXL3 tensors for this "
                     "linear; is the model an EXL3 conversion of this architecture?)"
                 )
+        if getattr(layer, "bias", None) is not None:
+            missing = [s.spec.name for s in shards if s.key not in layer.exl3_biases]
+            if missing:
+                raise Exl3FormatError(
+                    f"{missing[0]}.bias: missing from the checkpoint, but the model's layer {self.prefix} has a "
+                    "bias (the EXL3 conversion and the model config disagree)"
+                )
+            offset = 0
+            for shard in shards:  # padded vocabulary rows of the LM head get a zero bias
+                offset += shard.local_out
+                layer.bias.data[offset : offset + shard.pad_rows] = 0
+                offset += shard.pad_rows
         for kind in PART_KINDS:
             if hasattr(layer, kind):
                 delattr(layer, kind)

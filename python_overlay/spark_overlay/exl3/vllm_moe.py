@@ -8,11 +8,17 @@ gate/up are split on their output (trellis dim 1 with svh), down on its input
 tiles when the split is on 128-multiples. Every tensor is checked at load
 (dtype, shape from the model config, marker) and the error names it.
 
+Biases (`.bias`, fp16 padded to 128, exllamav3 writes one where the source
+expert has one): gate/up keep the rank's slice, down the whole vector on rank
+0 only (zero elsewhere), so the tensor-parallel sum adds it once.
+
 CPU back end: after loading, each local expert is decoded once into the
 compute dtype as the stacked `w13_weight` [E, 2I, H] / `w2_weight` [E, H, I]
-and vLLM's unquantized fused-MoE path runs on them (this class extends
-`UnquantizedFusedMoEMethod` for that). CUDA: not implemented here -- the load
-fails closed with a message (exllamav3's `exl3_moe` kernel would be the path).
+(and `w13_bias` / `w2_bias`) and vLLM's unquantized fused-MoE path runs on them
+(this class extends `UnquantizedFusedMoEMethod` for that). CUDA back end:
+`cuda_backend.Exl3CudaMoE`, a per-expert loop of exllamav3's `exl3_gemm` on
+the rank's tiles (SiLU-and-mul only); no extension -> the load fails with the
+install hint.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Exl3MoEMethod(_base()):
         self.config = config
         self.prefix = prefix
         self.supports_pre_processed_weights = False
+        self.backend = None
 
     @property
     def supports_eplb(self) -> bool:
@@ -55,7 +62,7 @@ class Exl3MoEMethod(_base()):
         layer.exl3_moe_parts = {}
         layer.exl3_moe_sizes = (num_experts, hidden_size, intermediate_size_per_partition, params_dtype)
         for group in ("w13", "w2"):
-            for kind in PART_KINDS:
+            for kind in (*PART_KINDS, "bias"):
                 param = torch.nn.Parameter(torch.empty(0, dtype=PART_DTYPES.get(kind, params_dtype)),
                                            requires_grad=False)
                 param.weight_loader = self._loader(layer, kind)
@@ -93,48 +100,117 @@ class Exl3MoEMethod(_base()):
 
         return load
 
-    def process_weights_after_loading(self, layer) -> None:
-        from vllm.platforms import current_platform
-
-        num_experts, hidden, inter, dtype = layer.exl3_moe_sizes
-        if current_platform.is_cuda():
-            raise Exl3FormatError(
-                f"{self.prefix}: EXL3 MoE experts on CUDA are not implemented by spark_overlay yet "
-                "(exllamav3's exl3_moe kernel path); serve on the CPU back end"
-            )
-        for group in ("w13", "w2"):
-            for kind in PART_KINDS:
-                delattr(layer, f"{group}_{kind}")
-        w13 = torch.empty(num_experts, 2 * inter, hidden, dtype=dtype)
-        w2 = torch.empty(num_experts, hidden, inter, dtype=dtype)
-        ks = []
+    def _local_experts(self, layer) -> list[dict]:
+        """Per local expert: shard id -> (spec, parts), every shard checked present."""
+        num_experts = layer.exl3_moe_sizes[0]
+        experts = []
         for e in range(num_experts):
-            decoded = {}
+            shards = {}
             for shard_id in SHARDS:
                 parts = layer.exl3_moe_parts.get((e, shard_id))
                 if parts is None or "trellis" not in parts:
                     name = self._spec(layer, shard_id, e).name if parts is None else parts["spec"].name
                     raise Exl3FormatError(f"{name}.trellis: missing from the checkpoint (local expert {e})")
-                spec = parts.pop("spec")
-                decoded[shard_id] = decode_shard(spec, parts, self.config.codebook)
-                ks.append(shard_k(parts))
+                parts = dict(parts)
+                shards[shard_id] = (parts.pop("spec"), parts)
+            experts.append(shards)
+        return experts
+
+    def _check_biases(self, experts: list[dict]) -> bool:
+        """True when the experts carry biases; all or none must, and vLLM's layer must take them."""
+        with_bias = [shards[sid][0].name for shards in experts for sid in SHARDS if "bias" in shards[sid][1]]
+        if not with_bias:
+            if self.moe.has_bias and experts:
+                raise Exl3FormatError(
+                    f"{experts[0]['w1'][0].name}.bias: missing from the checkpoint, but vLLM's MoE layer "
+                    f"{self.prefix} takes expert biases (the model config and the EXL3 conversion disagree)"
+                )
+            return False
+        without = [shards[sid][0].name for shards in experts for sid in SHARDS if "bias" not in shards[sid][1]]
+        if without:
+            raise Exl3FormatError(
+                f"{without[0]}.bias: missing from the checkpoint while {with_bias[0]}.bias exists "
+                "(every expert projection must have a bias or none)"
+            )
+        if not self.moe.has_bias:
+            raise Exl3FormatError(
+                f"{with_bias[0]}.bias: the checkpoint has expert biases but vLLM's MoE layer {self.prefix} "
+                "takes none (the model config and the EXL3 conversion disagree)"
+            )
+        return True
+
+    def process_weights_after_loading(self, layer) -> None:
+        from vllm.platforms import current_platform
+
+        num_experts, hidden, inter, dtype = layer.exl3_moe_sizes
+        for group in ("w13", "w2"):
+            for kind in (*PART_KINDS, "bias"):
+                delattr(layer, f"{group}_{kind}")
+        experts = self._local_experts(layer)
+        has_bias = self._check_biases(experts)
+        tp_rank = self.moe.moe_parallel_config.tp_rank
+        ks = [shard_k(shards[sid][1]) for shards in experts for sid in SHARDS]
+        if current_platform.is_cuda():
+            self._process_cuda(layer, experts, tp_rank, ks)
+            return
+        w13 = torch.empty(num_experts, 2 * inter, hidden, dtype=dtype)
+        w2 = torch.empty(num_experts, hidden, inter, dtype=dtype)
+        for e, shards in enumerate(experts):
+            decoded = {sid: decode_shard(spec, parts, self.config.codebook) for sid, (spec, parts) in shards.items()}
             w13[e, :inter] = decoded["w1"].to(dtype)
             w13[e, inter:] = decoded["w3"].to(dtype)
             w2[e] = decoded["w2"].to(dtype)
+        if has_bias:
+            b13 = torch.zeros(num_experts, 2 * inter, dtype=dtype)
+            b2 = torch.zeros(num_experts, hidden, dtype=dtype)
+            for e, shards in enumerate(experts):
+                b13[e, :inter] = shards["w1"][1]["bias"].to(dtype)
+                b13[e, inter:] = shards["w3"][1]["bias"].to(dtype)
+                if tp_rank == 0:  # added once: the other ranks' partial sums carry no down bias
+                    b2[e] = shards["w2"][1]["bias"].to(dtype)
+            layer.register_parameter("w13_bias", torch.nn.Parameter(b13, requires_grad=False))
+            layer.register_parameter("w2_bias", torch.nn.Parameter(b2, requires_grad=False))
         del layer.exl3_moe_parts
         layer.register_parameter("w13_weight", torch.nn.Parameter(w13, requires_grad=False))
         layer.register_parameter("w2_weight", torch.nn.Parameter(w2, requires_grad=False))
         super().process_weights_after_loading(layer)
+        self.backend = "cpu"
+        self._log_ready(num_experts, ks)
+
+    def _process_cuda(self, layer, experts: list[dict], tp_rank: int, ks: list[float]) -> None:
+        from .cuda_backend import prepare_cuda_moe
+        from .vllm_linear import cuda_extension
+
+        activation = str(getattr(getattr(layer, "activation", None), "value", getattr(layer, "activation", "silu")))
+        if activation != "silu":
+            raise Exl3FormatError(
+                f"{self.prefix}: EXL3 experts on CUDA support the SiLU-and-mul activation only, not {activation!r}"
+            )
+        layer.exl3_cuda_moe = prepare_cuda_moe(experts, self.config.codebook, cuda_extension(), tp_rank == 0)
+        del layer.exl3_moe_parts
+        self.backend = "cuda"
+        self._log_ready(len(experts), ks)
+
+    def _log_ready(self, num_experts: int, ks: list[float]) -> None:
         from spark_overlay.plugin import process_role
 
         logger.info(
-            "exl3: %s ready on cpu (%d experts x gate/up/down, K %s), pid=%d (%s)",
-            self.prefix, num_experts, "/".join(f"{k:g}" for k in sorted(set(ks))), os.getpid(),
+            "exl3: %s ready on %s (%d experts x gate/up/down, K %s), pid=%d (%s)",
+            self.prefix, self.backend, num_experts, "/".join(f"{k:g}" for k in sorted(set(ks))), os.getpid(),
             process_role() or "unknown role",
         )
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         from .vllm_linear import first_moe_use
 
-        first_moe_use(self.prefix, "cpu moe", x)
+        first_moe_use(self.prefix, f"{self.backend} moe", x)
+        if self.backend == "cuda":
+            if shared_experts is not None:
+                from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
+
+                shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)
+            return layer.exl3_cuda_moe(
+                x, topk_weights, topk_ids, getattr(layer, "expert_map", None),
+                bool(getattr(layer, "apply_router_weight_on_input", False)),
+            )
         return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
