@@ -65,6 +65,6 @@ fn main() {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", get(0));
     }
     // The engine venv is created from the same interpreter, so its libpython matches.
-    println!("cargo:rustc-env=SPARK_KIT_BUILD_PYTHON={}", if get(1).is_empty() { python.clone() } else { get(1) });
-    println!("cargo:rustc-env=SPARK_KIT_BUILD_PYTHON_VERSION={}", get(2));
+    println!("cargo:rustc-env=SPARKKIT_BUILD_PYTHON={}", if get(1).is_empty() { python.clone() } else { get(1) });
+    println!("cargo:rustc-env=SPARKKIT_BUILD_PYTHON_VERSION={}", get(2));
 }

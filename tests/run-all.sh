@@ -30,8 +30,10 @@ cargo clippy --all-targets -- -D warnings
 step "build"
 cargo build --all-targets
 
-step "engine venv: spark-kit setup --kit tiny-cpu"
-"${CARGO_TARGET_DIR:-target}/debug/spark-kit" setup --kit tiny-cpu
+step "engine venv: cargo run -- setup --kit tiny-cpu"
+# Through `cargo run`, as the README runs the main job (cargo passes build-script variables to
+# the program: none may look like a kit setting).
+cargo run -q -- setup --kit tiny-cpu
 venv=$("${CARGO_TARGET_DIR:-target}/debug/spark-kit" setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
 
 step "python overlay tests (pytest in the engine venv)"

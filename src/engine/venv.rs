@@ -15,9 +15,9 @@ use super::recipe::{steps, Recipe, RecipeError};
 pub const MARKER: &str = "spark-kit-venv.json";
 
 /// The base interpreter PyO3 was built against (the venv must use the same libpython).
-pub const BUILD_PYTHON: &str = env!("SPARK_KIT_BUILD_PYTHON");
+pub const BUILD_PYTHON: &str = env!("SPARKKIT_BUILD_PYTHON");
 /// Its `major.minor.micro`.
-pub const BUILD_PYTHON_VERSION: &str = env!("SPARK_KIT_BUILD_PYTHON_VERSION");
+pub const BUILD_PYTHON_VERSION: &str = env!("SPARKKIT_BUILD_PYTHON_VERSION");
 
 /// Progress of a setup; implemented by the terminal front end.
 pub trait SetupReporter {
