@@ -2,7 +2,7 @@
 //!
 //! | word | value |
 //! |---|---|
-//! | 0 | magic `0x31344E4531565344` (the bytes `DSV41EN1`) |
+//! | 0 | magic `0x31344E4531565344` ("DSV41EN1"; see [`MAGIC`] for the bytes) |
 //! | 1 | layer |
 //! | 2, 3 | owned rows `[lo, hi)` of the layer's table |
 //! | 4 | rows of the whole table |
@@ -13,8 +13,10 @@
 
 use super::ROW_BYTES;
 
-/// `DSV41EN1` read as a little-endian `u64`.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"DSV41EN1");
+/// The reference kit's magic, called "DSV41EN1" there. Written little-endian, its bytes on disk
+/// read `DSV1EN41`; the value (not the name) is kept so shards packed by the reference kit's
+/// tools are accepted and ours are accepted by them.
+pub const MAGIC: u64 = 0x3134_4E45_3156_5344;
 /// Header size; records start here.
 pub const HEADER_BYTES: usize = 4096;
 
@@ -66,7 +68,7 @@ impl PackedHeader {
             u64::from_le_bytes(w)
         };
         if word(0) != MAGIC {
-            return Err(format!("magic is {:#018x}, not {MAGIC:#018x} (\"DSV41EN1\"): not a packed Engram shard", word(0)));
+            return Err(format!("magic is {:#018x}, not {MAGIC:#018x} (DSV41EN1): not a packed Engram shard", word(0)));
         }
         let h = Self { layer: word(1), lo: word(2), hi: word(3), rows: word(4), row_bytes: word(5) };
         if h.row_bytes != ROW_BYTES as u64 {
@@ -122,8 +124,8 @@ mod tests {
         let h = PackedHeader::new(14, 100, 250, 1000);
         let b = h.to_bytes();
         assert_eq!(b.len(), 4096);
-        assert_eq!(&b[..8], b"DSV41EN1");
-        assert_eq!(MAGIC, 0x3134_4E45_3156_5344);
+        assert_eq!(&b[..8], b"DSV1EN41");
+        assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), 0x3134_4E45_3156_5344);
         assert!(b[48..].iter().all(|&x| x == 0));
         let len = 4096 + 150 * 264;
         assert_eq!(PackedHeader::parse(&b, len).unwrap(), h);
