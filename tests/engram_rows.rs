@@ -3,6 +3,8 @@
 //! covering every row once, packed == checkpoint, corrupt / truncated / wrong-rank / wrong-layer
 //! shards refused, and a `kill -9` in the middle of `pack-engram` followed by a clean rerun.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod engram_fixture;
 
 use std::path::{Path, PathBuf};
@@ -216,7 +218,9 @@ fn pack_engram_command_survives_kill_9() {
     assert_eq!(shards.len(), 2);
     assert!(shards.iter().all(|s| s["outcome"] == "written" && s["rank"] == 1 && s["world"] == 2));
     assert!(!partial.exists());
-    let geometry = Geometry::from_config(&serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap()).unwrap();
+    let geometry =
+        Geometry::from_config(&serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap())
+            .unwrap();
     for layer in LAYERS {
         let owned = geometry.owned(layer, 2, 1, 1).unwrap();
         let bytes = std::fs::read(out.join(file_name(layer, 1, 2))).unwrap();
@@ -231,10 +235,9 @@ fn pack_engram_command_survives_kill_9() {
     assert!(run.status.success());
     assert_eq!(String::from_utf8_lossy(&run.stdout).matches("already complete").count(), 2);
     // Usage errors exit 2 with a hint.
-    for (bad, want) in [
-        (vec!["--rank", "2"], "--rank 2 is out of range"),
-        (vec!["--src", "/nonexistent/engram"], "does not exist"),
-    ] {
+    for (bad, want) in
+        [(vec!["--rank", "2"], "--rank 2 is out of range"), (vec!["--src", "/nonexistent/engram"], "does not exist")]
+    {
         let mut a = vec!["pack-engram", "--kit", "dgx-spark-2x-dsv41-exl3", "--out", &o];
         a.extend(bad.iter().copied());
         if !a.contains(&"--src") {

@@ -49,7 +49,9 @@ impl RowFile {
     /// The file cannot be opened at all.
     pub fn open(path: &Path, direct: bool) -> Result<(Self, Option<String>), EngramError> {
         let buffered = || {
-            File::open(path).map(|file| Self { file, path: path.to_path_buf(), direct: false }).map_err(|e| EngramError::io(path, e))
+            File::open(path)
+                .map(|file| Self { file, path: path.to_path_buf(), direct: false })
+                .map_err(|e| EngramError::io(path, e))
         };
         if !direct {
             return Ok((buffered()?, None));

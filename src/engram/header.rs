@@ -79,10 +79,9 @@ impl PackedHeader {
         }
         match h.file_len() {
             Some(n) if n == file_len => Ok(h),
-            Some(n) if n > file_len => Err(format!(
-                "truncated: {file_len} bytes, but the header's {} records need {n}",
-                h.hi - h.lo
-            )),
+            Some(n) if n > file_len => {
+                Err(format!("truncated: {file_len} bytes, but the header's {} records need {n}", h.hi - h.lo))
+            }
             Some(n) => Err(format!("{file_len} bytes, but the header's {} records need exactly {n}", h.hi - h.lo)),
             None => Err("record count overflows".into()),
         }

@@ -75,7 +75,9 @@ impl Geometry {
             ));
         }
         let uint = |key: &str| -> Result<u64, String> {
-            root.get(key).and_then(serde_json::Value::as_u64).ok_or_else(|| format!("config.json `{key}` is not a non-negative integer"))
+            root.get(key)
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| format!("config.json `{key}` is not a non-negative integer"))
         };
         let list = |key: &str| -> Result<Vec<u64>, String> {
             root.get(key)
@@ -170,7 +172,8 @@ impl Geometry {
 /// # Errors
 /// `tp` or `dp` zero, `rank` out of range.
 pub fn owned_range(head_sizes: &[u64], tp: u32, dp: u32, rank: u32) -> Result<Owned, String> {
-    let world = tp.checked_mul(dp).filter(|&w| w > 0).ok_or_else(|| format!("tp {tp} × dp {dp} is not a rank count"))?;
+    let world =
+        tp.checked_mul(dp).filter(|&w| w > 0).ok_or_else(|| format!("tp {tp} × dp {dp} is not a rank count"))?;
     if rank >= world {
         return Err(format!("rank {rank} is out of range for tp {tp} × dp {dp} (ranks 0..{})", world - 1));
     }

@@ -169,7 +169,12 @@ fn drop_cache(file: &File, offset: u64, len: u64) {
     let _ = nix::fcntl::posix_fadvise(file, off, len, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED);
 }
 
-fn write_partial(job: &PackJob, partial: &Path, want: &PackedHeader, rep: &dyn PackReporter) -> Result<(), EngramError> {
+fn write_partial(
+    job: &PackJob,
+    partial: &Path,
+    want: &PackedHeader,
+    rep: &dyn PackReporter,
+) -> Result<(), EngramError> {
     let werr = |e| EngramError::io(partial, e);
     let mut out = OpenOptions::new().write(true).create(true).truncate(true).open(partial).map_err(werr)?;
     out.write_all(&want.to_bytes()).map_err(werr)?;

@@ -127,18 +127,21 @@ impl Inner {
     }
 }
 
+/// Rows read by one thread, with their output positions.
+type ReadRows = Result<Vec<(usize, [u8; ROW_BYTES])>, EngramError>;
+
 /// One batch of misses shared with the pool.
 struct Job {
     inner: Arc<Inner>,
     misses: Vec<(usize, u64)>,
     next: AtomicUsize,
     failed: AtomicBool,
-    done: Mutex<mpsc::Sender<Result<Vec<(usize, [u8; ROW_BYTES])>, EngramError>>>,
+    done: Mutex<mpsc::Sender<ReadRows>>,
 }
 
 impl Job {
     /// Take tickets until none are left; the rows read, with their output positions.
-    fn work(&self, scratch: &mut AlignedBuf) -> Result<Vec<(usize, [u8; ROW_BYTES])>, EngramError> {
+    fn work(&self, scratch: &mut AlignedBuf) -> ReadRows {
         let mut got = Vec::new();
         loop {
             let t = self.next.fetch_add(1, Ordering::Relaxed);
@@ -220,7 +223,10 @@ impl RowStore {
         if owned.hi > table.rows {
             return Err(EngramError::Table {
                 path: table.weight.path.clone(),
-                why: format!("owned rows [{}, {}) exceed the {}-row table of layer {}", owned.lo, owned.hi, table.rows, table.layer),
+                why: format!(
+                    "owned rows [{}, {}) exceed the {}-row table of layer {}",
+                    owned.lo, owned.hi, table.rows, table.layer
+                ),
             });
         }
         let mut reported = false;
@@ -249,13 +255,8 @@ impl RowStore {
             None
         };
         let direct = weight.is_direct();
-        let backing = Backing::Checkpoint {
-            weight,
-            w_off: table.weight.offset,
-            scale,
-            s_off: table.scale.offset,
-            resident,
-        };
+        let backing =
+            Backing::Checkpoint { weight, w_off: table.weight.offset, scale, s_off: table.scale.offset, resident };
         Self::build(Inner { layer: table.layer, rows: table.rows, owned, backing, cache: None }, opts, direct)
     }
 
@@ -274,7 +275,8 @@ impl RowStore {
         if let Some(why) = why {
             rep.buffered_fallback(path, &why);
         }
-        let layer = u32::try_from(h.layer).map_err(|_| EngramError::Packed { path: path.into(), why: "layer overflows".into() })?;
+        let layer = u32::try_from(h.layer)
+            .map_err(|_| EngramError::Packed { path: path.into(), why: "layer overflows".into() })?;
         let owned = Owned { lo: h.lo, hi: h.hi, head_start: 0, head_end: 0 };
         let direct = file.is_direct();
         Self::build(Inner { layer, rows: h.rows, owned, backing: Backing::Packed { file }, cache: None }, opts, direct)
@@ -382,7 +384,7 @@ impl RowStore {
             }
         }
         let mut first_err = None;
-        let mut place = |r: Result<Vec<(usize, [u8; ROW_BYTES])>, EngramError>| match r {
+        let mut place = |r: ReadRows| match r {
             Ok(rows) => {
                 for (pos, row) in rows {
                     out[pos * ROW_BYTES..(pos + 1) * ROW_BYTES].copy_from_slice(&row);

@@ -55,10 +55,7 @@ pub fn checkpoint_table(ckpt: &Checkpoint, dir: &Path, layer: u32) -> Result<Che
             (true, [rows, w]) if *w == width as u64 => Ok(*rows),
             _ => Err(EngramError::Table {
                 path,
-                why: format!(
-                    "tensor `{}` is {} {:?}, expected {dtype} [rows, {width}]",
-                    t.name, t.dtype, t.shape
-                ),
+                why: format!("tensor `{}` is {} {:?}, expected {dtype} [rows, {width}]", t.name, t.dtype, t.shape),
             }),
         }
     };

@@ -3,7 +3,7 @@
 //! unaligned offsets), `model.safetensors.index.json` and a `config.json` with the Engram
 //! geometry. Every byte is a known function of (layer, row, column).
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write;
 use std::path::Path;

@@ -183,6 +183,8 @@ class RowStore:
         """Fill ``out`` (writable buffer of ``len(ids) * 264`` bytes) with the rows of ``ids``
         (a sequence of ints). Returns the number of rows read from disk."""
         view = memoryview(out).cast("B")
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()  # numpy / torch: plain ints iterate much faster
         n = len(ids)
         if len(view) != n * ROW_BYTES:
             raise EngramError(f"Engram lookup buffer holds {len(view)} bytes, {n} ids need {n * ROW_BYTES}")
