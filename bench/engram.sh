@@ -5,7 +5,9 @@
 #   batch 1          vs fio psync, 1 job (QD 1)
 #   batch 64, 1024   vs fio psync, THREADS jobs (QD THREADS = the store's reader threads)
 # A 264-byte record is one 4 KiB read (two when it straddles a page: 6.4 % of records), so
-# rows/s is compared with fio's IOPS. Prints every number, and the ratio last.
+# rows/s is compared with fio's IOPS. Also measured: each store's CPU ceiling (batch 1024,
+# buffered reads of a 64 MiB file held in the page cache), which says how fast a disk each can
+# keep up with. Prints every number, and the ratio last.
 #   bash bench/engram.sh                       # 2 GiB file under $CARGO_TARGET_DIR/engram-bench
 #   SIZE_MIB=4096 THREADS=16 SECONDS_EACH=10 BENCH_DIR=/var/tmp/eb bash bench/engram.sh
 set -euo pipefail
@@ -38,6 +40,19 @@ PY
   mv "$file.partial" "$file"
 fi
 
+small="$dir/engram-l1-r0of1.bin"
+srows=$(( 64 * 1024 * 1024 / 264 ))
+if [ ! -f "$small" ] || [ "$(stat -c %s "$small")" != "$(( 4096 + srows * 264 ))" ]; then
+  python3 - "$small" "$srows" <<'PY'
+import os, struct, sys
+path, rows = sys.argv[1], int(sys.argv[2])
+with open(path + ".partial", "wb") as f:
+    f.write(struct.pack("<6Q", 0x31344E4531565344, 1, 0, rows, rows, 264).ljust(4096, b"\0"))
+    f.write(os.urandom(rows * 264))
+os.replace(path + ".partial", path)
+PY
+fi
+
 flag=""; [ "$PROFILE" = release ] && flag="--release"
 echo "bench: building ($PROFILE)" >&2
 cargo build -q $flag --bin spark-kit
@@ -51,12 +66,12 @@ fio_iops() { # jobs -> IOPS
       --runtime="$SECONDS_EACH" --time_based --norandommap --output-format=json 2>/dev/null |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["read"]["iops"])'
 }
-rust() { # batches -> JSON lines
-  SPARK_KIT_ENGRAM_BENCH_FILE="$file" SPARK_KIT_ENGRAM_BENCH_THREADS="$THREADS" \
+rust() { # batches [file direct] -> JSON lines
+  SPARK_KIT_ENGRAM_BENCH_FILE="${2:-$file}" SPARK_KIT_ENGRAM_BENCH_DIRECT="${3:-1}" SPARK_KIT_ENGRAM_BENCH_THREADS="$THREADS" \
   SPARK_KIT_ENGRAM_BENCH_SECONDS="$SECONDS_EACH" SPARK_KIT_ENGRAM_BENCH_BATCHES="$1" \
     cargo test -q $flag --test engram_bench -- --ignored --exact lookup --nocapture 2>/dev/null | grep '^{'
 }
-py() { PYTHONPATH=python_overlay "$venv/bin/python" bench/engram_rows.py "$file" "$THREADS" "$SECONDS_EACH" "$1"; }
+py() { PYTHONPATH=python_overlay "$venv/bin/python" bench/engram_rows.py "${2:-$file}" "$THREADS" "$SECONDS_EACH" "$1" "${3:-direct}"; }
 rate() { python3 -c 'import json,sys; [print(round(json.loads(l)["rows_per_s"])) for l in sys.stdin if l.strip()]'; }
 
 echo "bench: $file, $rows records, $THREADS reader threads, ${SECONDS_EACH} s per measurement" >&2
@@ -66,6 +81,10 @@ p1=$(py 1 | rate)
 fioT=$(fio_iops "$THREADS")
 read -r r64 r1024 < <(rust 64,1024 | rate | paste -sd' ')
 read -r p64 p1024 < <(py 64,1024 | rate | paste -sd' ')
+cat "$small" > /dev/null
+rc=$(rust 1024 "$small" 0 | rate)
+pc=$(py 1024 "$small" buffered | rate)
+python3 -c "import os; fd = os.open('$small', os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)"
 ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 gbs() { python3 -c "print(f'{$1 * 264 / 1e9:.3f}')"; }
 printf '%-28s %12s %10s %10s\n' "lookup" "rows/s" "GB/s" "vs fio"
@@ -77,5 +96,7 @@ printf '%-28s %12s %10s %10s\n' "spark-kit batch 1024" "$r1024" "$(gbs "$r1024")
 printf '%-28s %12s %10s %10s\n' "python preadv batch 1" "$p1" "$(gbs "$p1")" "$(ratio "$p1" "$fio1")"
 printf '%-28s %12s %10s %10s\n' "python preadv batch 64" "$p64" "$(gbs "$p64")" "$(ratio "$p64" "$fioT")"
 printf '%-28s %12s %10s %10s\n' "python preadv batch 1024" "$p1024" "$(gbs "$p1024")" "$(ratio "$p1024" "$fioT")"
-echo "(GB/s of rows = rows/s x 264 B; fio GB/s = IOPS x 4096 B)"
+printf '%-28s %12s %10s %10s\n' "spark-kit CPU ceiling" "$rc" "$(gbs "$rc")" "-"
+printf '%-28s %12s %10s %10s\n' "python CPU ceiling" "$pc" "$(gbs "$pc")" "-"
+echo "(GB/s of rows = rows/s x 264 B; fio GB/s = IOPS x 4096 B; CPU ceiling = batch 1024, page-cache reads)"
 echo "ratio spark-kit batch 1024 / fio QD$THREADS (target >= 0.7): $(ratio "$r1024" "$fioT")"

@@ -32,10 +32,13 @@ fn lookup() {
     let seconds: f64 = env("SPARK_KIT_ENGRAM_BENCH_SECONDS", "10").parse().unwrap();
     let batches: Vec<usize> =
         env("SPARK_KIT_ENGRAM_BENCH_BATCHES", "1,64,1024").split(',').map(|b| b.trim().parse().unwrap()).collect();
+    // SPARK_KIT_ENGRAM_BENCH_DIRECT=0: page-cache reads of a cached file, i.e. the store's own
+    // CPU cost per row with the disk out of the way.
+    let direct = env("SPARK_KIT_ENGRAM_BENCH_DIRECT", "1") != "0";
     let header = packed_header(&file, None).unwrap();
-    let opts = StoreOptions { direct: true, threads, cache_bytes: 0, cache_ways: 8, resident_scales: false };
+    let opts = StoreOptions { direct, threads, cache_bytes: 0, cache_ways: 8, resident_scales: false };
     let store = RowStore::open_packed(&file, &header, opts, &Loud).unwrap();
-    assert!(store.is_direct());
+    assert_eq!(store.is_direct(), direct);
     let span = header.hi - header.lo;
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
     for &batch in &batches {
@@ -56,7 +59,7 @@ fn lookup() {
         let rate = rows as f64 / secs;
         println!(
             "{}",
-            serde_json::json!({"side": "spark-kit", "batch": batch, "threads": threads, "rows": rows,
+            serde_json::json!({"side": "spark-kit", "direct": direct, "batch": batch, "threads": threads, "rows": rows,
                 "seconds": secs, "rows_per_s": rate, "gb_per_s": rate * ROW_BYTES as f64 / 1e9})
         );
     }

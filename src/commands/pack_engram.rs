@@ -22,6 +22,13 @@ fn failure(e: &EngramError) -> Failure {
     }
 }
 
+/// Where `pack-engram` puts the shards by default (the engine's `SPARK_ENGRAM_PACKED_DIR`):
+/// `<paths.data_dir>/<kit name>/engram-packed`.
+#[must_use]
+pub fn default_packed_dir(kit: &crate::kit::schema::Kit, dirs: &Dirs) -> PathBuf {
+    dirs.expand(&kit.paths.data_dir).join(&kit.name).join("engram-packed")
+}
+
 pub fn run(args: &PackEngramArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let resolved = load::resolve(&args.kit, &ctx.env)?;
     let kit = &resolved.kit;
@@ -35,8 +42,7 @@ pub fn run(args: &PackEngramArgs, ctx: &mut Context<'_>) -> Result<(), Failure> 
         return Err(Failure::usage(format!("Engram directory {} does not exist", src.display()))
             .with_hint("run `spark-kit download --only engram` (it builds paths.engram_dir), or pass --src DIR"));
     }
-    let out: PathBuf =
-        args.out.clone().unwrap_or_else(|| dirs.expand(&kit.paths.data_dir).join(&kit.name).join("engram-packed"));
+    let out: PathBuf = args.out.clone().unwrap_or_else(|| default_packed_dir(kit, &dirs));
     let tp = kit.tensor_parallel_size;
     let ranks: Vec<u32> = match args.rank {
         Some(r) if r >= tp => {
