@@ -116,6 +116,17 @@ def test_head_sizes_and_ranges():
         Geometry.from_config({"text_config": {"engram_layer_ids": [1]}})
 
 
+def test_pinned_values_shared_with_rust():
+    # Same numbers in src/engram/layout.rs::pinned_values_shared_with_the_python_overlay.
+    g = Geometry.from_config(config([97968, 102814]))
+    s = g.head_sizes()
+    assert s[0][:10] == [4001, 4003, 4007, 4013, 4019, 4021, 4027, 4049, 4051, 4057]
+    assert s[1][21:] == [4363, 4373, 4391]
+    assert (sum(s[0]), sum(s[1])) == (97968, 102814)
+    o = g.owned(14, 2, 1, 1)
+    assert (o.lo, o.hi, o.head_start, o.head_end) == (50836, 102814, 12, 24)
+
+
 # --- row store -------------------------------------------------------------------------------
 
 

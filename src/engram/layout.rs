@@ -274,6 +274,18 @@ mod tests {
     }
 
     #[test]
+    fn pinned_values_shared_with_the_python_overlay() {
+        // Same numbers in python_overlay/tests/test_engram.py::test_pinned_values_shared_with_rust.
+        let g = Geometry::from_config(&cfg(4000, vec![97_968, 102_814])).unwrap();
+        let s = g.head_sizes();
+        assert_eq!(&s[0][..10], &[4001, 4003, 4007, 4013, 4019, 4021, 4027, 4049, 4051, 4057]);
+        assert_eq!(&s[1][21..], &[4363, 4373, 4391]);
+        assert_eq!((s[0].iter().sum::<u64>(), s[1].iter().sum::<u64>()), (97_968, 102_814));
+        let o = g.owned(14, 2, 1, 1).unwrap();
+        assert_eq!((o.lo, o.hi, o.head_start, o.head_end), (50_836, 102_814, 12, 24));
+    }
+
+    #[test]
     fn ranks_cover_every_head_row_once() {
         let g = Geometry::from_config(&cfg(1000, vec![1_000_000, 1_000_000])).unwrap();
         let sizes = g.head_sizes();
