@@ -52,6 +52,9 @@ pub enum Command {
     Download(DownloadArgs),
     /// Check the downloaded files against spark-kit.lock (SHA-256; --fast: sizes); `--structure` audits the EXL3 headers.
     Verify(VerifyArgs),
+    /// Pack this rank's Engram rows into local 264-byte-record shards (engram-l{layer}-r{rank}of{tp}.bin).
+    #[command(name = "pack-engram")]
+    PackEngram(PackEngramArgs),
     /// Per-node memory plan: weights per rank, KV pool in tokens, headroom, boot margin, safe prompt.
     Plan(PlanArgs),
     /// Check every node before `up`: GB10, driver parity, memory, disk, CX7 link/MTU/RoCE v2 GID, ssh, ports, clock.
@@ -247,6 +250,28 @@ pub struct VerifyArgs {
     /// Audit the modelled DeepSeek V4.1 Flash EXL3 checkpoint (shapes only, no files).
     #[arg(long = "virtual", conflicts_with = "model")]
     pub r#virtual: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PackEngramArgs {
+    /// Pack only this rank (default: every rank of tensor_parallel_size; on two nodes run
+    /// `--rank 0` on the head and `--rank 1` on the worker).
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u32>,
+    /// The slim Engram directory (default: the kit's paths.engram_dir).
+    #[arg(long, value_name = "DIR")]
+    pub src: Option<std::path::PathBuf>,
+    /// Where the packed shards go (default: <paths.data_dir>/<kit name>/engram-packed).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<std::path::PathBuf>,
+    /// Print a JSON summary of every shard on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress lines.
+    #[arg(long, short)]
+    pub quiet: bool,
     #[command(flatten)]
     pub kit: KitArgs,
 }

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod commands;
 pub mod dirs;
 pub mod engine;
+pub mod engram;
 pub mod error;
 pub mod hub;
 pub mod kit;

@@ -56,6 +56,8 @@ class Provider:
 PROVIDERS: tuple[Provider, ...] = (
     # The "exl3" quantization method (Exl3Config, linear and MoE methods).
     Provider("exl3", "spark_overlay.exl3.vllm_config:register"),
+    # File-backed Engram tables: only where vLLM has DeepSeek V4.1's ParallelEngramEmbedding.
+    Provider("engram", "spark_overlay.engram.hook:register"),
 )
 
 

@@ -14,6 +14,7 @@ pub mod kits;
 pub mod load;
 pub mod logs;
 pub mod node;
+pub mod pack_engram;
 pub mod plan;
 pub mod preflight;
 pub mod progress;
@@ -56,6 +57,7 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Command::CacheCapped(args) => cache_capped::run(&args),
         Command::Download(args) => download::run(&args, ctx),
         Command::Verify(args) => verify::run(&args, ctx),
+        Command::PackEngram(args) => pack_engram::run(&args, ctx),
         Command::Plan(args) => plan::run(&args, ctx),
         Command::Preflight(args) => preflight::run(&args, ctx),
         Command::Guard(args) => guard::run(&args, ctx),

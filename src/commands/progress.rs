@@ -45,3 +45,42 @@ impl UpReporter for Lines {
         self.line(&format!("    {name} done in {secs:.1} s"));
     }
 }
+
+/// Packing progress for `pack-engram`: one line per shard, a status line every 5 s.
+pub struct PackLines {
+    lines: Lines,
+    state: Mutex<(std::time::Instant, u64, u64)>,
+}
+
+impl PackLines {
+    #[must_use]
+    pub fn new(quiet: bool) -> Self {
+        Self { lines: Lines::new(quiet), state: Mutex::new((std::time::Instant::now(), 0, 0)) }
+    }
+}
+
+impl crate::engram::pack::PackReporter for PackLines {
+    fn shard_started(&self, path: &std::path::Path, bytes: u64) {
+        if let Ok(mut s) = self.state.lock() {
+            *s = (std::time::Instant::now(), 0, bytes);
+        }
+        self.lines.line(&format!("  pack-engram: writing {} ({})", path.display(), super::verify::size(bytes)));
+    }
+    fn bytes(&self, n: u64) {
+        let Ok(mut s) = self.state.lock() else { return };
+        s.1 += n;
+        if s.0.elapsed() >= std::time::Duration::from_secs(5) {
+            s.0 = std::time::Instant::now();
+            #[allow(clippy::cast_precision_loss)]
+            let pct = if s.2 == 0 { 100.0 } else { s.1 as f64 * 100.0 / s.2 as f64 };
+            self.lines.line(&format!(
+                "  pack-engram: {} of {} ({pct:.0}%)",
+                super::verify::size(s.1),
+                super::verify::size(s.2)
+            ));
+        }
+    }
+    fn note(&self, message: &str) {
+        self.lines.line(&format!("  pack-engram: note: {message}"));
+    }
+}

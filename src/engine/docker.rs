@@ -44,6 +44,8 @@ pub fn run_argv(kit: &Kit, node: usize, spec: &EngineSpec, mounts: &Mounts) -> V
     a.push(format!("--volume={}:/model:ro", mounts.model));
     if let Some(e) = &mounts.engram {
         a.push(format!("--volume={e}:/engram-src:ro"));
+        // The overlay's file-backed Engram table reads it there (docs/engram.md).
+        a.push("--env=SPARK_ENGRAM_DIR=/engram-src".into());
     }
     a.push(format!("--volume={}:/opt/spark-overlay:ro", mounts.overlay));
     for (host, inside) in &mounts.caches {
@@ -93,6 +95,7 @@ mod tests {
         }
         assert!(a.contains(&"--volume=/host/model:/model:ro".to_string()));
         assert!(a.contains(&"--volume=/host/engram:/engram-src:ro".to_string()));
+        assert!(a.contains(&"--env=SPARK_ENGRAM_DIR=/engram-src".to_string()));
         assert!(a.contains(&"--env=PYTHONPATH=/opt/spark-overlay".to_string()));
         assert!(a.contains(&"--env=NCCL_IB_HCA=rocep1s0f0".to_string()));
         let image = a.iter().position(|x| x == "vllm/vllm-openai:deepseekv41-flash-0909").unwrap();
