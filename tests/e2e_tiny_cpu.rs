@@ -51,8 +51,9 @@ fn serves_chat_and_stream_deterministically_and_stops_clean() {
     let mut answers = Vec::new();
     for boot in 0..2 {
         let port = free_port();
-        let u = up(port, logs.path());
-        assert!(u.stdout.iter().any(|l| l == &format!("endpoint: http://127.0.0.1:{port}/v1")), "{:?}", u.stdout);
+        let mut u = up(port, logs.path());
+        let banner = u.banner();
+        assert!(banner.iter().any(|l| l == &format!("endpoint: http://127.0.0.1:{port}/v1")), "{banner:?}");
         let r = query(&format!("http://127.0.0.1:{port}/v1"));
         assert_eq!(r["models"], serde_json::json!(["tiny-llama"]));
         assert!(r["chunks"].as_u64().unwrap() > 1, "stream came in one piece: {r}");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::cluster::client::{self, Msg};
 use crate::cluster::protocol::{Command, Event};
 use crate::cluster::push;
-use crate::kit::schema::{Kit, Role, WeightSync};
+use crate::kit::schema::{Kit, ModelSource, Role, WeightSync};
 use crate::node::checks::Verdict;
 use crate::node::facts::NodeFacts;
 use crate::node::preflight::{self, PreflightInput, Report};
@@ -119,16 +119,23 @@ pub fn weights(
         line("==> weights: the tiny model is made on every node");
         return Ok(());
     };
-    let files = listing::list(root).map_err(|e| {
-        format!("the head's weights at {} cannot be read ({e}); run `spark-kit download` first", root.display())
-    })?;
+    let workers: Vec<usize> = (0..kit.nodes.len()).filter(|i| kit.nodes[*i].role != Role::Head).collect();
+    if workers.is_empty() {
+        // One node: the engine's own preparation checks the model where it loads it.
+        return Ok(());
+    }
+    let fix = match kit.model.source {
+        ModelSource::Local => "fix model.path (a directory on the head)",
+        _ => "run `spark-kit download` first",
+    };
+    let files = listing::list(root)
+        .map_err(|e| format!("the head's weights at {} cannot be read ({e}); {fix}", root.display()))?;
     if files.is_empty() {
-        return Err(format!("no weight files under {} on the head; run `spark-kit download` first", root.display()));
+        return Err(format!("no weight files under {} on the head; {fix}", root.display()));
     }
     let total: u64 = files.iter().map(|(_, s)| s).sum();
     let node_root = listing::node_path(root, &w.home);
     line(&format!("==> weights: {} file(s), {:.2} GiB under {node_root}", files.len(), total as f64 / GIB));
-    let workers: Vec<usize> = (0..kit.nodes.len()).filter(|i| kit.nodes[*i].role != Role::Head).collect();
     if kit.model.sync == WeightSync::Rsync {
         for &i in &workers {
             let node = &kit.nodes[i];

@@ -35,6 +35,7 @@ pub struct Serving {
     /// What `up` printed on stdout until ready (the banner).
     pub stdout: Vec<String>,
     pub engine_pgid: i32,
+    lines: std::sync::mpsc::Receiver<String>,
     stopped: bool,
 }
 
@@ -97,10 +98,22 @@ pub fn up_tiny_cpu(extra: &[&str], logs: &Path, port: u16, limit: Duration) -> S
         }
     }
     let engine_pgid = super::engine_pgid_under(child.id() as i32).expect("engine process under up");
-    Serving { child, stdout, engine_pgid, stopped: false }
+    Serving { child, stdout, engine_pgid, lines: rx, stopped: false }
 }
 
 impl Serving {
+    /// Wait (up to 60 s) for `up`'s ready banner, which follows the endpoint's first answers
+    /// (readiness is `/health` plus a one-token completion); everything printed so far.
+    pub fn banner(&mut self) -> &[String] {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.stdout.iter().any(|l| l.starts_with("Ctrl-C")) && Instant::now() < deadline {
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
+                self.stdout.push(line);
+            }
+        }
+        &self.stdout
+    }
+
     /// SIGINT to `up`; its engine group must be empty within 30 s and `up` must exit 0.
     /// Returns the seconds until the group was gone.
     pub fn interrupt(mut self) -> f64 {
