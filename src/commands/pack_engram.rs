@@ -22,11 +22,10 @@ fn failure(e: &EngramError) -> Failure {
     }
 }
 
-/// Where `pack-engram` puts the shards by default (the engine's `SPARK_ENGRAM_PACKED_DIR`):
-/// `<paths.data_dir>/<kit name>/engram-packed`.
+/// Where `pack-engram` puts the shards by default (the engine's `SPARK_ENGRAM_PACKED_DIR`).
 #[must_use]
 pub fn default_packed_dir(kit: &crate::kit::schema::Kit, dirs: &Dirs) -> PathBuf {
-    dirs.expand(&kit.paths.data_dir).join(&kit.name).join("engram-packed")
+    crate::engram::packed_dir(kit, dirs)
 }
 
 pub fn run(args: &PackEngramArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {

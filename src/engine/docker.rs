@@ -14,6 +14,8 @@ pub struct Mounts {
     pub model: String,
     /// Slim Engram directory (read-only at `/engram-src`), when the kit has Engram tables.
     pub engram: Option<String>,
+    /// This node's packed Engram shards (`pack-engram`; read-only at `/engram-packed`), if packed.
+    pub engram_packed: Option<String>,
     /// The materialised overlay (read-only at `/opt/spark-overlay`).
     pub overlay: String,
     /// Per-node compile caches (read-write), e.g. `~/.cache/vllm`.
@@ -47,6 +49,10 @@ pub fn run_argv(kit: &Kit, node: usize, spec: &EngineSpec, mounts: &Mounts) -> V
         // The overlay's file-backed Engram table reads it there (docs/engram.md).
         a.push("--env=SPARK_ENGRAM_DIR=/engram-src".into());
     }
+    if let Some(p) = &mounts.engram_packed {
+        a.push(format!("--volume={p}:/engram-packed:ro"));
+        a.push("--env=SPARK_ENGRAM_PACKED_DIR=/engram-packed".into());
+    }
     a.push(format!("--volume={}:/opt/spark-overlay:ro", mounts.overlay));
     for (host, inside) in &mounts.caches {
         a.push(format!("--volume={host}:{inside}"));
@@ -79,6 +85,7 @@ mod tests {
         let m = Mounts {
             model: "/host/model".into(),
             engram: Some("/host/engram".into()),
+            engram_packed: Some("/host/packed".into()),
             overlay: "/host/overlay".into(),
             caches: vec![("/root/.cache/vllm".into(), "/root/.cache/vllm".into())],
         };
@@ -96,6 +103,8 @@ mod tests {
         assert!(a.contains(&"--volume=/host/model:/model:ro".to_string()));
         assert!(a.contains(&"--volume=/host/engram:/engram-src:ro".to_string()));
         assert!(a.contains(&"--env=SPARK_ENGRAM_DIR=/engram-src".to_string()));
+        assert!(a.contains(&"--volume=/host/packed:/engram-packed:ro".to_string()));
+        assert!(a.contains(&"--env=SPARK_ENGRAM_PACKED_DIR=/engram-packed".to_string()));
         assert!(a.contains(&"--env=PYTHONPATH=/opt/spark-overlay".to_string()));
         assert!(a.contains(&"--env=NCCL_IB_HCA=rocep1s0f0".to_string()));
         let image = a.iter().position(|x| x == "vllm/vllm-openai:deepseekv41-flash-0909").unwrap();

@@ -25,6 +25,8 @@ pub struct Prepared {
     pub overlay: PathBuf,
     pub model: PathBuf,
     pub logs: PathBuf,
+    /// Engram tables' environment for the engines (kits with `engram`).
+    pub engram_env: Vec<(String, String)>,
 }
 
 /// Why bring-up failed. All are runtime failures (exit 1).
@@ -96,7 +98,8 @@ pub fn prepare(kit: &Kit, dirs: &Dirs, env: &[(String, String)], rep: &dyn UpRep
         &logs.join(format!("{}-model-maker.log", kit.name)),
     )?;
     rep.phase_done("model", t.elapsed().as_secs_f64());
-    Ok(Prepared { venv, overlay, model, logs })
+    let engram_env = crate::engram::engine_env(kit, dirs);
+    Ok(Prepared { venv, overlay, model, logs, engram_env })
 }
 
 /// Fail early when the API port is taken (vLLM would fail only after loading the model).
@@ -131,6 +134,10 @@ pub fn launch(
     ];
     args.extend(spec.vllm_args);
     let mut env = spec.env;
+    // The kit's own settings (extra_env, the node's env) win over the defaults for Engram.
+    for (k, v) in &prep.engram_env {
+        env.entry(k.clone()).or_insert_with(|| v.clone());
+    }
     env.extend(extra_env.iter().cloned());
     let log = process::log_path(&prep.logs, &kit.name, &kit.nodes[node].name);
     let ranks = crate::engine::argv::node_ranks(kit);
