@@ -115,15 +115,15 @@ pub fn weights(
     line: &dyn Fn(&str),
 ) -> Result<(), String> {
     let kit = w.kit;
-    let Some(root) = &w.root else {
-        line("==> weights: the tiny model is made on every node");
-        return Ok(());
-    };
     let workers: Vec<usize> = (0..kit.nodes.len()).filter(|i| kit.nodes[*i].role != Role::Head).collect();
     if workers.is_empty() {
         // One node: the engine's own preparation checks the model where it loads it.
         return Ok(());
     }
+    let Some(root) = &w.root else {
+        line("==> weights: the tiny model is made on every node");
+        return Ok(());
+    };
     let fix = match kit.model.source {
         ModelSource::Local => "fix model.path (a directory on the head)",
         _ => "run `spark-kit download` first",
