@@ -227,6 +227,7 @@ fn bringup_checks_weights_through_the_agent_and_rsyncs_them() {
     use spark_kit::cluster::protocol::Event;
     use spark_kit::kit::schema::{Kit, Role, WeightSync};
     use spark_kit::supervisor::bringup::{self, WeightsCtx};
+    use spark_kit::weights::listing::WeightTree;
 
     if let Some(why) = skip_reason() {
         eprintln!("skipping: {why}");
@@ -262,7 +263,8 @@ fn bringup_checks_weights_through_the_agent_and_rsyncs_them() {
         .unwrap();
 
     let mut check = |kit: &Kit| {
-        let w = WeightsCtx { kit, root: Some(root.clone()), home: home.path().to_path_buf(), exe: &exe, sha: &sha };
+        let roots = vec![WeightTree { what: "model", path: root.clone() }];
+        let w = WeightsCtx { kit, roots, home: home.path().to_path_buf(), exe: &exe, sha: &sha };
         let lines = std::sync::Mutex::new(Vec::new());
         let r = bringup::weights(&w, &rx, &mut |_, cmd| agent.send(cmd), &mut held, &|l| {
             lines.lock().unwrap().push(l.to_string());
@@ -279,6 +281,7 @@ fn bringup_checks_weights_through_the_agent_and_rsyncs_them() {
     let (r, lines) = check(&kit);
     r.unwrap_or_else(|e| panic!("{e}\n{lines:#?}"));
     assert!(lines.iter().any(|l| l.contains("synced blobs/a")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.starts_with("==> weights (model): 2 file(s)")), "{lines:#?}");
     assert!(lines.iter().any(|l| l.contains("all 2 weight file(s) present")), "{lines:#?}");
     assert_eq!(listing::list(&node_copy.join("models--o--w")).unwrap(), listing::list(&root).unwrap());
     // A second run copies nothing (only changed files).

@@ -18,7 +18,7 @@ use crate::supervisor::cluster::{self, ClusterReporter, Gates, Handles, Snapshot
 use crate::supervisor::control::{pid_path, request, serve, socket_path};
 use crate::supervisor::local::{check_port, logs_dir, UpError};
 use crate::supervisor::state::{Policy, State};
-use crate::weights::listing::weights_root;
+use crate::weights::listing::{weight_trees, WeightTree};
 
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
@@ -138,7 +138,10 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     );
     let gates = Gates {
         preflight: (!args.skip_preflight).then(|| super::preflight::input(&kit, &ctx.env)),
-        weights_root: weights_root(&kit, &hf).map(|p| dirs.expand(&p.to_string_lossy())),
+        weight_trees: weight_trees(&kit, &hf, &dirs.expand(&kit.paths.engram_dir))
+            .into_iter()
+            .map(|t| WeightTree { path: dirs.expand(&t.path.to_string_lossy()), ..t })
+            .collect(),
         home: dirs.home.clone(),
     };
     let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), &gates);

@@ -11,7 +11,8 @@ use crate::kit::schema::{Kit, ModelSource, Role, WeightSync};
 use crate::node::checks::Verdict;
 use crate::node::facts::NodeFacts;
 use crate::node::preflight::{self, PreflightInput, Report};
-use crate::weights::{listing, rsync};
+use crate::weights::listing::{self, WeightTree};
+use crate::weights::rsync;
 
 /// Seconds a node may take to gather its facts (ssh probes time out after 5 s each).
 pub const FACTS_TIMEOUT_S: u64 = 120;
@@ -97,8 +98,8 @@ pub fn gate(r: &Report) -> Result<(), String> {
 /// What the weights step needs from the supervisor.
 pub struct WeightsCtx<'a> {
     pub kit: &'a Kit,
-    /// The head's weight tree (`None`: every node makes its own model).
-    pub root: Option<std::path::PathBuf>,
+    /// The head's weight trees (empty: every node makes its own model).
+    pub roots: Vec<WeightTree>,
     pub home: std::path::PathBuf,
     /// This spark-kit binary (its sha256 names the copy pushed to nodes).
     pub exe: &'a std::path::Path,
@@ -120,12 +121,30 @@ pub fn weights(
         // One node: the engine's own preparation checks the model where it loads it.
         return Ok(());
     }
-    let Some(root) = &w.root else {
+    if w.roots.is_empty() {
         line("==> weights: the tiny model is made on every node");
         return Ok(());
-    };
-    let fix = match kit.model.source {
-        ModelSource::Local => "fix model.path (a directory on the head)",
+    }
+    for tree in &w.roots {
+        one_tree(w, tree, &workers, rx, send, held, line)?;
+    }
+    Ok(())
+}
+
+/// One tree: rsync when asked, then every worker's copy checked.
+fn one_tree(
+    w: &WeightsCtx<'_>,
+    tree: &WeightTree,
+    workers: &[usize],
+    rx: &Receiver<Msg>,
+    send: &mut dyn FnMut(usize, &Command) -> bool,
+    held: &mut Vec<Msg>,
+    line: &dyn Fn(&str),
+) -> Result<(), String> {
+    let kit = w.kit;
+    let root = &tree.path;
+    let fix = match (tree.what, kit.model.source) {
+        ("model", ModelSource::Local) => "fix model.path (a directory on the head)",
         _ => "run `spark-kit download` first",
     };
     let files = listing::list(root)
@@ -135,9 +154,14 @@ pub fn weights(
     }
     let total: u64 = files.iter().map(|(_, s)| s).sum();
     let node_root = listing::node_path(root, &w.home);
-    line(&format!("==> weights: {} file(s), {:.2} GiB under {node_root}", files.len(), total as f64 / GIB));
+    line(&format!(
+        "==> weights ({}): {} file(s), {:.2} GiB under {node_root}",
+        tree.what,
+        files.len(),
+        total as f64 / GIB
+    ));
     if kit.model.sync == WeightSync::Rsync {
-        for &i in &workers {
+        for &i in workers {
             let node = &kit.nodes[i];
             let remote_bin = push::ensure(node, w.exe, w.sha).map_err(|e| e.to_string())?;
             let argv = rsync::argv(
@@ -158,7 +182,7 @@ pub fn weights(
         }
     }
     let names: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
-    for &i in &workers {
+    for &i in workers {
         let node = &kit.nodes[i];
         if !send(i, &Command::CheckFiles { root: node_root.clone(), files: names.clone() }) {
             return Err(format!("{} has no agent connection", node.name));

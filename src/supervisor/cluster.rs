@@ -21,6 +21,7 @@ use crate::cluster::{push, transport};
 use crate::engine::argv::node_ranks;
 use crate::kit::schema::{Kit, Role};
 use crate::node::preflight::PreflightInput;
+use crate::weights::listing::WeightTree;
 
 /// Human progress of the supervisor (the front end prints it).
 pub trait ClusterReporter: Send + Sync {
@@ -108,8 +109,8 @@ struct Sup<'a> {
 pub struct Gates {
     /// Preflight on every node (`None`: skipped with `--skip-preflight`).
     pub preflight: Option<PreflightInput>,
-    /// The head's weight tree, which every node must hold (`None`: each node makes its own model).
-    pub weights_root: Option<PathBuf>,
+    /// The head's weight trees, which every node must hold (empty: each node makes its own model).
+    pub weight_trees: Vec<WeightTree>,
     /// The head's home directory (paths under it are sent home-relative).
     pub home: PathBuf,
 }
@@ -324,7 +325,7 @@ impl Sup<'_> {
     fn weights(&mut self, rx: &Receiver<Msg>, gates: &Gates) -> Result<(), ClusterError> {
         let w = bringup::WeightsCtx {
             kit: self.kit,
-            root: gates.weights_root.clone(),
+            roots: gates.weight_trees.clone(),
             home: gates.home.clone(),
             exe: &self.exe,
             sha: &self.sha,

@@ -15,17 +15,31 @@ pub fn ignored(name: &str) -> bool {
         || name.starts_with(".push.")
 }
 
-/// The directory whose tree every node must hold, or `None` when each node makes its own model
-/// (the tiny models are made on every node from the same seed).
+/// A directory tree every node must hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightTree {
+    /// `model` or `engram`.
+    pub what: &'static str,
+    pub path: PathBuf,
+}
+
+/// The trees every node must hold: the model's (none when each node makes its own: the tiny
+/// models are made on every node from the same seed) and, for kits with Engram tables, the slim
+/// Engram directory (`paths.engram_dir`, already expanded by the caller).
 #[must_use]
-pub fn weights_root(kit: &Kit, hf_cache: &Path) -> Option<PathBuf> {
-    match kit.model.source {
+pub fn weight_trees(kit: &Kit, hf_cache: &Path, engram_dir: &Path) -> Vec<WeightTree> {
+    let model = match kit.model.source {
         ModelSource::Local => kit.model.path.as_ref().map(PathBuf::from),
         // The whole repository directory: blobs, snapshots (relative symlinks) and refs, so the
         // copy is a valid Hugging Face cache entry on the node.
         ModelSource::Hub => Some(model::repo_dir(hf_cache, &kit.model.repo)),
         ModelSource::TinyDense | ModelSource::TinyExl3 => None,
+    };
+    let mut out: Vec<WeightTree> = model.into_iter().map(|path| WeightTree { what: "model", path }).collect();
+    if kit.engram.is_some() && !out.is_empty() {
+        out.push(WeightTree { what: "engram", path: engram_dir.to_path_buf() });
     }
+    out
 }
 
 /// Every regular file under `root` (symlinks followed for the size), sorted by path.
@@ -115,6 +129,19 @@ mod tests {
         assert!(differences(&exp[..1], &present[..1], &[]).is_empty());
         let s = summary(&["1".into(), "2".into(), "3".into(), "4".into()]);
         assert_eq!(s, "4 file(s) differ: 1; 2; 3 (+1 more)");
+    }
+
+    #[test]
+    fn trees_of_the_spark_kit_and_the_tiny_kit() {
+        let spark =
+            crate::kit::resolve(crate::kit::source(Some("dgx-spark-2x-dsv41-exl3")).unwrap(), &[], &[]).unwrap().kit;
+        let t = weight_trees(&spark, Path::new("/hf"), Path::new("/e"));
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert_eq!(t[0].what, "model");
+        assert!(t[0].path.to_string_lossy().starts_with("/hf/models--"), "{t:?}");
+        assert_eq!(t[1], WeightTree { what: "engram", path: PathBuf::from("/e") });
+        let tiny = crate::kit::resolve(crate::kit::source(Some("tiny-cpu-2node")).unwrap(), &[], &[]).unwrap().kit;
+        assert!(weight_trees(&tiny, Path::new("/hf"), Path::new("/e")).is_empty());
     }
 
     #[test]
