@@ -167,7 +167,25 @@ fn leftover_gpu_process_fails() {
         "spark-1",
         "leftovers",
         Verdict::Fail,
-        "1 leftover engine/GPU process(es): 48121 (VLLM::Worker_TP, 91416 MiB GPU)",
+        "2 leftover engine/GPU process(es): 48121 (VLLM::Worker_TP, 91416 MiB GPU), 5150 (VLLM::Worker_TP0)",
+    );
+}
+
+#[test]
+fn a_leftover_vllm_only_warns_for_a_cpu_kit() {
+    // The CPU build's engine memory is ordinary memory the kernel sees: another vLLM only competes
+    // for cores. The GPU processes nvidia-smi lists are not looked at for a CPU kit.
+    let kit = kit::resolve(kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+    let source = |_: &kit::schema::Node, req: &FactRequest| -> Result<NodeFacts, String> {
+        Ok(gather(&RecordedProbe { root: fixture("leftover-gpu-process") }, req))
+    };
+    let r = run(&kit, &PreflightInput { disk_path: "/models/tiny".into(), ..PreflightInput::default() }, &source);
+    assert_check(
+        &r,
+        "local",
+        "leftovers",
+        Verdict::Warn,
+        "1 other vLLM/Ray process(es) on this node: 5150 (VLLM::Worker_TP0)",
     );
 }
 

@@ -241,11 +241,14 @@ class StandIn(nn.Module):
 
 
 class FakeRuntime:
-    def __init__(self, tp, rank):
-        self.tp_, self.rank = tp, rank
+    def __init__(self, tp, rank, dp=1):
+        self.tp_, self.rank, self.dp_ = tp, rank, dp
 
     def tp(self):
         return self.tp_, self.rank
+
+    def dp(self):
+        return self.dp_
 
     def max_tokens(self):
         return 64
@@ -353,4 +356,8 @@ def test_hook_refuses_missing_dir_and_wrong_packed_range(engram_dir, tmp_path, f
         fake_vllm(rows[0], 256, sizes)
     monkeypatch.setenv("SPARK_ENGRAM_IO_THREADS", "zero")
     with pytest.raises(hook.EngramHookError, match="SPARK_ENGRAM_IO_THREADS"):
+        fake_vllm(rows[0], 256, sizes)
+    monkeypatch.delenv("SPARK_ENGRAM_IO_THREADS")
+    monkeypatch.setattr(hook, "runtime", FakeRuntime(2, 0, dp=2))
+    with pytest.raises(hook.EngramHookError, match="data-parallel size 2"):
         fake_vllm(rows[0], 256, sizes)

@@ -149,6 +149,15 @@ class Runtime:
 
         return get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
 
+    def dp(self) -> int:
+        """Data-parallel size (1 where this vLLM has no data-parallel group)."""
+        try:
+            from vllm.distributed.parallel_state import get_dp_group
+
+            return int(get_dp_group().world_size)
+        except (ImportError, AttributeError, AssertionError):
+            return 1
+
     def max_tokens(self) -> int:
         from vllm.config import get_current_vllm_config
 
@@ -225,6 +234,13 @@ def _init(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=Fals
     except (OSError, ValueError) as err:
         raise EngramHookError(f"{cfg_path}: {err}") from err
     tp_size, tp_rank = runtime.tp()
+    dp_size = runtime.dp()
+    if dp_size != 1:
+        # Ownership then spans tp x dp ranks; this table only knows its tensor-parallel rank.
+        raise EngramHookError(
+            f"data-parallel size {dp_size}: the file-backed Engram table supports data-parallel size 1 only; "
+            "run with --data-parallel-size 1 or set SPARK_ENGRAM=off"
+        )
     head_sizes = tuple(int(h) for h in head_sizes)
     owned = owned_range(head_sizes, tp_size, 1, tp_rank)
     self.num_embeddings = int(num_embeddings)
