@@ -6,7 +6,6 @@ mod common_ckpt;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
 use common_ckpt::{packed, rewrite_header, spec, tiny_deepseek, write_checkpoint, write_safetensors, Marker, Rng};
 use serde_json::{json, Value};
@@ -410,16 +409,7 @@ fn ten_thousand_mutated_headers_never_panic() {
 
 #[test]
 fn real_fixture_exl3_tiny_llama_b3() {
-    let archive = common_ckpt::fixtures_dir().join("exl3-tiny-llama-b3.tar.gz");
-    if !archive.is_file() {
-        // CI always has it; a bare checkout might not. Say so rather than pass silently.
-        println!("SKIPPED: {} not found (set SPARK_KIT_TEST_FIXTURES)", archive.display());
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let status = Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(tmp.path()).status().unwrap();
-    assert!(status.success());
-    let dir = tmp.path().join("shared-b3-exl3");
+    let Some((_tmp, dir)) = common_ckpt::real_fixture() else { return };
     let ckpt = Checkpoint::open(&dir).unwrap();
     assert_eq!(ckpt.shards.len(), 1, "ground_truth_weights.safetensors must not be taken for a shard");
     let r = audit(&ckpt, &AuditOptions::default()).unwrap();

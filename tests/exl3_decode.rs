@@ -167,15 +167,7 @@ fn rust_equals_python_on_random_packs() {
 
 #[test]
 fn real_checkpoint_head_reproduces_exllamav3() {
-    let archive = common_ckpt::fixtures_dir().join("exl3-tiny-llama-b3.tar.gz");
-    if !archive.is_file() {
-        println!("SKIPPED: {} not found (set SPARK_KIT_TEST_FIXTURES)", archive.display());
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let status = Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(tmp.path()).status().unwrap();
-    assert!(status.success());
-    let dir = tmp.path().join("shared-b3-exl3");
+    let Some((_tmp, dir)) = common_ckpt::real_fixture() else { return };
     let ckpt = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
     let truth = Checkpoint::open(&dir.join("ground_truth_weights.safetensors")).unwrap();
     let (dims, ours) = decode(&ckpt, "lm_head", Codebook::Mul1);

@@ -29,16 +29,7 @@ fn text(b: &[u8]) -> String {
 
 /// The fixture's EXL3 checkpoint, extracted; `None` (with a printed reason) when absent.
 fn fixture() -> Option<(tempfile::TempDir, PathBuf)> {
-    let archive = common_ckpt::fixtures_dir().join("exl3-tiny-llama-b3.tar.gz");
-    if !archive.is_file() {
-        println!("SKIPPED: {} not found (set SPARK_KIT_TEST_FIXTURES)", archive.display());
-        return None;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let ok = Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(tmp.path()).status().unwrap();
-    assert!(ok.success());
-    let dir = tmp.path().join("shared-b3-exl3");
-    Some((tmp, dir))
+    common_ckpt::real_fixture()
 }
 
 /// Overwrite bytes of `tensor` starting `at` bytes into its data.

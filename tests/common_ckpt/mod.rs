@@ -1,7 +1,7 @@
 //! Test-data generator: small, shape-faithful EXL3 checkpoints as real safetensors files
 //! (real packed shapes, real codebook markers, random bytes elsewhere), the broken variants the
 //! audit must catch, and sparse full-size shards laid out from a virtual checkpoint.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -234,4 +234,20 @@ pub fn fixtures_dir() -> PathBuf {
     std::env::var_os("SPARK_KIT_TEST_FIXTURES")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"))
+}
+
+/// The real exllamav3 fixture (`exl3-tiny-llama-b3.tar.gz`) extracted into a temp dir: the dir
+/// (kept alive by the returned guard) and its `shared-b3-exl3` checkpoint directory. `None`, with
+/// a printed reason, when the archive is absent (CI always has it; a bare checkout might not).
+pub fn real_fixture() -> Option<(tempfile::TempDir, PathBuf)> {
+    let archive = fixtures_dir().join("exl3-tiny-llama-b3.tar.gz");
+    if !archive.is_file() {
+        println!("SKIPPED: {} not found (set SPARK_KIT_TEST_FIXTURES)", archive.display());
+        return None;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ok = std::process::Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(tmp.path()).status().unwrap();
+    assert!(ok.success(), "cannot extract {}", archive.display());
+    let dir = tmp.path().join("shared-b3-exl3");
+    Some((tmp, dir))
 }
