@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use super::{io_failure, load, Context};
 use crate::cli::{ControlArgs, StatusArgs};
+use crate::dirs::logs_dir;
 use crate::dirs::Dirs;
 use crate::error::Failure;
-use crate::supervisor::cluster::Snapshot;
 use crate::supervisor::control::{request, socket_path};
-use crate::supervisor::local::logs_dir;
+use crate::supervisor::Snapshot;
 
 fn gib(b: Option<u64>) -> String {
     #[allow(clippy::cast_precision_loss)] // display only

@@ -9,15 +9,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{io_failure, load, Context};
+use crate::agent::runtime::{check_port, UpError};
 use crate::cli::UpArgs;
+use crate::dirs::logs_dir;
 use crate::dirs::Dirs;
 use crate::error::Failure;
 use crate::kit::schema::{Kit, Role, Transport};
 use crate::kit::{Origin, Override};
-use crate::supervisor::cluster::{self, ClusterReporter, Gates, Handles, Snapshot};
 use crate::supervisor::control::{pid_path, request, serve, socket_path};
-use crate::supervisor::local::{check_port, logs_dir, UpError};
 use crate::supervisor::state::{Policy, State};
+use crate::supervisor::{self, ClusterReporter, Gates, Handles, Snapshot};
 use crate::weights::listing::{weight_trees, WeightTree};
 
 static SIGNALLED: AtomicBool = AtomicBool::new(false);
@@ -117,10 +118,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if args.detach {
         return detach(&kit, ctx, &logs);
     }
-    let handles = Handles {
-        snapshot: Arc::new(Mutex::new(cluster::initial_snapshot(&kit))),
-        stop: Arc::new(AtomicBool::new(false)),
-    };
+    let handles = Handles::new(&kit);
     install_signals(Arc::clone(&handles.stop))?;
     serve(&sock, handles.clone())
         .map_err(|e| Failure::runtime(format!("cannot open the control socket {}: {e}", sock.display())))?;
@@ -144,7 +142,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             .collect(),
         home: dirs.home.clone(),
     };
-    let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), &gates);
+    let result = supervisor::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), &gates);
     // `down` is answered with the final snapshot before the process (and its socket) goes.
     crate::supervisor::control::wait_answered(Duration::from_secs(5));
     let _ = std::fs::remove_file(&sock);

@@ -4,6 +4,7 @@
 pub mod argv;
 pub mod docker;
 pub mod embed;
+pub mod endpoint;
 pub mod model;
 pub mod overlay;
 pub mod pgroup;
