@@ -18,7 +18,7 @@ use crate::engine::model::hf_cache;
 use crate::error::Failure;
 use crate::hub::api::HubClient;
 use crate::hub::auth::find_token;
-use crate::hub::fetch::Options;
+use crate::hub::fetch::{Options, DEFAULT_JOURNAL_EVERY};
 use crate::hub::lockfile::LockFile;
 use crate::hub::report::{Reporter, Silent};
 use crate::hub::retry::Backoff;
@@ -119,6 +119,7 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         range_size: range_size.bytes(),
         idle: Duration::from_secs(args.idle_timeout),
         backoff: Backoff { max_attempts: args.retries, ..Backoff::default() },
+        journal_every: DEFAULT_JOURNAL_EVERY,
     };
     let token = find_token(&ctx.env, &dirs.home, |p| std::fs::read_to_string(p).ok());
     let req = Request { hf_cache: cache, repos, opts, dry_run: args.dry_run };
