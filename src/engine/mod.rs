@@ -3,6 +3,7 @@
 
 pub mod argv;
 pub mod docker;
+pub mod dockerctl;
 pub mod embed;
 pub mod model;
 pub mod overlay;
