@@ -154,12 +154,13 @@ pub(super) fn human(r: &AuditReport, label: &str) -> String {
             let layer = d.layer.map(|l| format!(" layer {l}")).unwrap_or_default();
             let _ = writeln!(
                 s,
-                "  {}{layer}: k_map `{}` = {}, trellis K = {} ({} matrices, e.g. `{}`)",
+                "  {}{layer}: k_map `{}` = {}, trellis K = {} ({} {}, e.g. `{}`)",
                 d.class.name(),
                 d.key,
                 d.expected,
                 d.trellis,
                 d.matrices,
+                if d.matrices == 1 { "matrix" } else { "matrices" },
                 d.example
             );
         }
