@@ -36,7 +36,11 @@ pub fn run(args: &LogsArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         let path = log_path(std::path::Path::new(&logs), &kit.name, &node.name);
         let follow = if args.follow { "-F " } else { "" };
         // With -F, tail waits for a missing file forever: say so at once and fail instead.
-        let check = if args.follow { format!("test -r \"{0}\" || {{ echo \"cannot open {0}\" >&2; exit 1; }}; ", path.display()) } else { String::new() };
+        let check = if args.follow {
+            format!("test -r \"{0}\" || {{ echo \"cannot open {0}\" >&2; exit 1; }}; ", path.display())
+        } else {
+            String::new()
+        };
         let script = format!("{check}exec tail -n {} {follow}\"{}\"", args.lines, path.display());
         let mut child = transport::shell(node, &script)
             .stdin(Stdio::null())

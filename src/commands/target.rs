@@ -32,7 +32,8 @@ pub fn find(args: &KitArgs, env: &[(String, String)], sub: &str) -> Result<Targe
     let given = given_kit(args, env)?;
     // No kit flags: the default kit is still tried at its own socket (its record may be missing).
     let fallback = if given.is_none() { load::resolve(args, env).ok().map(|r| r.kit) } else { None };
-    live::locate(&dirs, given.as_ref().map(|k| (k, &kit_ref)), fallback.as_ref()).map_err(|e| failure(&e, sub, &kit_ref))
+    live::locate(&dirs, given.as_ref().map(|k| (k, &kit_ref)), fallback.as_ref())
+        .map_err(|e| failure(&e, sub, &kit_ref))
 }
 
 /// The error for a deployment that could not be found (`kit_ref`: the kit as the user named it).

@@ -13,9 +13,9 @@ use crate::cli::UpArgs;
 use crate::dirs::Dirs;
 use crate::error::Failure;
 use crate::hints::{curl_example, KeySource, KitRef};
-use crate::live;
 use crate::kit::schema::{Kit, Role, Transport};
 use crate::kit::{Origin, Override};
+use crate::live;
 use crate::supervisor::cluster::{self, ClusterReporter, Gates, Handles, Snapshot};
 use crate::supervisor::control::{pid_path, request, serve, socket_path};
 use crate::supervisor::local::{check_port, logs_dir, UpError};
@@ -126,7 +126,11 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             "kit {} is already running (supervisor pid {}, state {:?})",
             kit.name, s.supervisor_pid, s.state
         ))
-        .with_hint(format!("see {}, stop it with {}", kit_ref.quoted("status", &[]), kit_ref.quoted("down", &[]))));
+        .with_hint(format!(
+            "see {}, stop it with {}",
+            kit_ref.quoted("status", &[]),
+            kit_ref.quoted("down", &[])
+        )));
     }
     // Fail before anything starts when the head's API port is taken (vLLM would notice late).
     if kit.nodes.iter().any(|n| n.role == Role::Head && n.transport == Transport::Local) {
@@ -232,8 +236,11 @@ fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool, hin
             printed = true;
             let logs = s.nodes.iter().filter_map(|n| n.engine_log.clone()).collect::<Vec<_>>().join(", ");
             let mut out = std::io::stdout();
-            let _ =
-                writeln!(out, "{}\nCtrl-C stops the deployment.", hints.banner(&s, started.elapsed().as_secs_f64(), &logs));
+            let _ = writeln!(
+                out,
+                "{}\nCtrl-C stops the deployment.",
+                hints.banner(&s, started.elapsed().as_secs_f64(), &logs)
+            );
             let _ = out.flush();
         }
         if matches!(s.state, State::Stopped | State::Failed) {

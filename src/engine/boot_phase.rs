@@ -165,6 +165,45 @@ pub fn elapsed(secs: u64) -> String {
     }
 }
 
+/// The progress line between "engine started" and "/health answered 200":
+/// `    booting 1m05s: node-a: loading weights: shard 3/39`.
+#[must_use]
+pub fn progress_line(elapsed_s: u64, phases: &[(String, Option<String>)]) -> String {
+    let parts: Vec<String> =
+        phases.iter().map(|(node, p)| format!("{node}: {}", p.as_deref().unwrap_or("starting"))).collect();
+    format!("    booting {}: {}", elapsed(elapsed_s), parts.join("; "))
+}
+
+/// How often the progress line is written: redrawn in place every tick on a terminal, a new
+/// line once a minute otherwise (logs, CI).
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    tty: bool,
+    next_line_s: u64,
+}
+
+/// Erase the current terminal line.
+pub const CLEAR_LINE: &str = "\r\x1b[2K";
+
+impl Pacer {
+    #[must_use]
+    pub fn new(tty: bool) -> Self {
+        Self { tty, next_line_s: 60 }
+    }
+
+    /// What to write at `elapsed_s` for `line` (nothing when it is not time yet).
+    pub fn tick(&mut self, elapsed_s: u64, line: &str) -> Option<String> {
+        if self.tty {
+            return Some(format!("{CLEAR_LINE}{line}"));
+        }
+        if elapsed_s >= self.next_line_s {
+            self.next_line_s = (elapsed_s / 60 + 1) * 60;
+            return Some(format!("{line}\n"));
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +258,24 @@ mod tests {
                 "API server started, waiting for /health",
             ]
         );
+    }
+
+    #[test]
+    fn progress_is_a_line_a_minute_without_a_tty_and_redrawn_on_one() {
+        let phases =
+            vec![("node-a".to_string(), Some("loading weights: shard 3/39".to_string())), ("node-b".into(), None)];
+        let line = progress_line(65, &phases);
+        assert_eq!(line, "    booting 1m05s: node-a: loading weights: shard 3/39; node-b: starting");
+        let mut p = Pacer::new(false);
+        let printed: Vec<u64> = (0..200).filter(|s| p.tick(*s, &line).is_some()).collect();
+        assert_eq!(printed, [60, 120, 180]);
+        // A stalled ticker (suspended, slow) does not print twice for one minute.
+        let mut p = Pacer::new(false);
+        assert!(p.tick(130, &line).is_some());
+        assert!(p.tick(150, &line).is_none());
+        assert!(p.tick(180, &line).is_some());
+        let mut t = Pacer::new(true);
+        assert_eq!(t.tick(1, "x").as_deref(), Some("\r\x1b[2Kx"));
     }
 
     #[test]
