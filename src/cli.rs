@@ -385,8 +385,11 @@ pub struct PreflightArgs {
 #[derive(Debug, Args)]
 pub struct GuardArgs {
     /// Process group of the engine: stopped (drain, then kill) when it grew or to protect the host.
-    #[arg(long, value_name = "PGID")]
+    #[arg(long, value_name = "PGID", conflicts_with = "container")]
     pub pgid: Option<i32>,
+    /// The engine's container (name or id; docker runtime): attributed by its cgroup, stopped with `docker kill --signal`.
+    #[arg(long, value_name = "NAME")]
+    pub container: Option<String>,
     /// Soft floor on MemAvailable, e.g. 4GiB (memory.guard.soft_floor): drop model page cache, warn.
     #[arg(long, value_name = "SIZE")]
     pub soft: Option<String>,

@@ -121,8 +121,6 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         backoff: Backoff { max_attempts: args.retries, ..Backoff::default() },
     };
     let token = find_token(&ctx.env, &dirs.home, |p| std::fs::read_to_string(p).ok());
-    let client =
-        HubClient::new(&endpoint(&ctx.env), token, args.jobs, opts.backoff, opts.idle).map_err(|e| hub_failure(&e))?;
     let req = Request { hf_cache: cache, repos, opts, dry_run: args.dry_run };
     let reporter: Arc<dyn Reporter> = if args.quiet {
         Arc::new(Silent)
@@ -131,6 +129,9 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     } else {
         Arc::new(Lines::new())
     };
+    let client = HubClient::new(&endpoint(&ctx.env), token, args.jobs, opts.backoff, opts.idle)
+        .map_err(|e| hub_failure(&e))?
+        .with_reporter(reporter.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
         .enable_all()

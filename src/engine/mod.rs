@@ -5,6 +5,7 @@ pub mod argv;
 pub mod boot_phase;
 pub mod child_exit;
 pub mod docker;
+pub mod dockerctl;
 pub mod embed;
 pub mod model;
 pub mod overlay;

@@ -9,10 +9,23 @@ pub enum HubError {
     Gated { repo: String, path: String, status: u16, url: String, with_token: bool },
     #[error("the Hub rejected the token ({source_name}) for {repo}")]
     BadToken { repo: String, source_name: String },
-    #[error("repository {repo} not found on {endpoint}")]
-    RepoNotFound { repo: String, endpoint: String },
-    #[error("revision `{revision}` not found in {repo}")]
-    RevisionNotFound { repo: String, revision: String },
+    #[error("repository {repo} not found on {endpoint} (or it is private and the token has no access)")]
+    RepoNotFound {
+        repo: String,
+        endpoint: String,
+        /// The kit key naming the repo (`model.repo`), once known.
+        key: Option<String>,
+    },
+    #[error("revision `{revision}` not found in {repo} on {endpoint}")]
+    RevisionNotFound {
+        repo: String,
+        revision: String,
+        endpoint: String,
+        /// The kit key naming the revision (`model.revision`), once known.
+        key: Option<String>,
+    },
+    #[error("cannot reach HF_ENDPOINT={endpoint}: {reason}")]
+    Unreachable { endpoint: String, reason: String },
     #[error("{repo} at {commit} has no file {path}")]
     EntryNotFound { repo: String, commit: String, path: String },
     #[error("{what}: HTTP {status}{message}")]
@@ -48,6 +61,20 @@ impl HubError {
         Self::Io { path: path.into(), source }
     }
 
+    /// Name the kit section (`model`, `engram`) whose repo or revision is missing.
+    #[must_use]
+    pub fn in_kit(self, section: &str) -> Self {
+        match self {
+            Self::RepoNotFound { repo, endpoint, .. } => {
+                Self::RepoNotFound { repo, endpoint, key: Some(format!("{section}.repo")) }
+            }
+            Self::RevisionNotFound { repo, revision, endpoint, .. } => {
+                Self::RevisionNotFound { repo, revision, endpoint, key: Some(format!("{section}.revision")) }
+            }
+            e => e,
+        }
+    }
+
     /// A configuration problem (exit code 2) rather than a runtime one.
     #[must_use]
     pub fn is_config(&self) -> bool {
@@ -71,12 +98,16 @@ impl HubError {
             Self::BadToken { .. } => {
                 "set HF_TOKEN (or HF_TOKEN_PATH) to a valid token; `hf auth whoami` checks it".into()
             }
-            Self::RepoNotFound { .. } => {
-                "check model.repo / engram.repo; for a private repo set HF_TOKEN; HF_ENDPOINT selects a mirror".into()
-            }
-            Self::RevisionNotFound { .. } => {
-                "check model.revision / engram.revision (a branch, tag or 40-hex commit)".into()
-            }
+            Self::RepoNotFound { key, .. } => format!(
+                "check {} (owner/name as on the Hub); a private repo needs HF_TOKEN; HF_ENDPOINT selects another server",
+                key.as_deref().unwrap_or("model.repo / engram.repo")
+            ),
+            Self::RevisionNotFound { repo, key, .. } => format!(
+                "set {} to a branch, tag or 40-hex commit of {repo} (e.g. --set {}=main)",
+                key.as_deref().unwrap_or("model.revision / engram.revision"),
+                key.as_deref().unwrap_or("model.revision")
+            ),
+            Self::Unreachable { .. } => "check the address and the network (or proxy); unset HF_ENDPOINT to use https://huggingface.co".into(),
             Self::EntryNotFound { .. } => {
                 "the repo changed or the kit names a file it does not have; fix the kit's files list".into()
             }

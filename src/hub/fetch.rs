@@ -243,7 +243,7 @@ async fn fetch_small(
     let mut attempt = 0;
     let bytes = loop {
         attempt += 1;
-        let bytes = client.get_small(&cache.repo, &f.path, &r.location, f.size).await?;
+        let bytes = client.get_small(&cache.repo, commit, &f.path, &r.location, f.size).await?;
         let got = git_sha1(&bytes);
         if bytes.len() as u64 == f.size && got == f.blob {
             break bytes;

@@ -150,8 +150,9 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
     let counters = Arc::new(Counters::default());
     let mut planned = Vec::new();
     for r in &req.repos {
-        let commit = client.commit(&r.repo, &r.revision).await?;
-        let tree = client.tree(&r.repo, &commit).await?;
+        let section = r.key.split('.').next().unwrap_or("model");
+        let commit = client.commit(&r.repo, &r.revision).await.map_err(|e| e.in_kit(section))?;
+        let tree = client.tree(&r.repo, &commit).await.map_err(|e| e.in_kit(section))?;
         let sel = match &r.want {
             Want::All { required, expected_shards } => {
                 Selection::All { required, expected_shards: *expected_shards, key: r.key }
@@ -252,7 +253,7 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
         cached_files: c.cached_files.load(Ordering::Relaxed),
         fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
         resumed_bytes: c.resumed_bytes.load(Ordering::Relaxed),
-        retries: c.retries.load(Ordering::Relaxed),
+        retries: c.retries.load(Ordering::Relaxed) + client.retries(),
         reresolves: c.reresolves.load(Ordering::Relaxed),
         refetched_files: c.refetched_files.load(Ordering::Relaxed),
         discarded_partials: c.discarded_partials.load(Ordering::Relaxed),

@@ -10,5 +10,5 @@ mod serve;
 
 pub use harness::Setup;
 pub use model::seeded_bytes;
-pub use model::{Content, FakeFile, Fault, FaultKind, Route};
+pub use model::{Content, Dialect, FakeFile, Fault, FaultKind, Route};
 pub use serve::{FakeHub, Served};

@@ -14,12 +14,13 @@ use axum::Router;
 use sha2::Digest as _;
 
 pub use super::model::Served;
-use super::model::{CommitFiles, FakeFile, Fault, FaultKind, Log, Repo, Route};
+use super::model::{CommitFiles, Dialect, FakeFile, Fault, FaultKind, Log, Repo, Route};
 
 struct State {
     repos: Mutex<HashMap<String, Repo>>,
     faults: Mutex<Vec<Fault>>,
     log: Mutex<Log>,
+    dialect: Mutex<Dialect>,
     page_size: AtomicUsize,
     /// Body bytes per second per response (0 = unlimited).
     rate: AtomicU64,
@@ -84,6 +85,26 @@ fn resp(status: u16) -> axum::http::response::Builder {
     Response::builder().status(status)
 }
 
+/// A "not found" (or gated) answer as `st`'s dialect writes it: the Hub's own status and
+/// `X-Error-Code`, another implementation's `404 EntryNotFound` for everything, or a bare `404`.
+fn missing(st: &State, status: u16, code: &str, msg: &str, commit: Option<&str>) -> Response {
+    let dialect = *st.dialect.lock().unwrap();
+    let b = match dialect {
+        Dialect::Hub => {
+            let b = resp(status).header("x-error-code", code).header("x-error-message", msg);
+            match commit {
+                Some(c) => b.header("x-repo-commit", c),
+                None => b,
+            }
+        }
+        Dialect::EntryOnly => {
+            resp(404).header("x-error-code", "EntryNotFound").header("x-error-message", "Entry not found")
+        }
+        Dialect::Bare => resp(404),
+    };
+    b.header("content-type", "application/json").body(Body::from(format!("{{\"error\":\"{msg}\"}}"))).unwrap()
+}
+
 fn error(status: u16, code: &str, msg: &str) -> Response {
     resp(status)
         .header("x-error-code", code)
@@ -107,6 +128,7 @@ impl FakeHub {
             repos: Mutex::new(HashMap::new()),
             faults: Mutex::new(Vec::new()),
             log: Mutex::new(Log::default()),
+            dialect: Mutex::new(Dialect::Hub),
             page_size: AtomicUsize::new(2),
             rate: AtomicU64::new(0),
             ttl_secs: AtomicU64::new(3600),
@@ -154,6 +176,11 @@ impl FakeHub {
     /// Add a raw path to `repo`'s listing (a malicious tree).
     pub fn list_extra(&self, repo: &str, raw_path: &str) {
         self.state.repos.lock().unwrap().entry(repo.to_string()).or_default().extra_listing.push(raw_path.into());
+    }
+
+    /// How missing repos, revisions and files are reported (default: as the real Hub).
+    pub fn set_dialect(&self, d: Dialect) {
+        *self.state.dialect.lock().unwrap() = d;
     }
 
     pub fn fault(&self, f: Fault) {
@@ -233,12 +260,12 @@ fn auth_of(h: &HeaderMap) -> Option<String> {
 fn find(st: &State, repo: &str, rev: &str) -> Result<(String, CommitFiles, Option<String>, Vec<String>), Response> {
     let repos = st.repos.lock().unwrap();
     let Some(r) = repos.get(repo) else {
-        return Err(error(401, "RepoNotFound", "Repository not found"));
+        return Err(missing(st, 401, "RepoNotFound", "Repository not found", None));
     };
     let commit = r.branches.get(rev).cloned().unwrap_or_else(|| rev.to_string());
     match r.commits.get(&commit) {
         Some(c) => Ok((commit, c.clone(), r.gate.clone(), r.extra_listing.clone())),
-        None => Err(error(404, "RevisionNotFound", "Invalid rev id")),
+        None => Err(missing(st, 404, "RevisionNotFound", &format!("Invalid rev id: {rev}"), None)),
     }
 }
 
@@ -253,8 +280,18 @@ async fn hub_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
     let raw = req.uri().path().to_string();
     let seg: Vec<&str> = raw.trim_start_matches('/').split('/').collect();
     let head = req.method() == Method::HEAD;
+    if seg.len() == 4 && seg[0] == "api" && seg[1] == "models" {
+        st.log.lock().unwrap().api_calls.push(req.uri().to_string());
+        if let Some(r) = api_fault(&st, "info") {
+            return r;
+        }
+        return repo_info(&st, &format!("{}/{}", seg[2], seg[3]));
+    }
     if seg.len() >= 6 && seg[0] == "api" && seg[1] == "models" {
         st.log.lock().unwrap().api_calls.push(req.uri().to_string());
+        if let Some(r) = api_fault(&st, seg[4]) {
+            return r;
+        }
         let repo = format!("{}/{}", seg[2], seg[3]);
         let rev = decode(&seg[5..].join("/"));
         return match seg[4] {
@@ -275,6 +312,34 @@ async fn hub_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
         return resolve(&st, &repo, &decode(seg[3]), &path, auth.as_deref());
     }
     error(404, "NotFound", "not found")
+}
+
+/// A scripted fault on an API route (`revision`, `tree`, `info`).
+fn api_fault(st: &State, route: &str) -> Option<Response> {
+    match take_fault(st, Route::Api, route)? {
+        FaultKind::Status(s) => Some(error(s, "Fault", "scripted")),
+        FaultKind::TooMany { retry_after } => Some(
+            resp(429).header("retry-after", retry_after.to_string()).body(Body::from("Too Many Requests")).unwrap(),
+        ),
+        FaultKind::QuotaExhausted { reset } => Some(
+            resp(429)
+                .header("ratelimit", format!("\"api\";r=0;t={reset}"))
+                .body(Body::from("Too Many Requests"))
+                .unwrap(),
+        ),
+        _ => None,
+    }
+}
+
+/// `GET /api/models/{repo}`: the repo's info (answered for gated repos too, as the Hub does).
+fn repo_info(st: &State, repo: &str) -> Response {
+    let sha = {
+        let repos = st.repos.lock().unwrap();
+        repos.get(repo).map(|r| r.branches.get("main").cloned().unwrap_or_default())
+    };
+    let Some(sha) = sha else { return missing(st, 401, "RepoNotFound", "Repository not found", None) };
+    let v = serde_json::json!({"id": repo, "modelId": repo, "sha": sha, "private": false, "siblings": []});
+    resp(200).header("content-type", "application/json").body(Body::from(v.to_string())).unwrap()
 }
 
 fn revision(st: &State, repo: &str, rev: &str) -> Response {
@@ -370,11 +435,7 @@ fn resolve(st: &State, repo: &str, rev: &str, path: &str, auth: Option<&str>) ->
         _ => {}
     }
     let Some(f) = files.files.iter().find(|f| f.path == path) else {
-        return resp(404)
-            .header("x-error-code", "EntryNotFound")
-            .header("x-repo-commit", &commit)
-            .body(Body::from("Entry not found"))
-            .unwrap();
+        return missing(st, 404, "EntryNotFound", "Entry not found", Some(&commit));
     };
     if f.lfs {
         let expires = now_secs() + st.ttl_secs.load(Ordering::SeqCst);
@@ -422,7 +483,7 @@ fn resolve_cache(st: &State, repo: &str, commit: &str, path: &str, auth: Option<
         return r;
     }
     let Some(f) = files.files.iter().find(|f| f.path == path && !f.lfs) else {
-        return error(404, "EntryNotFound", "Entry not found");
+        return missing(st, 404, "EntryNotFound", "Entry not found", Some(&commit));
     };
     let data = f.content.read(0, usize::try_from(f.size).unwrap());
     let b = resp(200)
