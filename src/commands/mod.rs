@@ -10,6 +10,7 @@ pub mod config;
 pub mod download;
 pub mod engine;
 pub mod guard;
+pub mod hub_output;
 pub mod kits;
 pub mod load;
 pub mod logs;

@@ -24,9 +24,9 @@ fn is_dsv41_flash_exl3(kit: &Kit) -> bool {
 /// The snapshot directory `download` put the kit's model in, from `spark-kit.lock`.
 fn downloaded_model(kit: &Kit, env: &[(String, String)]) -> Option<PathBuf> {
     let dirs = crate::dirs::Dirs::from_env(env);
-    let lock = crate::hub::lockfile::LockFile::load(&super::download::lock_path(kit, &dirs)).ok()?;
+    let lock = crate::hub::lockfile::LockFile::load(&crate::hub::kit_files::lock_path(kit, &dirs)).ok()?;
     let entry = lock.files.iter().find(|e| e.repo == kit.model.repo)?;
-    let cache = super::download::kit_hf_cache(kit, env, &dirs);
+    let cache = crate::hub::kit_files::kit_hf_cache(kit, env, &dirs);
     let dir = crate::hub::cache::RepoCache::new(&cache, &kit.model.repo).snapshot(&entry.commit, "");
     dir.is_dir().then_some(dir)
 }
@@ -186,14 +186,14 @@ fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let resolved = load::resolve(&args.kit, &ctx.env)?;
     let kit = &resolved.kit;
     let dirs = crate::dirs::Dirs::from_env(&ctx.env);
-    let lock = super::download::lock_path(kit, &dirs);
+    let lock = crate::hub::kit_files::lock_path(kit, &dirs);
     if !lock.exists() {
         return Err(Failure::usage(format!("no lock file {} for kit `{}`", lock.display(), kit.name)).with_hint(
             "run `spark-kit download` first (it writes the lock file); `verify --structure` audits headers",
         ));
     }
-    let lf = crate::hub::lockfile::LockFile::load(&lock).map_err(|e| super::download::hub_failure(&e))?;
-    let cache = super::download::kit_hf_cache(kit, &ctx.env, &dirs);
+    let lf = crate::hub::lockfile::LockFile::load(&lock).map_err(|e| super::hub_output::hub_failure(&e))?;
+    let cache = crate::hub::kit_files::kit_hf_cache(kit, &ctx.env, &dirs);
     let threads = match args.jobs {
         Some(0) => return Err(Failure::usage("--jobs 0: nothing would run").with_hint("use --jobs 1 or more")),
         Some(n) => n,
@@ -249,9 +249,59 @@ fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     if bad.is_empty() {
-        Ok(())
-    } else {
-        Err(Failure::runtime(format!("{} of {} files failed verification ({mode})", bad.len(), results.len()))
-            .with_hint("rerun `spark-kit download`: it refetches what is missing; delete a corrupt blob first"))
+        return Ok(());
+    }
+    if args.repair {
+        let bad: Vec<&crate::hub::lockfile::LockEntry> =
+            lf.files.iter().filter(|e| bad.iter().any(|c| c.repo == e.repo && c.path == e.path)).collect();
+        return repair(&bad, &cache, threads, &dirs, ctx);
+    }
+    let kit_flag = args.kit.kit.as_deref().map(|k| format!(" --kit {k}")).unwrap_or_default();
+    Err(Failure::runtime(format!("{} of {} files failed verification ({mode})", bad.len(), results.len())).with_hint(
+        format!("run `spark-kit verify --repair{kit_flag}`: it moves the bad files aside and fetches them again"),
+    ))
+}
+
+/// `verify --repair`: move each bad blob aside, fetch exactly those files again at their locked
+/// commit, and check them once more.
+fn repair(
+    bad: &[&crate::hub::lockfile::LockEntry],
+    cache: &std::path::Path,
+    threads: usize,
+    dirs: &crate::dirs::Dirs,
+    ctx: &mut Context<'_>,
+) -> Result<(), Failure> {
+    use crate::hub::repair::{move_aside, requests};
+    use crate::hub::run::Request;
+    for e in bad {
+        if let Some((blob, aside)) = move_aside(cache, e).map_err(|e| super::hub_output::hub_failure(&e))? {
+            writeln!(ctx.out, "moved {} aside to {}", blob.display(), aside.display()).map_err(|e| io_failure(&e))?;
+        }
+    }
+    let req = Request {
+        hf_cache: cache.to_path_buf(),
+        repos: requests(bad),
+        opts: crate::hub::fetch::Options::default(),
+        dry_run: false,
+        verify_cached: false,
+    };
+    super::hub_output::run_download(&req, &ctx.env, dirs, super::hub_output::reporter(false))?;
+    let entries: Vec<crate::hub::lockfile::LockEntry> = bad.iter().map(|e| (*e).clone()).collect();
+    let again = crate::hub::verify::verify(cache, &entries, false, threads, &|_| {});
+    let still: Vec<_> = again.iter().filter(|c| c.status != crate::hub::verify::Status::Ok).collect();
+    writeln!(ctx.out, "repaired {} of {} file(s)", again.len() - still.len(), again.len())
+        .map_err(|e| io_failure(&e))?;
+    match still.first() {
+        None => Ok(()),
+        Some(c) => Err(Failure::runtime(format!(
+            "{} file(s) still fail after the repair, e.g. {} {}: {:?}",
+            still.len(),
+            c.repo,
+            c.path,
+            c.status
+        ))
+        .with_hint(
+            "the Hub serves other bytes than the lock file recorded; run `spark-kit download` to refresh the lock",
+        )),
     }
 }

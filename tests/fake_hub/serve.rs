@@ -29,6 +29,9 @@ struct State {
     /// CDN bodies being sent now, and the most at once.
     active: AtomicUsize,
     peak: AtomicUsize,
+    /// CDN bodies being sent now per file, and the most distinct files at once.
+    active_files: Mutex<HashMap<String, usize>>,
+    peak_files: AtomicUsize,
     hub: String,
     cdn: String,
     secret: String,
@@ -135,6 +138,8 @@ impl FakeHub {
             commits_made: AtomicU64::new(0),
             active: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            active_files: Mutex::new(HashMap::new()),
+            peak_files: AtomicUsize::new(0),
             hub: hub.clone(),
             cdn: cdn.clone(),
             secret: format!("s{}", std::process::id()),
@@ -227,6 +232,11 @@ impl FakeHub {
     /// The most CDN bodies sent at the same time.
     pub fn peak_connections(&self) -> usize {
         self.state.peak.load(Ordering::SeqCst)
+    }
+
+    /// The most distinct files whose CDN bodies were being sent at the same time.
+    pub fn peak_files(&self) -> usize {
+        self.state.peak_files.load(Ordering::SeqCst)
     }
 
     /// Faults not fired yet.
@@ -579,6 +589,11 @@ async fn cdn_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
     let st2 = st.clone();
     let now = st.active.fetch_add(1, Ordering::SeqCst) + 1;
     st.peak.fetch_max(now, Ordering::SeqCst);
+    {
+        let mut files = st.active_files.lock().unwrap();
+        *files.entry(f.path.clone()).or_default() += 1;
+        st.peak_files.fetch_max(files.len(), Ordering::SeqCst);
+    }
     tokio::spawn(async move {
         let rate = st2.rate.load(Ordering::SeqCst);
         let started = Instant::now();
@@ -630,6 +645,15 @@ async fn cdn_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
             st2.log.lock().unwrap().served[idx].bytes = sent;
         }
         st2.log.lock().unwrap().served[idx].complete = ok && sent == len;
+        {
+            let mut files = st2.active_files.lock().unwrap();
+            if let Some(n) = files.get_mut(&f.path) {
+                *n -= 1;
+                if *n == 0 {
+                    files.remove(&f.path);
+                }
+            }
+        }
         st2.active.fetch_sub(1, Ordering::SeqCst);
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
