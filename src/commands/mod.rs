@@ -21,6 +21,7 @@ pub mod preflight;
 pub mod progress;
 pub mod setup;
 pub mod status;
+pub mod target;
 pub mod up;
 pub mod verify;
 pub mod verify_decode;
