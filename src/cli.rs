@@ -77,6 +77,12 @@ pub enum KitCommand {
         /// Built-in kit name or path to a kit file (default: the 2x Spark kit).
         kit: Option<String>,
     },
+    /// Validate every part of a kit; each problem says which commands need the key (a command
+    /// itself checks only the parts it uses: `download` and `verify` need only `model`/`engram`).
+    Check {
+        /// Built-in kit name or path to a kit file (default: the 2x Spark kit).
+        kit: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -78,7 +78,7 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if args.idle_timeout == 0 || args.retries == 0 {
         return Err(Failure::usage("--idle-timeout and --retries must be at least 1"));
     }
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let resolved = load::resolve_for(&args.kit, &ctx.env, crate::kit::validate::MODEL_ONLY)?;
     let kit = &resolved.kit;
     let dirs = Dirs::from_env(&ctx.env);
     let repos = requests(kit, args.only, &dirs)?;

@@ -47,6 +47,7 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
     match cli.command {
         Command::Kits { json } => kits::list(json, ctx),
         Command::Kit(KitCommand::Show { kit }) => kits::show(kit.as_deref(), ctx),
+        Command::Kit(KitCommand::Check { kit }) => kits::check(kit.as_deref(), ctx),
         Command::Config(args) => config::run(&args, ctx),
         Command::Setup(args) => setup::run(&args, ctx),
         Command::Up(args) => up::run(&args, ctx),

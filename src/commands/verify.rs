@@ -91,7 +91,7 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if !args.structure && !args.decode {
         return lock_check(args, ctx);
     }
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let resolved = load::resolve_for(&args.kit, &ctx.env, crate::kit::validate::MODEL_ONLY)?;
     let kit = &resolved.kit;
     let (ckpt, label) = checkpoint_in(kit, &ctx.env, args.model.as_ref(), args.r#virtual, false)?;
     let report =
@@ -184,7 +184,7 @@ pub(super) fn human(r: &AuditReport, label: &str) -> String {
 /// and (unless `--fast`) right SHA-256 — hashed in parallel without flooding the page cache.
 fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     use crate::hub::verify::{verify, Status};
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let resolved = load::resolve_for(&args.kit, &ctx.env, crate::kit::validate::MODEL_ONLY)?;
     let kit = &resolved.kit;
     let dirs = crate::dirs::Dirs::from_env(&ctx.env);
     let lock = crate::hub::kit_files::lock_path(kit, &dirs);
