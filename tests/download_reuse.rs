@@ -75,3 +75,21 @@ fn verify_repair_moves_the_bad_blob_aside_and_fetches_it_again() {
     let out = s.cmd(&["verify"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stdout));
 }
+
+#[test]
+fn verify_repair_of_an_engram_shard_rebuilds_the_slim_directory() {
+    use fake_hub::harness::{engram_files, ENGRAM};
+    let s = Setup::new(Some(engram_files(false)));
+    s.download_ok(&[]);
+    let shard = engram_files(false).into_iter().find(|f| f.path == "model-00047-of-00048.safetensors").unwrap();
+    let blob = s.repo_dir(ENGRAM).join("blobs").join(&shard.sha256);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    let slim = s.dir.path().join("engram/model-00047-of-00048.safetensors");
+    assert!(std::fs::read(&slim).unwrap() != shard.content_bytes(), "the slim dir is a hardlink of the blob");
+    let out = s.cmd(&["verify", "--repair"]).output().unwrap();
+    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(std::fs::read(&slim).unwrap() == shard.content_bytes(), "the slim dir still holds the bad bytes");
+    assert!(s.cmd(&["verify"]).output().unwrap().status.success());
+}

@@ -255,7 +255,7 @@ fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if args.repair {
         let bad: Vec<&crate::hub::lockfile::LockEntry> =
             lf.files.iter().filter(|e| bad.iter().any(|c| c.repo == e.repo && c.path == e.path)).collect();
-        return repair(&bad, &cache, threads, &dirs, ctx);
+        return repair(kit, &bad, &cache, threads, &dirs, ctx);
     }
     let kit_flag = args.kit.kit.as_deref().map(|k| format!(" --kit {k}")).unwrap_or_default();
     Err(Failure::runtime(format!("{} of {} files failed verification ({mode})", bad.len(), results.len())).with_hint(
@@ -266,6 +266,7 @@ fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 /// `verify --repair`: move each bad blob aside, fetch exactly those files again at their locked
 /// commit, and check them once more.
 fn repair(
+    kit: &Kit,
     bad: &[&crate::hub::lockfile::LockEntry],
     cache: &std::path::Path,
     threads: usize,
@@ -279,9 +280,21 @@ fn repair(
             writeln!(ctx.out, "moved {} aside to {}", blob.display(), aside.display()).map_err(|e| io_failure(&e))?;
         }
     }
+    let mut repos = requests(bad);
+    // The slim Engram directory hardlinks the shards' blobs: a repaired shard is a new inode, so
+    // the directory is rebuilt from the kit's Engram files (the good ones are cached).
+    for r in &mut repos {
+        if let Some(e) = kit.engram.as_ref().filter(|e| e.repo == r.repo) {
+            r.want = crate::hub::run::Want::Only(e.files.clone());
+            r.engram = Some(crate::hub::run::EngramTarget {
+                dir: dirs.expand(&kit.paths.engram_dir),
+                layers: e.layers.clone(),
+            });
+        }
+    }
     let req = Request {
         hf_cache: cache.to_path_buf(),
-        repos: requests(bad),
+        repos,
         opts: crate::hub::fetch::Options::default(),
         dry_run: false,
         verify_cached: false,
