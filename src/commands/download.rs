@@ -6,7 +6,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::hub_output::{hub_failure, rate, reporter, run_download};
-use super::verify::size;
 use super::{io_failure, load, Context};
 use crate::cli::{DownloadArgs, Only};
 use crate::dirs::Dirs;
@@ -16,6 +15,7 @@ use crate::hub::kit_files::{kit_hf_cache, lock_path};
 use crate::hub::lockfile::LockFile;
 use crate::hub::retry::Backoff;
 use crate::hub::run::{EngramTarget, RepoRequest, Request, Summary, Want};
+use crate::kit::bytes::human_size as size;
 use crate::kit::bytes::{ByteSize, KIB};
 use crate::kit::schema::{Kit, ModelSource};
 

@@ -10,7 +10,6 @@ use crate::checkpoint::virtual_ckpt::{deepseek_v41_flash_exl3, DeepSeekV41Dims};
 use crate::checkpoint::Checkpoint;
 use crate::cli::VerifyArgs;
 use crate::error::Failure;
-use crate::kit::bytes::{GIB, KIB, MIB};
 use crate::kit::schema::Kit;
 
 /// Findings printed in the human report before "… and N more".
@@ -74,18 +73,8 @@ pub(super) fn checkpoint_in(
     }
 }
 
-/// `812.0 KiB`, `3.4 MiB`, `182.571 GiB`.
-#[allow(clippy::cast_precision_loss)]
-pub(super) fn size(bytes: u64) -> String {
-    let b = bytes as f64;
-    if bytes >= GIB {
-        format!("{:.3} GiB", b / GIB as f64)
-    } else if bytes >= MIB {
-        format!("{:.1} MiB", b / MIB as f64)
-    } else {
-        format!("{:.1} KiB", b / KIB as f64)
-    }
-}
+/// `812.0 KiB`, `3.4 MiB`, `182.571 GiB` (kept here for the commands that use it from verify).
+pub(super) use crate::kit::bytes::human_size as size;
 
 pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if !args.structure && !args.decode {
