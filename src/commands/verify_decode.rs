@@ -6,12 +6,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::io_failure;
-use super::verify::size;
 use crate::checkpoint::decode_check::{decode_check, DecodeOptions, DecodeReport};
 use crate::checkpoint::exl3_audit::{num_hidden_layers, AuditReport};
 use crate::checkpoint::{Checkpoint, Origin};
 use crate::cli::VerifyArgs;
 use crate::error::Failure;
+use crate::kit::bytes::human_size as size;
 
 /// Findings printed in the human report before "… and N more".
 const MAX_SHOWN: usize = 40;

@@ -54,6 +54,28 @@ pub enum HubError {
     Kit(String),
     #[error("{0}")]
     Engram(String),
+    #[error("{repo}: {source}")]
+    Slim {
+        repo: String,
+        #[source]
+        source: super::engram::SlimError,
+    },
+    #[error("{what}: {source}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: not a spark-kit lock file: {source}", path.display())]
+    BadLock {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: lock file version {found} (expected {expected})", path.display())]
+    LockVersion { path: PathBuf, found: u32, expected: u32 },
+    #[error("internal: {0}")]
+    Internal(&'static str),
 }
 
 impl HubError {
@@ -80,7 +102,12 @@ impl HubError {
     pub fn is_config(&self) -> bool {
         matches!(
             self,
-            Self::Kit(_) | Self::BadEndpoint { .. } | Self::RevisionNotFound { .. } | Self::RepoNotFound { .. }
+            Self::Kit(_)
+                | Self::BadLock { .. }
+                | Self::LockVersion { .. }
+                | Self::BadEndpoint { .. }
+                | Self::RevisionNotFound { .. }
+                | Self::RepoNotFound { .. }
         )
     }
 
@@ -131,8 +158,12 @@ impl HubError {
             Self::Busy { .. } => "wait for the other download to finish (or stop it), then rerun".into(),
             Self::BadEndpoint { .. } => "set HF_ENDPOINT to a URL such as https://huggingface.co, or unset it".into(),
             Self::Kit(_) => "fix the kit (spark-kit kit show) or pin the revision the kit was written for".into(),
-            Self::Engram(_) => {
+            Self::Engram(_) | Self::Slim { .. } => {
                 "check engram.files and engram.layers against the repo's model.safetensors.index.json".into()
+            }
+            Self::Json { .. } | Self::Internal(_) => return None,
+            Self::BadLock { .. } | Self::LockVersion { .. } => {
+                "rerun `spark-kit download`: it rewrites the lock file from the cache".into()
             }
         })
     }
