@@ -5,6 +5,7 @@ pub mod argv;
 pub mod docker;
 pub mod dockerctl;
 pub mod embed;
+pub mod image_sync;
 pub mod model;
 pub mod overlay;
 pub mod pgroup;
