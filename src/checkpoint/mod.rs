@@ -6,6 +6,7 @@
 
 pub mod budget;
 pub mod decode_check;
+pub mod dsv41;
 pub mod exl3_audit;
 pub mod exl3_decode;
 pub mod names;

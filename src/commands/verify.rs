@@ -17,7 +17,7 @@ use crate::kit::schema::Kit;
 const MAX_FINDINGS_SHOWN: usize = 40;
 
 /// Whether the kit serves the checkpoint the virtual model describes.
-fn is_dsv41_flash_exl3(kit: &Kit) -> bool {
+pub(super) fn is_dsv41_flash_exl3(kit: &Kit) -> bool {
     kit.model.repo.to_ascii_lowercase().contains("deepseek-v4.1-flash-exl3")
 }
 
