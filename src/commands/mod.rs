@@ -3,6 +3,7 @@
 //! Commands write their output to the `out` they are given and return a [`Failure`] on error;
 //! only `main.rs` touches the real stdout/stderr and exits.
 
+pub mod audit_text;
 pub mod bench;
 pub mod cache_capped;
 pub mod completions;
