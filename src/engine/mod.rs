@@ -2,6 +2,8 @@
 //! engine process (PyO3 on its main thread) and its process group.
 
 pub mod argv;
+pub mod boot_phase;
+pub mod child_exit;
 pub mod docker;
 pub mod dockerctl;
 pub mod embed;
