@@ -108,6 +108,37 @@ class StandInExt:
             y.copy_((x.float() @ w).to(y.dtype))
             return 0
 
+    def exl3_moe_coop(self, x, sel, rw, min_expert, max_expert, hi, g_t, g_su, g_sv, u_t, u_su, u_sv, d_t, d_su, d_sv,
+                      g_bias, u_bias, d_bias, kg, ku, kd, mcg, mul1, act, act_limit, gated, had_g, had_u, gu_g, gu_u,
+                      act_out, d_out, ctr, out, sh_out, sh_gate_w):
+        """exllamav3's decode kernel: every (token, slot) through its expert, added to `out` rows 0..bsz-1."""
+        with kernel_body():
+            _check(x.dtype == torch.float16 and sel.dtype == torch.int64 and rw.dtype == torch.float16, "coop dtypes")
+            _check(sel.is_contiguous() and rw.is_contiguous() and sel.shape == rw.shape, "sel/rw (bsz, topk)")
+            _check(sel.shape[0] == x.shape[0] and x.shape[1] <= hi and hi % 128 == 0, "coop x / Hi shape")
+            _check(not (mcg and mul1) and kg == ku and 1 <= kd <= 8, "coop codebook / bit widths")
+            _check(act == 0 and gated and g_bias is None and sh_out is None, "stand-in: gated SiLU, no biases")
+            inter = gu_g.shape[-1]
+            slots_max = min(had_g.numel() // hi, had_u.numel() // hi, gu_g.numel() // inter, gu_u.numel() // inter,
+                            act_out.numel() // inter, d_out.numel() // out.shape[-1])
+            bsz, top_k = sel.shape
+            _check(bsz * top_k <= slots_max and bsz <= out.shape[0], "coop batch exceeds the scratch")
+            ctr_len = slots_max * (inter // 128) + out.shape[0] * (out.shape[-1] // 128) + 2 + 2 * slots_max + 1
+            _check(ctr.dtype == torch.int32 and ctr.numel() >= ctr_len and not ctr.any(), "coop counters (zeroed)")
+            cb = "mcg" if mcg else "mul1"
+            lo = 0 if min_expert < 0 else min_expert
+            for t in range(bsz):
+                for j in range(top_k):
+                    e = int(sel[t, j]) - lo
+                    if min_expert >= 0 and not 0 <= e < max_expert - min_expert:
+                        continue
+                    xs = x[t:t + 1].float()
+                    g = xs @ self._weight(int(g_t[e]), int(g_su[e]), int(g_sv[e]), cb)
+                    u = xs @ self._weight(int(u_t[e]), int(u_su[e]), int(u_sv[e]), cb)
+                    h = (torch.nn.functional.silu(g) * u).to(torch.float16).float()
+                    out[t] += float(rw[t, j]) * (h @ self._weight(int(d_t[e]), int(d_su[e]), int(d_sv[e]), cb))[0]
+            self.launches.append({"coop": True, "bsz": bsz, "experts": []})
+
     def exl3_moe_max_concurrency(self, device: int) -> int:
         return NUM_SMS // SMS_PER_EXPERT
 

@@ -68,7 +68,16 @@ def fused_layer(packs, rank=0, tp=1, max_rows=128, ext=None, codebook="mul1", se
     loop = Exl3CudaMoE(rank_experts(packs, rank, tp), codebook, ext, "cpu", add_down_bias=rank == 0)
     if hasattr(ext, "register"):
         ext.register(loop)
-    return Exl3FusedMoE(loop, ext, "cpu", max_rows, "model.layers.3.mlp.experts", self_check=self_check), ext
+    layer = Exl3FusedMoE(loop, ext, "cpu", max_rows, "model.layers.3.mlp.experts", self_check=self_check, top_k=3)
+    return layer, ext
+
+
+@pytest.fixture(scope="module")
+def uniform():
+    """One K for every expert: the decode kernel (exl3_moe_coop) applies."""
+    gen = torch.Generator().manual_seed(22)
+    return [{"w1": pack(HIDDEN, INTER, 3, gen), "w3": pack(HIDDEN, INTER, 3, gen), "w2": pack(INTER, HIDDEN, 4, gen)}
+            for _ in range(EXPERTS)]
 
 
 def reference(packs, x, weights, ids):
@@ -98,6 +107,30 @@ def test_tp2_fused_equals_the_float32_reference(packs, tokens, max_rows):
     ranks = [fused_layer(packs, r, 2, max_rows)[0] for r in range(2)]
     y = sum(layer(x, w, ids).float() for layer in ranks)
     assert (y - ref).abs().max() <= 5e-3 * ref.abs().max()
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 8, 9, 30])
+def test_decode_kernel_takes_up_to_8_rows_of_a_uniform_k_layer(uniform, tokens):
+    x, w, ids = routing(tokens, seed=40 + tokens)
+    ref = reference(uniform, x.float(), w, ids)
+    ranks = [fused_layer(uniform, r, 2)[0] for r in range(2)]
+    assert all(layer.coop is not None for layer in ranks)
+    for layer in ranks:
+        layer.ext.launches.clear()
+    with NoHostSync():
+        y = sum(layer(x, w, ids).float() for layer in ranks)
+    assert (y - ref).abs().max() <= 5e-3 * ref.abs().max()
+    used = {bool(launch.get("coop")) for layer in ranks for launch in layer.ext.launches}
+    assert used == {tokens <= 8}
+    # Another rank's experts (expert map) need the sorted path: the decode kernel reads global ids.
+    emap = torch.arange(EXPERTS)
+    ranks[0].ext.launches.clear()
+    ranks[0](x, w, ids, expert_map=emap)
+    assert not any(launch.get("coop") for launch in ranks[0].ext.launches)
+
+
+def test_mixed_k_layers_skip_the_decode_kernel(packs):
+    assert fused_layer(packs)[0].coop is None
 
 
 def test_no_host_sync_and_every_expert_in_exactly_one_launch(packs):

@@ -129,10 +129,10 @@ def rel(a, b):
 def accuracy(ext, results):
     gen = torch.Generator(device="cuda").manual_seed(5)
     full = full_experts(EXPERTS, gen, "cuda")
-    ranks = [Exl3FusedMoE(rank_loop(full, r, 2, ext), ext, "cuda", MAX_ROWS, f"rank{r}") for r in range(2)]
+    ranks = [Exl3FusedMoE(rank_loop(full, r, 2, ext), ext, "cuda", MAX_ROWS, f"rank{r}", top_k=TOP_K) for r in range(2)]
     dense = {}
     rows = []
-    for tokens in (16, 100):
+    for tokens in (4, 16, 100):
         x, w, ids = routing(tokens, gen, only=8)
         xf = x.float().cpu()
         ref = torch.zeros(tokens, HIDDEN)
@@ -149,19 +149,19 @@ def accuracy(ext, results):
                      "fused_vs_ref_max_rel": rel(y, ref), "loop_vs_ref_max_rel": rel(loop, ref)})
         log(f"accuracy TP2 {tokens} tokens: fused {rows[-1]['fused_vs_ref_max_rel']:.2e}, "
             f"loop {rows[-1]['loop_vs_ref_max_rel']:.2e} (max |dy| / max |y_ref|)")
-    # Graph replay with new inputs equals eager.
-    x, w, ids = routing(16, gen)
-    static = [t.clone() for t in (x, w, ids)]
-    graph, out = capture(lambda: ranks[0](*static))
+    # Graph replay with new inputs equals eager (decode kernel at 4 rows, sorted tiers at 16).
     replays = []
-    for i in range(3):
-        nx, nw, nids = routing(16, gen)
+    for i, tokens in enumerate((4, 4, 16, 16)):
+        x, w, ids = routing(tokens, gen)
+        static = [t.clone() for t in (x, w, ids)]
+        graph, out = capture(lambda: ranks[0](*static))
+        nx, nw, nids = routing(tokens, gen)
         for s, n in zip(static, (nx, nw, nids)):
             s.copy_(n)
         graph.replay()
         torch.cuda.synchronize()
         eager = ranks[0](nx, nw, nids)
-        replays.append({"max_abs_diff": float((out - eager).abs().max()), "max_rel": rel(out, eager)})
+        replays.append({"tokens": tokens, "max_abs_diff": float((out - eager).abs().max()), "max_rel": rel(out, eager)})
     results["accuracy_tp2"] = {"rows": rows, "graph_replay_vs_eager": replays}
     log(f"graph replay vs eager (new inputs): {replays}")
     del ranks, full
@@ -198,16 +198,33 @@ def host_scheduled(layer: Exl3FusedMoE, rows=256):
     return run
 
 
+def coop_direct(layer: Exl3FusedMoE):
+    """Anchor (b) at <= 8 rows: exllamav3's decode kernel called directly, as its module's run_bszN does."""
+    c, t = layer.coop, layer.tables
+    k = float(K_ROUTED)
+
+    def run(x, w, ids):
+        layer.ext.exl3_moe_coop(x, ids, w.half(), -1, -1, HIDDEN, t["w1_trellis"], t["w1_suh"], t["w1_svh"],
+                                t["w3_trellis"], t["w3_suh"], t["w3_svh"], t["w2_trellis"], t["w2_suh"], t["w2_svh"],
+                                None, None, None, k, k, k, False, True, 0, 0.0, True, c["had_g"], c["had_u"],
+                                c["gu_g"], c["gu_u"], c["act"], c["d_out"], c["ctr"], c["out"], None, None)
+        return c["out"][: x.shape[0]]
+
+    return run
+
+
 def moe(ext, results):
     gen = torch.Generator(device="cuda").manual_seed(9)
     full = full_experts(EXPERTS, gen, "cuda")
     loop = rank_loop(full, 0, 2, ext)
     del full
     t = time.time()
-    fused = Exl3FusedMoE(loop, ext, "cuda", MAX_ROWS, "model.layers.3.mlp.experts")
+    fused = Exl3FusedMoE(loop, ext, "cuda", MAX_ROWS, "model.layers.3.mlp.experts", top_k=TOP_K)
     results["fused_load_s"] = round(time.time() - t, 2)
     results["fused_buffer_MiB"] = round(fused.buffer_bytes / 2**20, 1)
     anchor = host_scheduled(fused)
+    direct = coop_direct(fused) if fused.coop is not None else None
+    results["decode_kernel"] = "exl3_moe_coop" if direct else "none"
     tbytes = loop.layers[0]["w1"].shards[0]["trellis"].numel() * 2 * 3  # one expert's gate + up + down
     rows = []
     for tokens in TOKENS:
@@ -229,12 +246,21 @@ def moe(ext, results):
         row["a_graph_us"] = cuda_time(graph.replay, it) / ROTATE
         row["a_eager_us"] = cuda_time(lambda: [fused(*s) for s in sets], it) / ROTATE
         row["b_host_sched_us"] = cuda_time(lambda: [anchor(*s) for s in sets], it) / ROTATE
+        row["a_path"] = "exl3_moe_coop" if direct and tokens <= 8 else "exl3_moe tiers"
+        if direct and tokens <= 8:
+            row["a_vs_b_coop_max_rel"] = rel(fused(*sets[0]), direct(*sets[0]).clone())
+            g2, _ = capture(lambda: [direct(*s) for s in sets])
+            row["b_coop_direct_graph_us"] = cuda_time(g2.replay, it) / ROTATE
+            del g2
         row["c_loop_us"] = cuda_time(lambda: [loop(*s) for s in sets], 3 if tokens < 64 else 1, warm=1) / ROTATE
-        for key in ("a_graph", "a_eager", "b_host_sched", "c_loop"):
+        for key in ("a_graph", "a_eager", "b_host_sched", "b_coop_direct_graph", "c_loop"):
+            if f"{key}_us" not in row:
+                continue
             us = row[f"{key}_us"]
             row[f"{key}_pct_hbm"] = round(100 * row["trellis_bytes_mean"] / (us * 1e-6) / HBM, 1)
             row[f"{key}_us"] = round(us, 1)
-        row["a_graph_over_b"] = round(row["a_graph_us"] / row["b_host_sched_us"], 3)
+        anchor_us = row.get("b_coop_direct_graph_us", row["b_host_sched_us"])
+        row["a_graph_over_b"] = round(row["a_graph_us"] / anchor_us, 3)
         rows.append(row)
         log(json.dumps(row))
         del graph
@@ -316,16 +342,35 @@ def estimate(results):
     if lin is None or one is None:
         return
     out = {"moe_layers": MOE_LAYERS, "linears_us_per_layer": lin}
-    for key in ("a_graph", "b_host_sched", "c_loop"):
+    for key in ("a_graph", "b_coop_direct_graph", "b_host_sched", "c_loop"):
+        if f"{key}_us" not in one:
+            continue
         per_token = MOE_LAYERS * (one[f"{key}_us"] + lin)
         out[f"{key}_tok_s"] = round(1e6 / per_token, 1)
     results["decode_ceiling"] = out
     log(f"decode ceiling (one rank, MoE + EXL3 linears only): {out}")
 
 
-def main() -> int:
+def load_extension(args):
+    """exllamav3's extension: an earlier run's .so (--prebuilt) when it loads, else the JIT build from --wheel."""
     from exl3_ground_truth import build_extension
 
+    if args.prebuilt:
+        import importlib.machinery
+        import importlib.util
+
+        loader = importlib.machinery.ExtensionFileLoader("exllamav3_ext", str(args.prebuilt))
+        spec = importlib.util.spec_from_file_location("exllamav3_ext", str(args.prebuilt), loader=loader)
+        try:
+            ext = importlib.util.module_from_spec(spec)
+            loader.exec_module(ext)
+            return ext
+        except ImportError as err:
+            log(f"prebuilt extension unusable ({err}); building")
+    return build_extension(args.wheel, args.scratch)[0]
+
+
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--wheel", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -337,18 +382,9 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                "tiers": [t.__dict__ for t in moe_schedule.tiers(16, MAX_ROWS, True)]}
-    if args.prebuilt:
-        import importlib.machinery
-        import importlib.util
-
-        t = time.time()
-        loader = importlib.machinery.ExtensionFileLoader("exllamav3_ext", str(args.prebuilt))
-        spec = importlib.util.spec_from_file_location("exllamav3_ext", str(args.prebuilt), loader=loader)
-        ext = importlib.util.module_from_spec(spec)
-        loader.exec_module(ext)
-        build_s = time.time() - t
-    else:
-        ext, build_s = build_extension(args.wheel, args.scratch)
+    t = time.time()
+    ext = load_extension(args)
+    build_s = time.time() - t
     results["build_s"] = round(build_s, 1)
     log(f"exllamav3_ext ready in {build_s:.0f} s on {results['gpu']}")
     for name, fn in (("accuracy", accuracy), ("moe", moe), ("linears", linears)):

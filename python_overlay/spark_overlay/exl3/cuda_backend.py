@@ -235,10 +235,12 @@ class Exl3CudaMoE:
         return out.to(x.dtype)
 
 
-def prepare_cuda_moe(experts, expected_codebook: str | None, ext, add_down_bias: bool, prefix: str, max_rows: int):
+def prepare_cuda_moe(
+    experts, expected_codebook: str | None, ext, add_down_bias: bool, prefix: str, max_rows: int, top_k: int = 8
+):
     """The layer's CUDA MoE: exllamav3's fused kernel (`Exl3FusedMoE`) over the loop's device tensors."""
     from .cuda_moe_fused import Exl3FusedMoE
 
     device = torch.device("cuda", torch.cuda.current_device())
     loop = Exl3CudaMoE(experts, expected_codebook, ext, device, add_down_bias)
-    return Exl3FusedMoE(loop, ext, device, max_rows, prefix)
+    return Exl3FusedMoE(loop, ext, device, max_rows, prefix, top_k=top_k)

@@ -31,7 +31,8 @@ from .errors import Exl3FormatError
 logger = logging.getLogger("vllm.spark_overlay.exl3")
 
 REQUIRED_SYMBOLS = ("exl3_moe", "exl3_moe_max_concurrency")
-ACT_SILU = 0  # MOE_ACT_SILU in exllamav3's exl3_moe_common.cuh
+ACT_SILU = 0  # MOE_ACT_SILU in exllamav3's exl3_moe_common.cuh (and MOE_COOP_ACT_SILU)
+COOP_ROWS = 8  # exllamav3's MAX_BSZN: its decode kernel (exl3_moe_coop) takes up to 8 token rows
 SELF_CHECK_TOLERANCE = 1e-2  # fused vs loop, max |dy| / max |y| (both fp16 GEMMs, different order)
 
 _buffers: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -66,7 +67,8 @@ def unsupported_reason(loop: Exl3CudaMoE) -> str | None:
 class Exl3FusedMoE:
     """Sync-free fused MoE for one layer; the loop stays as the fallback (see the module docstring)."""
 
-    def __init__(self, loop: Exl3CudaMoE, ext, device, max_rows: int, prefix: str, self_check: bool = True) -> None:
+    def __init__(self, loop: Exl3CudaMoE, ext, device, max_rows: int, prefix: str, self_check: bool = True,
+                 top_k: int = 8) -> None:
         self.loop = loop
         self.ext = ext
         self.prefix = prefix
@@ -97,6 +99,8 @@ class Exl3FusedMoE:
         rows = moe_schedule.buffer_rows(self.tiers)
         self.buffers = shared_buffers(self.device, rows, self.hidden, self.inter)
         self.buffer_bytes = rows * 2 * (2 * self.hidden + 2 * self.inter)
+        self.top_k = max(1, min(int(top_k), self.num_local))
+        self.coop = self._coop_scratch()
         if self_check:
             self.check_against_loop()
 
@@ -141,13 +145,39 @@ class Exl3FusedMoE:
                 tables[f"{sid}_{kind}"] = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
         return tables
 
+    def _coop_scratch(self) -> dict | None:
+        """Scratch of exllamav3's decode kernel (exl3_moe_coop) for <= 8 rows, or None where it does not apply.
+
+        It takes one bit width for gate and up and one launch for the layer (a single K group), reads
+        the top-k ids directly (no sort) and keeps its own self-resetting completion counters.
+        """
+        if not hasattr(self.ext, "exl3_moe_coop") or len(self.groups) != 1:
+            return None
+        cb, kg, ku, kd = self.groups[0][:4]
+        if kg != ku:
+            return None
+        slots = COOP_ROWS * self.top_k
+        h, i, dev = self.hidden, self.inter, self.device
+        ctr_len = slots * (i // 128) + COOP_ROWS * (h // 128) + 2 + (slots + 1) + slots  # exl3_moe_coop_ctr_len
+        half = {"dtype": torch.float16, "device": dev}
+        return {
+            "had_g": torch.empty(slots, h, **half), "had_u": torch.empty(slots, h, **half),
+            "gu_g": torch.empty(slots, i, **half), "gu_u": torch.empty(slots, i, **half),
+            "act": torch.empty(slots, i, **half), "d_out": torch.empty(slots, h, dtype=torch.float32, device=dev),
+            "ctr": torch.zeros(ctr_len, dtype=torch.int32, device=dev),
+            "out": torch.zeros(COOP_ROWS, h, dtype=torch.float32, device=dev),
+            "slots": slots,
+        }
+
     def check_against_loop(self) -> None:
         """Fused vs loop on rows that reach every tier of every expert group; primes each kernel instance."""
         gen = torch.Generator(device=self.device).manual_seed(1)
-        top_k = min(6, self.num_local)
-        for group in self.groups:
-            experts = group[-1]
-            ids = self_check_ids(experts, self.num_local, top_k, min(70, self.max_rows))
+        top_k = self.top_k
+        cases = [(group[-1], min(70, self.max_rows)) for group in self.groups]
+        if self.coop is not None:  # the decode kernel at every row count it takes, twice (counters reset)
+            cases += [(self.groups[0][-1], n) for n in (*range(1, COOP_ROWS + 1), 1)]
+        for experts, rows in cases:
+            ids = self_check_ids(experts, self.num_local, top_k, rows)
             tokens = ids.shape[0]
             x = torch.randn(tokens, self.hidden, generator=gen, device=self.device).to(torch.float16)
             w = torch.softmax(torch.randn(tokens, top_k, generator=gen, device=self.device), -1)
@@ -185,6 +215,8 @@ class Exl3FusedMoE:
             x16 = (x16.float() * topk_weights.float()).to(torch.float16)
             topk_weights = torch.ones_like(topk_weights)
         x16 = x16.contiguous()
+        if self.coop is not None and 0 < tokens <= COOP_ROWS and expert_map is None and top_k <= self.top_k:
+            return self._coop(x16, topk_weights, topk_ids).to(x.dtype)
         out = torch.zeros(tokens, self.hidden, dtype=torch.float32, device=x.device)
         for start, stop in moe_schedule.chunks(tokens, self.max_rows):
             if stop == start:
@@ -196,6 +228,23 @@ class Exl3FusedMoE:
                     self._launch(x16[start:stop], out[start:stop], count, token_sorted, weight_sorted, cb, (kg, ku, kd),
                                  launch)
         return out.to(x.dtype)
+
+    def _coop(self, x16, topk_weights, topk_ids) -> torch.Tensor:
+        """exllamav3's decode kernel: every (token, expert) slot, two launches, no sort."""
+        c, t = self.coop, self.tables
+        cb, kg, ku, kd = self.groups[0][:4]
+        c["out"].zero_()
+        try:
+            self.ext.exl3_moe_coop(
+                x16, topk_ids.long().contiguous(), topk_weights.to(torch.float16).contiguous(), -1, -1, self.hidden,
+                t["w1_trellis"], t["w1_suh"], t["w1_svh"], t["w3_trellis"], t["w3_suh"], t["w3_svh"],
+                t["w2_trellis"], t["w2_suh"], t["w2_svh"], None, None, None, float(kg), float(ku), float(kd),
+                cb == CODEBOOK_MCG, cb == CODEBOOK_MUL1, ACT_SILU, 0.0, True,
+                c["had_g"], c["had_u"], c["gu_g"], c["gu_u"], c["act"], c["d_out"], c["ctr"], c["out"], None, None,
+            )
+        except TypeError as err:  # pybind: the installed extension takes other arguments
+            raise Exl3FormatError(f"{self.prefix}: exl3_moe_coop rejected the call ({err}); extension ABI mismatch") from err
+        return c["out"][: x16.shape[0]].clone()
 
     def _launch(self, x16, out, count, token_sorted, weight_sorted, cb, ks, launch) -> None:
         tier = launch.tier

@@ -190,7 +190,8 @@ class Exl3MoEMethod(_base()):
             )
         max_rows = engine_sizes()[1]
         layer.exl3_cuda_moe = prepare_cuda_moe(
-            experts, self.config.codebook, cuda_extension(), tp_rank == 0, self.prefix, max_rows
+            experts, self.config.codebook, cuda_extension(), tp_rank == 0, self.prefix, max_rows,
+            int(getattr(self.moe, "experts_per_token", 0) or getattr(layer, "top_k", 8)),
         )
         del layer.exl3_moe_parts
         fused = layer.exl3_cuda_moe
