@@ -77,6 +77,12 @@ pub enum KitCommand {
         /// Built-in kit name or path to a kit file (default: the 2x Spark kit).
         kit: Option<String>,
     },
+    /// Validate every part of a kit; each problem says which commands need the key (a command
+    /// itself checks only the parts it uses: `download` and `verify` need only `model`/`engram`).
+    Check {
+        /// Built-in kit name or path to a kit file (default: the 2x Spark kit).
+        kit: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -204,6 +210,10 @@ pub struct DownloadArgs {
     /// Show what would be fetched (files, sizes, what is cached) without downloading.
     #[arg(long)]
     pub dry_run: bool,
+    /// Re-hash the files already in the cache before reusing them; a corrupt one is moved aside
+    /// and fetched again (without it, a cached file is reused when its size matches).
+    #[arg(long, conflicts_with = "dry_run")]
+    pub verify_cached: bool,
     /// Print a JSON summary (files, bytes, seconds, retries, resumed bytes) on stdout.
     #[arg(long)]
     pub json: bool,
@@ -238,6 +248,10 @@ pub struct VerifyArgs {
     /// Lock-file check of sizes and presence only (no hashing).
     #[arg(long, conflicts_with = "structure")]
     pub fast: bool,
+    /// Fix what fails: move each bad file's blob aside (`<blob>.spark-bad`) and fetch it again at
+    /// the commit the lock file recorded, then check it again.
+    #[arg(long, conflicts_with_all = ["structure", "decode", "json"])]
+    pub repair: bool,
     /// Files hashed in parallel (default: the number of CPUs, at most 8).
     #[arg(long, value_name = "N", conflicts_with = "structure")]
     pub jobs: Option<usize>,
@@ -385,8 +399,11 @@ pub struct PreflightArgs {
 #[derive(Debug, Args)]
 pub struct GuardArgs {
     /// Process group of the engine: stopped (drain, then kill) when it grew or to protect the host.
-    #[arg(long, value_name = "PGID")]
+    #[arg(long, value_name = "PGID", conflicts_with = "container")]
     pub pgid: Option<i32>,
+    /// The engine's container (name or id; docker runtime): attributed by its cgroup, stopped with `docker kill --signal`.
+    #[arg(long, value_name = "NAME")]
+    pub container: Option<String>,
     /// Soft floor on MemAvailable, e.g. 4GiB (memory.guard.soft_floor): drop model page cache, warn.
     #[arg(long, value_name = "SIZE")]
     pub soft: Option<String>,

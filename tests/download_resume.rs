@@ -104,3 +104,45 @@ fn moved_branch_discards_the_stale_partial_and_a_pinned_commit_keeps_old_bytes()
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(s.cached(MODEL, &old, SHARD), model_files()[2].content_bytes());
 }
+
+#[test]
+fn kill_9_mid_range_keeps_the_journaled_part_of_the_range() {
+    const BIG: &str = "model-00001-of-00001.safetensors";
+    let files = vec![FakeFile::bytes("config.json", b"{}".to_vec(), false), FakeFile::random(BIG, 8 << 20)];
+    let s = Setup::with_files(files, None);
+    // One 8 MiB range at 2 MiB/s: progress inside the range is journaled every 4 MiB.
+    s.hub.set_rate(2 << 20);
+    let mut child = s
+        .cmd(&["download", "--quiet", "--range-size", "8MiB", "--jobs", "1"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let journaled = loop {
+        let covered: u64 = journals(&s).get(BIG).map_or(0, |d| d.iter().map(|(a, b)| b - a).sum());
+        if covered > 0 {
+            child.kill().unwrap(); // SIGKILL
+            child.wait().unwrap();
+            break journals(&s)[BIG].clone();
+        }
+        assert!(Instant::now() < deadline, "nothing journaled inside the range in 30 s");
+        assert!(child.try_wait().unwrap().is_none(), "download finished before it could be killed");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        s.hub.served().iter().filter(|r| r.path == BIG).all(|r| !r.complete),
+        "the range had finished: this is not progress inside a range"
+    );
+    assert_eq!(journaled.len(), 1);
+    let (start, end) = journaled[0];
+    assert_eq!(start, 0);
+    assert!(end >= 4 << 20, "journaled {end} bytes");
+    let served_before = s.hub.served().len();
+    s.hub.set_rate(0);
+    let j = s.download_ok(&["--range-size", "8MiB"]);
+    assert!(j["resumed_bytes"].as_u64().unwrap() >= end, "{j}");
+    let again: Vec<_> = s.hub.served()[served_before..].iter().filter(|r| r.path == BIG).cloned().collect();
+    assert_eq!(again.len(), 1, "{again:#?}");
+    assert_eq!(again[0].range, Some((end, (8 << 20) - 1)), "{again:#?}");
+    assert_eq!(s.cached(MODEL, &s.commit, BIG), fake_hub::harness::seeded(BIG, 8 << 20));
+}

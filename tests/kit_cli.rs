@@ -200,3 +200,29 @@ fn completions_and_version() {
     let o = spark(&["--version"], &[]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), format!("spark-kit {}", env!("CARGO_PKG_VERSION")));
 }
+
+/// Issue 21 item 7: byte sizes are shown as written (`12GiB`), not as 12884901888; the JSON keeps
+/// the number of bytes and adds what was written.
+#[test]
+fn explain_shows_byte_sizes_as_written() {
+    let o = spark(
+        &["config", "--explain", "--kit", "dgx-spark-2x-dsv41-exl3", "--set", "memory.os_reserve=1.5GiB"],
+        &[("SPARK_KIT_MEMORY__RUNTIME_OVERHEAD", "512MiB")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    let value = |key: &str| -> String {
+        let line = table.lines().find(|l| l.split_whitespace().next() == Some(key)).unwrap_or_else(|| panic!("{key}"));
+        line.split_whitespace().nth(1).unwrap().to_string()
+    };
+    assert_eq!(value("memory.boot_margin"), "12GiB", "{table}");
+    assert_eq!(value("memory.os_reserve"), "1.5GiB");
+    assert_eq!(value("memory.runtime_overhead"), "512MiB");
+    // Written as a plain number in the kit file: shown in binary units.
+    assert_eq!(value("engine.kv_cache_bytes"), "2.50GiB");
+    assert!(!table.contains("12884901888"), "{table}");
+    let rows = explain(&["--kit", "dgx-spark-2x-dsv41-exl3"], &[]);
+    assert_eq!(row(&rows, "memory.boot_margin")["value"], 12_884_901_888u64);
+    assert_eq!(row(&rows, "memory.boot_margin")["written"], "12GiB");
+    assert!(row(&rows, "engine.port").get("written").is_none());
+}

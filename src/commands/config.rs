@@ -23,8 +23,10 @@ pub fn run(args: &ConfigArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 }
 
 fn table(rows: &[explain::Row]) -> String {
-    let cells: Vec<(String, String, &str)> =
-        rows.iter().map(|r| (r.key.clone(), compact(&r.value), r.origin.as_str())).collect();
+    let cells: Vec<(String, String, &str)> = rows
+        .iter()
+        .map(|r| (r.key.clone(), r.written.clone().unwrap_or_else(|| compact(&r.value)), r.origin.as_str()))
+        .collect();
     let kw = cells.iter().map(|c| c.0.len()).max().unwrap_or(3).max(3);
     let vw = cells.iter().map(|c| c.1.chars().count()).max().unwrap_or(5).clamp(5, 48);
     let mut out = format!("{:<kw$}  {:<vw$}  ORIGIN\n", "KEY", "VALUE");

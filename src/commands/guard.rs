@@ -12,10 +12,13 @@ use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal
 use super::{io_failure, load, Context};
 use crate::cli::GuardArgs;
 use crate::dirs::Dirs;
+use crate::engine::dockerctl;
 use crate::error::Failure;
 use crate::kit::bytes::ByteSize;
 use crate::kit::schema::{GuardPolicy, Transport};
-use crate::memguard::{Guard, GuardConfig, GuardError, GuardEvent, GuardReporter};
+use crate::memguard::{
+    ContainerId, EngineRef, EngineSource, FixedContainer, Guard, GuardConfig, GuardError, GuardEvent, GuardReporter,
+};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -113,13 +116,33 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
     Ok((cfg, receipts))
 }
 
+/// `--container NAME`: the running container's id and main pid.
+fn container(name: &str) -> Result<EngineRef, Failure> {
+    let not_running = || {
+        Failure::usage(format!("--container {name}: no running container of that name or id"))
+            .with_hint("pass a running container (`docker ps --format '{{.Names}}'`)")
+    };
+    match dockerctl::inspect(name) {
+        Ok(Some((id, pid, true))) if pid > 0 => {
+            let id = ContainerId::parse(&id).ok_or_else(not_running)?;
+            Ok(EngineRef::Container { id, pid })
+        }
+        Ok(_) => Err(not_running()),
+        Err(e) => Err(Failure::runtime(format!("--container {name}: {e}")).with_hint(e.fix())),
+    }
+}
+
 pub fn run(args: &GuardArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let (cfg, receipts) = config(args, ctx)?;
     let (tx, rx) = mpsc::channel();
     let reporter: Arc<dyn GuardReporter> = Arc::new(Channel(Mutex::new(tx)));
     let pgid = args.pgid;
     let policy = cfg.policy;
-    let mut guard = Guard::new(cfg, Box::new(move || pgid), &receipts, reporter).map_err(|e| {
+    let engine: Box<dyn EngineSource> = match &args.container {
+        Some(name) => Box::new(FixedContainer(container(name)?)),
+        None => Box::new(move || pgid),
+    };
+    let mut guard = Guard::new(cfg, engine, &receipts, reporter).map_err(|e| {
         let hint = match &e {
             GuardError::Receipts { .. } => "pass --receipts DIR with a directory you can write",
             GuardError::Floors { .. } => "raise --soft or lower --hard",

@@ -3,6 +3,7 @@
 //! Commands write their output to the `out` they are given and return a [`Failure`] on error;
 //! only `main.rs` touches the real stdout/stderr and exits.
 
+pub mod audit_text;
 pub mod bench;
 pub mod cache_capped;
 pub mod completions;
@@ -10,6 +11,7 @@ pub mod config;
 pub mod download;
 pub mod engine;
 pub mod guard;
+pub mod hub_output;
 pub mod kits;
 pub mod load;
 pub mod logs;
@@ -20,6 +22,7 @@ pub mod preflight;
 pub mod progress;
 pub mod setup;
 pub mod status;
+pub mod target;
 pub mod up;
 pub mod verify;
 pub mod verify_decode;
@@ -45,6 +48,7 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
     match cli.command {
         Command::Kits { json } => kits::list(json, ctx),
         Command::Kit(KitCommand::Show { kit }) => kits::show(kit.as_deref(), ctx),
+        Command::Kit(KitCommand::Check { kit }) => kits::check(kit.as_deref(), ctx),
         Command::Config(args) => config::run(&args, ctx),
         Command::Setup(args) => setup::run(&args, ctx),
         Command::Up(args) => up::run(&args, ctx),

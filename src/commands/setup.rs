@@ -22,7 +22,7 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let recipe = Recipe::load(&kit.engine.requirements).map_err(|e| Failure::usage(e.to_string()))?;
     let reporter = Lines::new(args.quiet || args.json);
     let info = venv::ensure(&dirs.cache, &recipe, &reporter).map_err(|e| {
-        let hint = e.log().map(|l| format!("full install log: {}", l.display()));
+        let hint = e.log().map(|l| format!("full install log: {}", l.display())).or_else(|| e.cache_hint(&dirs.cache));
         let f = Failure::runtime(e.to_string());
         match hint {
             Some(h) => f.with_hint(h),

@@ -2,13 +2,11 @@
 
 use std::time::Duration;
 
-use super::{io_failure, load, Context};
+use super::{io_failure, Context};
 use crate::cli::{ControlArgs, StatusArgs};
-use crate::dirs::Dirs;
 use crate::error::Failure;
 use crate::supervisor::cluster::Snapshot;
-use crate::supervisor::control::{request, socket_path};
-use crate::supervisor::local::logs_dir;
+use crate::supervisor::control::request;
 
 fn gib(b: Option<u64>) -> String {
     #[allow(clippy::cast_precision_loss)] // display only
@@ -45,10 +43,7 @@ pub fn render(s: &Snapshot) -> String {
 }
 
 pub fn run(args: &StatusArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let kit = load::resolve(&args.kit, &ctx.env)?.kit;
-    let logs = logs_dir(&kit, &Dirs::from_env(&ctx.env));
-    let snap = request(&socket_path(&logs, &kit.name), &kit.name, "status", Some(Duration::from_secs(10)))
-        .map_err(|e| Failure::runtime(e.to_string()).with_hint("start it with `spark-kit up --detach`"))?;
+    let snap = super::target::find(&args.kit, &ctx.env, "status")?.snapshot;
     let text = if args.json {
         serde_json::to_string_pretty(&snap).map_err(|e| Failure::runtime(e.to_string()))?
     } else {
@@ -58,11 +53,11 @@ pub fn run(args: &StatusArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 }
 
 pub fn down(args: &ControlArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let kit = load::resolve(&args.kit, &ctx.env)?.kit;
-    let logs = logs_dir(&kit, &Dirs::from_env(&ctx.env));
-    let sock = socket_path(&logs, &kit.name);
-    let _ = writeln!(ctx.err, "==> stopping {}: draining, then killing the engines on every node", kit.name);
-    let snap = request(&sock, &kit.name, "down", None).map_err(|e| Failure::runtime(e.to_string()))?;
+    // Found (and so checked running) first: nothing is "stopping" when nothing runs.
+    let target = super::target::find(&args.kit, &ctx.env, "down")?;
+    let (sock, name) = (&target.socket, &target.kit.name);
+    let _ = writeln!(ctx.err, "==> stopping {name}: draining, then killing the engines on every node");
+    let snap = request(sock, name, "down", None).map_err(|e| Failure::runtime(e.to_string()))?;
     // Wait for the supervisor to exit (it removes its socket last).
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while sock.exists() && std::time::Instant::now() < deadline {
@@ -70,8 +65,10 @@ pub fn down(args: &ControlArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let alive: Vec<String> = snap.nodes.iter().filter(|n| n.engine_alive).map(|n| n.name.clone()).collect();
     if !alive.is_empty() {
-        return Err(Failure::runtime(format!("engines still alive on: {}", alive.join(", ")))
-            .with_hint("check `spark-kit logs` and kill the leftover process groups by hand"));
+        return Err(Failure::runtime(format!("engines still alive on: {}", alive.join(", "))).with_hint(format!(
+            "check {} and kill the leftover process groups by hand",
+            target.kit_ref.quoted("logs", &[])
+        )));
     }
     writeln!(ctx.out, "stopped ({:?})", snap.state).map_err(|e| io_failure(&e))
 }

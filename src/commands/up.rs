@@ -4,7 +4,7 @@
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,18 +12,21 @@ use super::{io_failure, load, Context};
 use crate::cli::UpArgs;
 use crate::dirs::Dirs;
 use crate::error::Failure;
+use crate::hints::{curl_example, KeySource, KitRef};
 use crate::kit::schema::{Kit, Role, Transport};
 use crate::kit::{Origin, Override};
+use crate::live;
 use crate::supervisor::cluster::{self, ClusterReporter, Gates, Handles, Snapshot};
 use crate::supervisor::control::{pid_path, request, serve, socket_path};
 use crate::supervisor::local::{check_port, logs_dir, UpError};
 use crate::supervisor::state::{Policy, State};
 use crate::weights::listing::{weight_trees, WeightTree};
 
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
+/// The signal (SIGINT or SIGTERM) that asked the foreground `up` to stop; 0 = none.
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_signal(_: nix::libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst);
+extern "C" fn on_signal(sig: nix::libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
 }
 
 /// SIGINT/SIGTERM set a flag (async-signal-safe); a thread forwards it to the supervisor.
@@ -36,12 +39,25 @@ fn install_signals(stop: Arc<AtomicBool>) -> Result<(), Failure> {
             .map_err(|e| Failure::runtime(format!("cannot install {sig} handler: {e}")))?;
     }
     std::thread::spawn(move || loop {
-        if SIGNALLED.load(Ordering::SeqCst) {
+        if SIGNALLED.load(Ordering::SeqCst) != 0 {
             stop.store(true, Ordering::SeqCst);
         }
         std::thread::sleep(Duration::from_millis(100));
     });
     Ok(())
+}
+
+/// What the printed commands need: the kit as the user named it, where the API key comes from.
+#[derive(Clone)]
+struct Hints {
+    kit_ref: KitRef,
+    key: Option<KeySource>,
+}
+
+impl Hints {
+    fn banner(&self, s: &Snapshot, secs: f64, log_hint: &str) -> String {
+        banner(s, secs, log_hint, self.key.as_ref(), &self.kit_ref)
+    }
 }
 
 struct Lines;
@@ -68,15 +84,21 @@ fn resolve(args: &UpArgs, ctx: &Context<'_>) -> Result<Kit, Failure> {
     Ok(crate::kit::resolve(src, &ctx.env, &flags).map_err(load::kit_failure)?.kit)
 }
 
-fn banner(s: &Snapshot, secs: f64, log_hint: &str) -> String {
+/// The ready banner: endpoint, model, a `curl` that works as copied (with the API key's header
+/// when the kit has keys), where the logs are, and the commands for this deployment.
+fn banner(s: &Snapshot, secs: f64, log_hint: &str, key: Option<&KeySource>, kit_ref: &KitRef) -> String {
     let base = s.endpoint.trim_end_matches("/v1");
     let model = &s.model;
+    let curl = curl_example(&format!("{base}/v1"), model, key);
     format!(
-        "ready in {secs:.1} s\nendpoint: {base}/v1\nmodel:    {model}\ntry:      curl {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"max_tokens\":32}}'\nlogs:     {log_hint}"
+        "ready in {secs:.1} s\nendpoint: {base}/v1\nmodel:    {model}\ntry:      {curl}\nlogs:     {log_hint}\nstatus:   {}\nfollow:   {}\nstop:     {}",
+        kit_ref.command("status", &[]),
+        kit_ref.command("logs", &["-f"]),
+        kit_ref.command("down", &[]),
     )
 }
 
-fn failure_from(s: &Snapshot) -> Failure {
+fn failure_from(s: &Snapshot, kit_ref: &KitRef) -> Failure {
     let mut msg = s.reason.clone().unwrap_or_else(|| "the deployment failed".into());
     for n in &s.nodes {
         if let Some(e) = &n.last_error {
@@ -87,12 +109,14 @@ fn failure_from(s: &Snapshot) -> Failure {
     let f = Failure::runtime(msg);
     match log {
         Some(l) => f.with_hint(format!("full engine log: {l}")),
-        None => f.with_hint("see `spark-kit logs`"),
+        None => f.with_hint(format!("see {}", kit_ref.quoted("logs", &[]))),
     }
 }
 
 pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let kit = resolve(args, ctx)?;
+    let kit_ref = KitRef::new(args.kit.kit.as_deref());
+    let key = KeySource::of(&kit.engine.api_keys, &ctx.env);
     let dirs = Dirs::from_env(&ctx.env);
     let logs = logs_dir(&kit, &dirs);
     std::fs::create_dir_all(&logs).map_err(|e| Failure::runtime(format!("cannot create {}: {e}", logs.display())))?;
@@ -102,7 +126,11 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             "kit {} is already running (supervisor pid {}, state {:?})",
             kit.name, s.supervisor_pid, s.state
         ))
-        .with_hint("see `spark-kit status`, stop it with `spark-kit down`"));
+        .with_hint(format!(
+            "see {}, stop it with {}",
+            kit_ref.quoted("status", &[]),
+            kit_ref.quoted("down", &[])
+        )));
     }
     // Fail before anything starts when the head's API port is taken (vLLM would notice late).
     if kit.nodes.iter().any(|n| n.role == Role::Head && n.transport == Transport::Local) {
@@ -115,7 +143,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         })?;
     }
     if args.detach {
-        return detach(&kit, ctx, &logs);
+        return detach(&kit, ctx, &logs, &Hints { kit_ref, key });
     }
     let handles = Handles {
         snapshot: Arc::new(Mutex::new(cluster::initial_snapshot(&kit))),
@@ -125,11 +153,26 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     serve(&sock, handles.clone())
         .map_err(|e| Failure::runtime(format!("cannot open the control socket {}: {e}", sock.display())))?;
     let _ = std::fs::write(pid_path(&logs, &kit.name), std::process::id().to_string());
+    let record = live::Record {
+        schema: 1,
+        kit_name: kit.name.clone(),
+        kit_arg: live::recorded_arg(args.kit.kit.as_deref()),
+        socket: sock.clone(),
+        pid: std::process::id(),
+        endpoint: cluster::initial_snapshot(&kit).endpoint,
+        kit: kit.clone(),
+    };
+    let registered = live::register(&live::run_dir(&dirs), &record)
+        .map_err(|e| {
+            let _ = writeln!(ctx.err, "warning: cannot register in {}: {e}", live::run_dir(&dirs).display());
+        })
+        .ok();
     let started = Instant::now();
     let printer = {
         let snap = Arc::clone(&handles.snapshot);
         let verbose = args.verbose;
-        std::thread::spawn(move || watch_ready(&snap, started, verbose))
+        let hints = Hints { kit_ref: kit_ref.clone(), key: key.clone() };
+        std::thread::spawn(move || watch_ready(&snap, started, verbose, &hints))
     };
     let hf = crate::engine::model::hf_cache(
         kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p)).as_deref(),
@@ -149,17 +192,28 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     crate::supervisor::control::wait_answered(Duration::from_secs(5));
     let _ = std::fs::remove_file(&sock);
     let _ = std::fs::remove_file(pid_path(&logs, &kit.name));
+    if let Some(p) = registered {
+        live::unregister(&p);
+    }
     drop(printer);
     let snap = handles.snapshot.lock().map(|s| s.clone()).map_err(|_| Failure::runtime("supervisor state poisoned"))?;
     match result {
-        Ok(0) => writeln!(ctx.err, "==> stopped").map_err(|e| io_failure(&e)),
-        Ok(_) => Err(failure_from(&snap)),
+        // Stopped by Ctrl-C / SIGTERM: exit 128 + the signal, as shells expect (130, 143).
+        Ok(0) => match SIGNALLED.load(Ordering::SeqCst) {
+            0 => writeln!(ctx.err, "==> stopped").map_err(|e| io_failure(&e)),
+            sig => {
+                let name = nix::sys::signal::Signal::try_from(sig).map_or_else(|_| sig.to_string(), |s| s.to_string());
+                writeln!(ctx.err, "==> stopped ({name})").map_err(|e| io_failure(&e))?;
+                Err(Failure::signalled(sig))
+            }
+        },
+        Ok(_) => Err(failure_from(&snap, &kit_ref)),
         Err(e) => Err(Failure::runtime(e.to_string())),
     }
 }
 
 /// Print the banner once the deployment is ready (and tail local engine logs with --verbose).
-fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool) {
+fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool, hints: &Hints) {
     let mut tails: Vec<String> = Vec::new();
     let mut printed = false;
     loop {
@@ -182,8 +236,11 @@ fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool) {
             printed = true;
             let logs = s.nodes.iter().filter_map(|n| n.engine_log.clone()).collect::<Vec<_>>().join(", ");
             let mut out = std::io::stdout();
-            let _ =
-                writeln!(out, "{}\nCtrl-C stops the deployment.", banner(&s, started.elapsed().as_secs_f64(), &logs));
+            let _ = writeln!(
+                out,
+                "{}\nCtrl-C stops the deployment.",
+                hints.banner(&s, started.elapsed().as_secs_f64(), &logs)
+            );
             let _ = out.flush();
         }
         if matches!(s.state, State::Stopped | State::Failed) {
@@ -214,7 +271,7 @@ fn tail_file(path: &str) {
 
 /// Re-run this same command line without `--detach` in a new session, output to the
 /// supervisor log; return once it is ready (or failed).
-fn detach(kit: &Kit, ctx: &mut Context<'_>, logs: &std::path::Path) -> Result<(), Failure> {
+fn detach(kit: &Kit, ctx: &mut Context<'_>, logs: &std::path::Path, hints: &Hints) -> Result<(), Failure> {
     let exe =
         crate::dirs::self_exe().map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")))?;
     let args: Vec<String> = ctx.args.iter().skip(1).filter(|a| *a != "--detach" && *a != "-d").cloned().collect();
@@ -250,14 +307,14 @@ fn detach(kit: &Kit, ctx: &mut Context<'_>, logs: &std::path::Path) -> Result<()
                     let logs = s.nodes.iter().filter_map(|n| n.engine_log.clone()).collect::<Vec<_>>().join(", ");
                     writeln!(
                         ctx.out,
-                        "{}\nsupervisor: pid {} (`spark-kit status`, `spark-kit down`)",
-                        banner(&s, started.elapsed().as_secs_f64(), &logs),
+                        "{}\nsupervisor: pid {}, in the background",
+                        hints.banner(&s, started.elapsed().as_secs_f64(), &logs),
                         s.supervisor_pid
                     )
                     .map_err(|e| io_failure(&e))?;
                     return Ok(());
                 }
-                State::Failed => return Err(failure_from(&s)),
+                State::Failed => return Err(failure_from(&s, &hints.kit_ref)),
                 _ => {}
             }
         }
@@ -266,7 +323,12 @@ fn detach(kit: &Kit, ctx: &mut Context<'_>, logs: &std::path::Path) -> Result<()
                 "not ready after {} s; it keeps running in the background",
                 limit.as_secs()
             ))
-            .with_hint("see `spark-kit status` and `spark-kit logs`, or stop it with `spark-kit down`"));
+            .with_hint(format!(
+                "see {} and {}, or stop it with {}",
+                hints.kit_ref.quoted("status", &[]),
+                hints.kit_ref.quoted("logs", &[]),
+                hints.kit_ref.quoted("down", &[])
+            )));
         }
         std::thread::sleep(Duration::from_millis(500));
     }

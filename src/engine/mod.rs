@@ -2,7 +2,10 @@
 //! engine process (PyO3 on its main thread) and its process group.
 
 pub mod argv;
+pub mod boot_phase;
+pub mod child_exit;
 pub mod docker;
+pub mod dockerctl;
 pub mod embed;
 pub mod model;
 pub mod overlay;

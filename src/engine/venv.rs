@@ -69,6 +69,18 @@ impl SetupError {
             _ => None,
         }
     }
+
+    /// The fix when the cache root `cache` cannot be written (the venv is built under it).
+    #[must_use]
+    pub fn cache_hint(&self, cache: &Path) -> Option<String> {
+        match self {
+            Self::Io { path, .. } if path.starts_with(cache) => Some(format!(
+                "{} is not writable here: set SPARK_KIT_CACHE to a writable directory (the engine venv needs ~6 GB)",
+                cache.display()
+            )),
+            _ => None,
+        }
+    }
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SetupError {

@@ -2,6 +2,8 @@
 //! `resolve` per file that stops at the signed CDN redirect. All carry the token; nothing that
 //! leaves the Hub's origin does.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, ACCEPT_ENCODING, AUTHORIZATION, LINK, LOCATION};
@@ -12,6 +14,7 @@ use super::auth::{Token, TokenSource};
 use super::error::HubError;
 use super::headers::{bare_etag, next_link, ratelimit_wait, redact_query, retry_after};
 use super::paths::{encode_path, encode_revision, is_commit};
+use super::report::{Reporter, Silent};
 use super::retry::{jitter, retryable_status, Backoff};
 
 /// Most redirects followed on the Hub's own origin (renamed repo + resolve-cache).
@@ -20,6 +23,13 @@ const MAX_HUB_REDIRECTS: usize = 5;
 const MAX_TREE_PAGES: usize = 10_000;
 /// Largest regular (non-LFS) file fetched into memory.
 pub const MAX_SMALL_FILE: u64 = 256 << 20;
+/// Attempts to connect to a Hub that never answered yet: a refused or unresolvable endpoint is a
+/// configuration problem, reported in about a second instead of after the transfer backoff.
+const FIRST_CONTACT_ATTEMPTS: u32 = 2;
+/// Wait between those attempts.
+const FIRST_CONTACT_RETRY: Duration = Duration::from_millis(300);
+/// TCP connect timeout (Hub and CDN).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One file of the recursive tree listing.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -57,7 +67,7 @@ pub struct Resolved {
     pub on_hub: bool,
 }
 
-/// Hub API client (HTTP/1.1 pool, no automatic redirects).
+/// Hub API client (HTTP/1.1 pool, no automatic redirects). Every retry is reported and counted.
 pub struct HubClient {
     http: reqwest::Client,
     endpoint: String,
@@ -66,6 +76,31 @@ pub struct HubClient {
     token_source: Option<TokenSource>,
     backoff: Backoff,
     idle: Duration,
+    reporter: Arc<dyn Reporter>,
+    retries: AtomicU64,
+    /// Whether the Hub ever answered (until then a connect failure is not retried for long).
+    reached: AtomicBool,
+}
+
+/// What a failed request asked for: decides how "not found" is read.
+#[derive(Clone, Copy)]
+enum Asked<'a> {
+    /// Revision info or the file listing at `revision`.
+    Revision(&'a str),
+    /// One file at `commit`.
+    File { commit: &'a str, path: &'a str },
+    /// The repository's own info (the probe that tells a missing repo from a missing revision).
+    Repo,
+}
+
+/// The innermost cause of an error (`Connection refused (os error 111)`, not
+/// `error sending request for url …`).
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }
 
 #[derive(Deserialize)]
@@ -91,7 +126,7 @@ impl HubClient {
             .map_err(|e| HubError::BadEndpoint { endpoint: endpoint.clone(), reason: e.to_string() })?;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(idle.min(Duration::from_secs(30)))
+            .connect_timeout(idle.min(CONNECT_TIMEOUT))
             .pool_max_idle_per_host(pool.max(1))
             .tcp_nodelay(true)
             .user_agent(concat!("spark-kit/", env!("CARGO_PKG_VERSION")))
@@ -101,7 +136,31 @@ impl HubClient {
             Some((t, s)) => (Some(t), Some(s)),
             None => (None, None),
         };
-        Ok(Self { http, endpoint, origin, token, token_source, backoff, idle })
+        Ok(Self {
+            http,
+            endpoint,
+            origin,
+            token,
+            token_source,
+            backoff,
+            idle,
+            reporter: Arc::new(Silent),
+            retries: AtomicU64::new(0),
+            reached: AtomicBool::new(false),
+        })
+    }
+
+    /// Report every retry of a Hub request to `reporter`.
+    #[must_use]
+    pub fn with_reporter(mut self, reporter: Arc<dyn Reporter>) -> Self {
+        self.reporter = reporter;
+        self
+    }
+
+    /// Hub requests retried so far.
+    #[must_use]
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
     }
 
     #[must_use]
@@ -131,7 +190,8 @@ impl HubClient {
     }
 
     /// One request to the Hub (token attached), retried on transient failures. Returns any
-    /// final response, success or not.
+    /// final response, success or not. A Hub that cannot be connected to before it ever
+    /// answered fails after [`FIRST_CONTACT_ATTEMPTS`] with [`HubError::Unreachable`].
     async fn send(&self, method: Method, url: &str, what: &str) -> Result<Response, HubError> {
         let mut attempt = 0u32;
         loop {
@@ -143,14 +203,29 @@ impl HubClient {
             let res = tokio::time::timeout(self.idle, rb.send()).await;
             let (reason, server_wait) = match res {
                 Ok(Ok(r)) if retryable_status(r.status().as_u16()) => {
+                    self.reached.store(true, Ordering::Relaxed);
                     let h = r.headers();
                     let wait = header(h, "retry-after")
                         .and_then(retry_after)
                         .or_else(|| header(h, "ratelimit").and_then(ratelimit_wait));
                     (format!("HTTP {}", r.status().as_u16()), wait)
                 }
-                Ok(Ok(r)) => return Ok(r),
-                Ok(Err(e)) => (e.to_string(), None),
+                Ok(Ok(r)) => {
+                    self.reached.store(true, Ordering::Relaxed);
+                    return Ok(r);
+                }
+                Ok(Err(e)) if e.is_connect() && !self.reached.load(Ordering::Relaxed) => {
+                    if attempt >= FIRST_CONTACT_ATTEMPTS {
+                        return Err(HubError::Unreachable {
+                            endpoint: self.endpoint.clone(),
+                            reason: root_cause(&e),
+                            default: self.endpoint == super::DEFAULT_ENDPOINT,
+                        });
+                    }
+                    tokio::time::sleep(FIRST_CONTACT_RETRY).await;
+                    continue;
+                }
+                Ok(Err(e)) => (root_cause(&e), None),
                 Err(_) => (format!("no answer in {} s", self.idle.as_secs()), None),
             };
             if attempt >= self.backoff.max_attempts {
@@ -159,51 +234,80 @@ impl HubClient {
                     reason: format!("{reason}, after {attempt} attempts"),
                 });
             }
-            tokio::time::sleep(self.backoff.delay(attempt, jitter(u64::from(attempt)), server_wait)).await;
+            let delay = self.backoff.delay(attempt, jitter(u64::from(attempt)), server_wait);
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            self.reporter.retry(what, attempt, &reason, delay);
+            tokio::time::sleep(delay).await;
         }
     }
 
-    /// The error for a non-success Hub answer.
-    fn status_error(&self, r: &Response, repo: &str, path: &str, what: &str) -> HubError {
+    /// The error for a non-success Hub answer. A "not found" of a revision is checked against
+    /// the repository's own info (one request, on the failure path only): servers disagree on
+    /// `X-Error-Code` (some send none, some `EntryNotFound` for everything), the probe does not.
+    async fn fail(&self, r: &Response, repo: &str, asked: Asked<'_>, what: &str) -> HubError {
         let status = r.status().as_u16();
         let h = r.headers();
         let code = header(h, "x-error-code").unwrap_or_default();
         let msg = header(h, "x-error-message").unwrap_or_default();
         let repo_url = format!("{}/{repo}", self.endpoint);
-        match (status, code) {
-            (_, "GatedRepo") | (403, _) => HubError::Gated {
-                repo: repo.into(),
-                path: path.into(),
-                status,
-                url: repo_url,
-                with_token: self.token.is_some(),
+        let gated = |status| HubError::Gated {
+            repo: repo.into(),
+            path: match asked {
+                Asked::File { path, .. } => path.into(),
+                Asked::Revision(rev) => rev.into(),
+                Asked::Repo => String::new(),
             },
-            (401, _) if msg.contains("Invalid credentials") || msg.contains("Invalid username or password") => {
-                HubError::BadToken {
-                    repo: repo.into(),
-                    source_name: match &self.token_source {
-                        Some(TokenSource::Env) => "HF_TOKEN".into(),
-                        Some(TokenSource::File(p)) => p.display().to_string(),
-                        None => "none".into(),
-                    },
-                }
-            }
-            (_, "RepoNotFound") => HubError::RepoNotFound { repo: repo.into(), endpoint: self.endpoint.clone() },
-            (401, _) if self.token.is_none() => {
-                HubError::Gated { repo: repo.into(), path: path.into(), status, url: repo_url, with_token: false }
-            }
-            (_, "RevisionNotFound") => HubError::RevisionNotFound { repo: repo.into(), revision: path.into() },
-            (404, "EntryNotFound") => HubError::EntryNotFound {
+            status,
+            url: repo_url.clone(),
+            with_token: self.token.is_some(),
+        };
+        if code == "GatedRepo" || status == 403 {
+            return gated(status);
+        }
+        if status == 401 && (msg.contains("Invalid credentials") || msg.contains("Invalid username or password")) {
+            return HubError::BadToken {
                 repo: repo.into(),
-                commit: header(h, "x-repo-commit").unwrap_or("?").into(),
-                path: path.into(),
-            },
-            (404, _) => HubError::RepoNotFound { repo: repo.into(), endpoint: self.endpoint.clone() },
-            _ => HubError::Http {
+                source_name: match &self.token_source {
+                    Some(TokenSource::Env) => "HF_TOKEN".into(),
+                    Some(TokenSource::File(p)) => p.display().to_string(),
+                    None => "none".into(),
+                },
+            };
+        }
+        if status != 401 && status != 404 {
+            return HubError::Http {
                 what: what.into(),
                 status,
                 message: if msg.is_empty() { String::new() } else { format!(" ({msg})") },
-            },
+            };
+        }
+        let repo_missing = || HubError::RepoNotFound { repo: repo.into(), endpoint: self.endpoint.clone(), key: None };
+        match asked {
+            Asked::Repo => repo_missing(),
+            Asked::File { commit, path } if code != "RepoNotFound" => {
+                if status == 401 && self.token.is_none() {
+                    return gated(status);
+                }
+                HubError::EntryNotFound {
+                    repo: repo.into(),
+                    commit: header(h, "x-repo-commit").unwrap_or(commit).into(),
+                    path: path.into(),
+                }
+            }
+            Asked::File { .. } => repo_missing(),
+            Asked::Revision(revision) => {
+                let url = format!("{}/api/models/{repo}", self.endpoint);
+                match self.send(Method::GET, &url, &format!("{repo}: repository info")).await {
+                    Ok(p) if p.status().is_success() => HubError::RevisionNotFound {
+                        repo: repo.into(),
+                        revision: revision.into(),
+                        endpoint: self.endpoint.clone(),
+                        key: None,
+                    },
+                    Ok(p) => Box::pin(self.fail(&p, repo, Asked::Repo, what)).await,
+                    Err(e) => e,
+                }
+            }
         }
     }
 
@@ -216,13 +320,7 @@ impl HubClient {
         let what = format!("{repo}@{revision}: revision info");
         let r = self.send(Method::GET, &url, &what).await?;
         if !r.status().is_success() {
-            let e = self.status_error(&r, repo, revision, &what);
-            return Err(match e {
-                HubError::EntryNotFound { .. } => {
-                    HubError::RevisionNotFound { repo: repo.into(), revision: revision.into() }
-                }
-                e => e,
-            });
+            return Err(self.fail(&r, repo, Asked::Revision(revision), &what).await);
         }
         let info: RevisionInfo =
             r.json().await.map_err(|e| HubError::Protocol { what, reason: format!("bad JSON: {e}") })?;
@@ -243,7 +341,7 @@ impl HubClient {
         for _ in 0..MAX_TREE_PAGES {
             let r = self.send(Method::GET, &url, &what).await?;
             if !r.status().is_success() {
-                return Err(self.status_error(&r, repo, commit, &what));
+                return Err(self.fail(&r, repo, Asked::Revision(commit), &what).await);
             }
             let next = header(r.headers(), LINK.as_str()).and_then(next_link);
             let page: Vec<TreeEntry> = r
@@ -320,13 +418,20 @@ impl HubClient {
                     on_hub: true,
                 });
             }
-            return Err(self.status_error(&r, repo, path, &what));
+            return Err(self.fail(&r, repo, Asked::File { commit, path }, &what).await);
         }
         Err(HubError::Protocol { what, reason: format!("more than {MAX_HUB_REDIRECTS} redirects") })
     }
 
     /// A whole small file's bytes from `location` (token only when on the Hub's origin).
-    pub async fn get_small(&self, repo: &str, path: &str, location: &str, size: u64) -> Result<Vec<u8>, HubError> {
+    pub async fn get_small(
+        &self,
+        repo: &str,
+        commit: &str,
+        path: &str,
+        location: &str,
+        size: u64,
+    ) -> Result<Vec<u8>, HubError> {
         let what = format!("{repo}: {path}");
         let mut url = location.to_string();
         for _ in 0..=MAX_HUB_REDIRECTS {
@@ -354,7 +459,7 @@ impl HubClient {
                 continue;
             }
             if !r.status().is_success() {
-                return Err(self.status_error(&r, repo, path, &what));
+                return Err(self.fail(&r, repo, Asked::File { commit, path }, &what).await);
             }
             if size > MAX_SMALL_FILE {
                 return Err(HubError::Protocol {

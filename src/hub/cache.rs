@@ -54,6 +54,22 @@ impl RepoCache {
         self.dir.join("blobs").join(format!("{name}.{PARTIAL}.json"))
     }
 
+    /// Where a blob that failed its hash is kept aside (`blobs/<name>.spark-bad`): out of every
+    /// reader's way, on the same filesystem, for the user to inspect or delete.
+    #[must_use]
+    pub fn aside(&self, name: &str) -> PathBuf {
+        self.dir.join("blobs").join(format!("{name}.spark-bad"))
+    }
+
+    /// Move `blobs/<name>` aside (under its lock); returns where it went. The snapshot link then
+    /// dangles until the blob is fetched again.
+    pub fn move_aside(&self, name: &str, path: &str) -> Result<PathBuf, HubError> {
+        let _lock = self.lock(name, path)?;
+        let (from, to) = (self.blob(name), self.aside(name));
+        fs::rename(&from, &to).map_err(|e| HubError::io(&from, e))?;
+        Ok(to)
+    }
+
     #[must_use]
     pub fn snapshot(&self, commit: &str, path: &str) -> PathBuf {
         self.dir.join("snapshots").join(commit).join(path)

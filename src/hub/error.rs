@@ -9,10 +9,28 @@ pub enum HubError {
     Gated { repo: String, path: String, status: u16, url: String, with_token: bool },
     #[error("the Hub rejected the token ({source_name}) for {repo}")]
     BadToken { repo: String, source_name: String },
-    #[error("repository {repo} not found on {endpoint}")]
-    RepoNotFound { repo: String, endpoint: String },
-    #[error("revision `{revision}` not found in {repo}")]
-    RevisionNotFound { repo: String, revision: String },
+    #[error("repository {repo} not found on {endpoint} (or it is private and the token has no access)")]
+    RepoNotFound {
+        repo: String,
+        endpoint: String,
+        /// The kit key naming the repo (`model.repo`), once known.
+        key: Option<String>,
+    },
+    #[error("revision `{revision}` not found in {repo} on {endpoint}")]
+    RevisionNotFound {
+        repo: String,
+        revision: String,
+        endpoint: String,
+        /// The kit key naming the revision (`model.revision`), once known.
+        key: Option<String>,
+    },
+    #[error("cannot reach {}: {reason}", if *.default { format!("the Hub at {endpoint} (HF_ENDPOINT is not set)") } else { format!("HF_ENDPOINT={endpoint}") })]
+    Unreachable {
+        endpoint: String,
+        reason: String,
+        /// The public Hub because `HF_ENDPOINT` is not set.
+        default: bool,
+    },
     #[error("{repo} at {commit} has no file {path}")]
     EntryNotFound { repo: String, commit: String, path: String },
     #[error("{what}: HTTP {status}{message}")]
@@ -41,6 +59,28 @@ pub enum HubError {
     Kit(String),
     #[error("{0}")]
     Engram(String),
+    #[error("{repo}: {source}")]
+    Slim {
+        repo: String,
+        #[source]
+        source: super::engram::SlimError,
+    },
+    #[error("{what}: {source}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: not a spark-kit lock file: {source}", path.display())]
+    BadLock {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: lock file version {found} (expected {expected})", path.display())]
+    LockVersion { path: PathBuf, found: u32, expected: u32 },
+    #[error("internal: {0}")]
+    Internal(&'static str),
 }
 
 impl HubError {
@@ -48,12 +88,31 @@ impl HubError {
         Self::Io { path: path.into(), source }
     }
 
+    /// Name the kit section (`model`, `engram`) whose repo or revision is missing.
+    #[must_use]
+    pub fn in_kit(self, section: &str) -> Self {
+        match self {
+            Self::RepoNotFound { repo, endpoint, .. } => {
+                Self::RepoNotFound { repo, endpoint, key: Some(format!("{section}.repo")) }
+            }
+            Self::RevisionNotFound { repo, revision, endpoint, .. } => {
+                Self::RevisionNotFound { repo, revision, endpoint, key: Some(format!("{section}.revision")) }
+            }
+            e => e,
+        }
+    }
+
     /// A configuration problem (exit code 2) rather than a runtime one.
     #[must_use]
     pub fn is_config(&self) -> bool {
         matches!(
             self,
-            Self::Kit(_) | Self::BadEndpoint { .. } | Self::RevisionNotFound { .. } | Self::RepoNotFound { .. }
+            Self::Kit(_)
+                | Self::BadLock { .. }
+                | Self::LockVersion { .. }
+                | Self::BadEndpoint { .. }
+                | Self::RevisionNotFound { .. }
+                | Self::RepoNotFound { .. }
         )
     }
 
@@ -71,11 +130,20 @@ impl HubError {
             Self::BadToken { .. } => {
                 "set HF_TOKEN (or HF_TOKEN_PATH) to a valid token; `hf auth whoami` checks it".into()
             }
-            Self::RepoNotFound { .. } => {
-                "check model.repo / engram.repo; for a private repo set HF_TOKEN; HF_ENDPOINT selects a mirror".into()
+            Self::RepoNotFound { key, .. } => format!(
+                "check {} (owner/name as on the Hub); a private repo needs HF_TOKEN; HF_ENDPOINT selects another server",
+                key.as_deref().unwrap_or("model.repo / engram.repo")
+            ),
+            Self::RevisionNotFound { repo, key, .. } => format!(
+                "set {} to a branch, tag or 40-hex commit of {repo} (e.g. --set {}=main)",
+                key.as_deref().unwrap_or("model.revision / engram.revision"),
+                key.as_deref().unwrap_or("model.revision")
+            ),
+            Self::Unreachable { default: true, .. } => {
+                "check the network connection and proxy (HTTPS_PROXY); or set HF_ENDPOINT to a reachable mirror".into()
             }
-            Self::RevisionNotFound { .. } => {
-                "check model.revision / engram.revision (a branch, tag or 40-hex commit)".into()
+            Self::Unreachable { .. } => {
+                "check the address and the network (or proxy); unset HF_ENDPOINT to use https://huggingface.co".into()
             }
             Self::EntryNotFound { .. } => {
                 "the repo changed or the kit names a file it does not have; fix the kit's files list".into()
@@ -100,9 +168,36 @@ impl HubError {
             Self::Busy { .. } => "wait for the other download to finish (or stop it), then rerun".into(),
             Self::BadEndpoint { .. } => "set HF_ENDPOINT to a URL such as https://huggingface.co, or unset it".into(),
             Self::Kit(_) => "fix the kit (spark-kit kit show) or pin the revision the kit was written for".into(),
-            Self::Engram(_) => {
+            Self::Engram(_) | Self::Slim { .. } => {
                 "check engram.files and engram.layers against the repo's model.safetensors.index.json".into()
             }
+            Self::Json { .. } | Self::Internal(_) => return None,
+            Self::BadLock { .. } | Self::LockVersion { .. } => {
+                "rerun `spark-kit download`: it rewrites the lock file from the cache".into()
+            }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_names_the_endpoint_and_whether_it_was_set() {
+        let set = HubError::Unreachable { endpoint: "http://m:1".into(), reason: "refused".into(), default: false };
+        assert_eq!(set.to_string(), "cannot reach HF_ENDPOINT=http://m:1: refused");
+        assert!(set.hint().is_some_and(|h| h.contains("unset HF_ENDPOINT")));
+        let default = HubError::Unreachable {
+            endpoint: crate::hub::DEFAULT_ENDPOINT.into(),
+            reason: "no DNS".into(),
+            default: true,
+        };
+        assert_eq!(
+            default.to_string(),
+            "cannot reach the Hub at https://huggingface.co (HF_ENDPOINT is not set): no DNS"
+        );
+        assert!(default.hint().is_some_and(|h| h.contains("set HF_ENDPOINT to a reachable mirror")));
+        assert!(!default.is_config() && !set.is_config());
     }
 }

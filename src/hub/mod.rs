@@ -17,11 +17,14 @@ pub mod fetch;
 pub mod hashing;
 pub mod headers;
 pub mod journal;
+pub mod kit_files;
 pub mod lockfile;
 pub mod paths;
 pub mod plan;
+pub mod repair;
 pub mod report;
 pub mod retry;
+pub mod reuse;
 pub mod run;
 pub mod verify;
 

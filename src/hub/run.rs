@@ -19,6 +19,7 @@ use super::journal::Journal;
 use super::lockfile::LockEntry;
 use super::plan::{cross_check, plan, Kind, PlannedFile, Selection};
 use super::report::Reporter;
+use super::reuse::verify_cached;
 use crate::kit::schema::ExpectedFile;
 
 /// Concurrent `resolve` requests during the preflight.
@@ -58,6 +59,8 @@ pub struct Request {
     pub repos: Vec<RepoRequest>,
     pub opts: Options,
     pub dry_run: bool,
+    /// Re-hash the blobs already in the cache before reusing them (a mismatch is fetched again).
+    pub verify_cached: bool,
 }
 
 /// A file of the plan, with what is already on disk.
@@ -85,6 +88,7 @@ pub struct RepoSummary {
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub dry_run: bool,
+    pub verify_cached: bool,
     pub hf_cache: PathBuf,
     pub repos: Vec<RepoSummary>,
     pub files: usize,
@@ -92,6 +96,10 @@ pub struct Summary {
     pub to_fetch: u64,
     pub downloaded_files: u64,
     pub cached_files: u64,
+    /// Cached blobs re-hashed and found intact (`--verify-cached`).
+    pub verified_cached: u64,
+    /// Cached blobs whose hash did not match: moved aside and fetched again.
+    pub repaired_files: u64,
     pub fetched_bytes: u64,
     pub resumed_bytes: u64,
     pub retries: u64,
@@ -150,8 +158,9 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
     let counters = Arc::new(Counters::default());
     let mut planned = Vec::new();
     for r in &req.repos {
-        let commit = client.commit(&r.repo, &r.revision).await?;
-        let tree = client.tree(&r.repo, &commit).await?;
+        let section = r.key.split('.').next().unwrap_or("model");
+        let commit = client.commit(&r.repo, &r.revision).await.map_err(|e| e.in_kit(section))?;
+        let tree = client.tree(&r.repo, &commit).await.map_err(|e| e.in_kit(section))?;
         let sel = match &r.want {
             Want::All { required, expected_shards } => {
                 Selection::All { required, expected_shards: *expected_shards, key: r.key }
@@ -160,6 +169,9 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
         };
         let files = plan(&r.repo, &commit, &tree, sel)?;
         let cache = RepoCache::new(&req.hf_cache, &r.repo);
+        if req.verify_cached && !req.dry_run {
+            verify_cached(&cache, &files, &reporter, &counters).await?;
+        }
         let lines: Vec<PlanLine> =
             files.iter().map(|f| PlanLine { file: f.clone(), to_fetch: remaining(&cache, f) }).collect();
         let bytes = files.iter().map(|f| f.size).sum();
@@ -243,6 +255,7 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
         .collect();
     Ok(Summary {
         dry_run: req.dry_run,
+        verify_cached: req.verify_cached,
         hf_cache: req.hf_cache.clone(),
         files: repos.iter().map(|r| r.files.len()).sum(),
         bytes: repos.iter().map(|r| r.bytes).sum(),
@@ -250,9 +263,11 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
         repos,
         downloaded_files: c.downloaded_files.load(Ordering::Relaxed),
         cached_files: c.cached_files.load(Ordering::Relaxed),
+        verified_cached: c.verified_cached.load(Ordering::Relaxed),
+        repaired_files: c.repaired_files.load(Ordering::Relaxed),
         fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
         resumed_bytes: c.resumed_bytes.load(Ordering::Relaxed),
-        retries: c.retries.load(Ordering::Relaxed),
+        retries: c.retries.load(Ordering::Relaxed) + client.retries(),
         reresolves: c.reresolves.load(Ordering::Relaxed),
         refetched_files: c.refetched_files.load(Ordering::Relaxed),
         discarded_partials: c.discarded_partials.load(Ordering::Relaxed),

@@ -3,7 +3,8 @@
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::shape::Shape;
+use super::bytes::ByteSize;
+use super::shape::{Scalar, Shape};
 use super::Resolved;
 
 /// One effective setting.
@@ -14,6 +15,10 @@ pub struct Row {
     pub value: Json,
     /// `default`, `<kit file>:<line>:<col>`, `env NAME` or `flag --x`.
     pub origin: String,
+    /// A byte size as its layer wrote it (`12GiB`; a plain number or a default in binary
+    /// units), for people; `value` stays the number of bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub written: Option<String>,
 }
 
 /// Flatten the effective kit into rows, sorted by key.
@@ -22,9 +27,29 @@ pub fn rows(r: &Resolved) -> Result<Vec<Row>, serde_json::Error> {
     let mut out = Vec::new();
     flatten(&value, &r.shape, &mut Vec::new(), &mut |key, v| {
         let origin = r.layered.origin_of(&key).to_string();
-        out.push(Row { key, value: v.clone(), origin });
+        let path: Vec<String> = key.split('.').map(str::to_string).collect();
+        let written = match r.shape.at(&path) {
+            Some(Shape::Scalar(Scalar::Bytes)) => as_written(&r.layered.value, &path, v),
+            _ => None,
+        };
+        out.push(Row { key, value: v.clone(), origin, written });
     });
     Ok(out)
+}
+
+/// The layered (as written) value of a byte-size key: its text, or the number in binary units.
+fn as_written(layered: &serde_yaml::Value, path: &[String], effective: &Json) -> Option<String> {
+    let mut cur = layered;
+    for seg in path {
+        cur = match cur {
+            serde_yaml::Value::Sequence(items) => items.get(seg.parse::<usize>().ok()?)?,
+            other => other.get(seg.as_str())?,
+        };
+    }
+    match cur {
+        serde_yaml::Value::String(s) => Some(s.trim().to_string()),
+        _ => effective.as_u64().map(|n| ByteSize(n).to_string()),
+    }
 }
 
 fn flatten(v: &Json, shape: &Shape, path: &mut Vec<String>, emit: &mut dyn FnMut(String, &Json)) {

@@ -57,10 +57,42 @@ impl Serialize for Grower {
 /// The engine group's memory and growth.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct GroupGrowth {
+    /// The process group id, or for a container its main process's pid.
     pub pgid: i32,
     pub processes: u32,
+    /// RSS (+ GPU memory) of the members; for a container, its cgroup's charge.
     pub resident_bytes: u64,
+    /// Growth over the window; for a container, its cgroup charge's growth.
     pub grown_bytes: u64,
+    /// A container's engine: its id (memory attributed by its cgroup).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<super::engine::ContainerId>,
+}
+
+/// Who belongs to the engine: a process group, or a container's cgroup members.
+#[derive(Debug, Clone, Copy)]
+pub enum Members<'a> {
+    Group(i32),
+    /// `id` names the engine (the container's main pid); `pids` sorted.
+    Pids {
+        id: i32,
+        pids: &'a [i32],
+    },
+}
+
+impl Members<'_> {
+    fn id(&self) -> i32 {
+        match self {
+            Members::Group(p) | Members::Pids { id: p, .. } => *p,
+        }
+    }
+
+    fn contains(&self, pid: i32, pgrp: i32) -> bool {
+        match self {
+            Members::Group(g) => *g == pgrp,
+            Members::Pids { pids, .. } => pids.binary_search(&pid).is_ok(),
+        }
+    }
 }
 
 /// The attribution of one window.
@@ -216,14 +248,26 @@ impl Table {
     /// everyone else. `eligible` filters which other processes may be named as growers.
     #[must_use]
     pub fn attribute(&self, bucket: u64, engine: Option<i32>, eligible: impl Fn(&Self, i32) -> bool) -> Attribution {
+        self.attribute_members(bucket, engine.map(Members::Group), eligible)
+    }
+
+    /// [`Table::attribute`] with the engine given by its members (a process group or a
+    /// container's cgroup).
+    #[must_use]
+    pub fn attribute_members(
+        &self,
+        bucket: u64,
+        engine: Option<Members<'_>>,
+        eligible: impl Fn(&Self, i32) -> bool,
+    ) -> Attribution {
         let mut a = Attribution { overflow: self.overflow, ..Attribution::default() };
         let oldest = bucket.saturating_sub(BUCKETS as u64 - 1);
-        let mut group = engine.map(|pgid| GroupGrowth { pgid, ..GroupGrowth::default() });
+        let mut group = engine.map(|m| (m, GroupGrowth { pgid: m.id(), ..GroupGrowth::default() }));
         for e in &self.cur {
             let base = if e.born <= oldest { e.hist[slot(oldest)] } else { 0 };
             let grown = e.resident.saturating_sub(base);
             a.attributed_bytes = a.attributed_bytes.saturating_add(grown);
-            if let Some(g) = group.as_mut().filter(|g| g.pgid == e.pgrp) {
+            if let Some((_, g)) = group.as_mut().filter(|(m, _)| m.contains(e.pid, e.pgrp)) {
                 g.processes += 1;
                 g.resident_bytes = g.resident_bytes.saturating_add(e.resident);
                 g.grown_bytes = g.grown_bytes.saturating_add(grown);
@@ -235,7 +279,7 @@ impl Table {
             let g = Grower { pid: e.pid, pgrp: e.pgrp, comm: e.comm, resident: e.resident, grown };
             insert_top(&mut a.top, &mut a.count, g);
         }
-        a.engine = group.filter(|g| g.processes > 0);
+        a.engine = group.map(|(_, g)| g).filter(|g| g.processes > 0);
         a
     }
 }
@@ -313,6 +357,25 @@ mod tests {
         assert_eq!(a.engine.unwrap().grown_bytes, 2 * 700 * 4096);
         assert_eq!((a.top[0].pid, a.top[0].grown), (50, 256 * 4096));
         assert_eq!(a.attributed_bytes, (2 * 700 + 256) * 4096);
+    }
+
+    #[test]
+    fn a_container_engine_is_its_cgroup_members_whatever_their_groups() {
+        let mut t = Table::new(1);
+        // Container members 20 (init) and 21 (its own session), host process 30 in group 20's
+        // number space by coincidence: membership is by pid, not by group.
+        let procs = |hog| [stat(20, 20, "docker-init", 10), stat(21, 21, "python3", hog), stat(30, 20, "host", 5)];
+        for b in 0..BUCKETS as u64 {
+            scan(&mut t, b, b.saturating_sub(1), &procs(100));
+        }
+        let b = BUCKETS as u64;
+        scan(&mut t, b, b - 1, &procs(900));
+        let a = t.attribute_members(b, Some(Members::Pids { id: 20, pids: &[20, 21] }), |_, _| true);
+        let e = a.engine.unwrap();
+        assert_eq!((e.pgid, e.processes, e.resident_bytes, e.grown_bytes), (20, 2, 910, 800));
+        assert_eq!(a.count, 0, "the host process did not grow and the container is not a grower");
+        let by_group = t.attribute(b, Some(20), |_, _| true);
+        assert_eq!(by_group.engine.unwrap().processes, 2, "group 20 = pids 20 and 30");
     }
 
     #[test]

@@ -2,14 +2,20 @@
 //! and the kernel's OOM killer cannot see it, so the guard watches `/proc/meminfo` (MemAvailable
 //! and MemFree) at 10 Hz — faster as the floor nears — wakes on a PSI trigger, attributes growth
 //! per process over a window, and acts per the kit's `memory.guard` policy with a JSON receipt
-//! per action.
+//! per action. A containerised engine (docker runtime) is attributed by its cgroup and stopped
+//! with `docker kill --signal`.
 //!
-//! Parsers ([`meminfo`], [`psi`], [`procs`]) and the verdicts ([`policy`], [`gate`],
-//! [`attribution`]) are pure and unit-tested on recorded files; [`guard`] is the loop.
-//! The node agent hosts it: `Guard::new(config, engine_pgid, receipts, reporter)`, then
+//! Parsers ([`meminfo`], [`psi`], [`procs`], [`cgroup`]) and the verdicts ([`policy`], [`gate`],
+//! [`attribution`]) are pure and unit-tested on recorded files; [`guard`] is the loop over
+//! [`sampler`] (what it reads) and [`responder`] (how it acts).
+//! The node agent hosts it: `Guard::new(config, engine, receipts, reporter)`, then
 //! `run(&stop)` on a thread.
 
 pub mod attribution;
+pub mod cgroup;
+pub mod config;
+pub mod engine;
+pub mod events;
 pub mod gate;
 pub mod guard;
 pub mod meminfo;
@@ -19,5 +25,10 @@ pub mod policy;
 pub mod procs;
 pub mod psi;
 pub mod receipt;
+pub mod responder;
+pub mod sampler;
 
-pub use guard::{EnginePgid, Guard, GuardConfig, GuardError, GuardEvent, GuardReporter, GuardStatus};
+pub use config::GuardConfig;
+pub use engine::{ContainerId, EngineRef, EngineSource, FixedContainer};
+pub use events::{GuardError, GuardEvent, GuardReporter, GuardStatus};
+pub use sampler::Guard;

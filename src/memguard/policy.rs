@@ -138,7 +138,13 @@ mod tests {
 
     fn attribution(engine_grown: u64, other: Option<(&str, u64)>) -> Attribution {
         let mut a = Attribution {
-            engine: Some(GroupGrowth { pgid: 100, processes: 3, resident_bytes: 90 * GIB, grown_bytes: engine_grown }),
+            engine: Some(GroupGrowth {
+                pgid: 100,
+                processes: 3,
+                resident_bytes: 90 * GIB,
+                grown_bytes: engine_grown,
+                container: None,
+            }),
             top: [Grower::default(); TOP],
             count: 0,
             attributed_bytes: engine_grown,

@@ -15,9 +15,13 @@ use crate::clock::rfc3339;
 #[derive(Debug, Clone, Serialize)]
 pub struct SignalSent {
     pub signal: &'static str,
-    /// `pid` or `pgid` (a whole process group).
+    /// `pid`, `pgid` (a whole process group) or `container` (`docker kill --signal`).
     pub target: &'static str,
+    /// The pid, the pgid, or the container's main pid.
     pub id: i32,
+    /// The container, for target `container`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<super::engine::ContainerId>,
     /// Milliseconds after the guard first saw MemAvailable at or under the floor.
     pub after_crossing_ms: f64,
     pub error: Option<String>,

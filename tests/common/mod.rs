@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+pub mod docker;
 pub mod sshd;
 pub mod up;
 

@@ -114,7 +114,8 @@ impl Serving {
         &self.stdout
     }
 
-    /// SIGINT to `up`; its engine group must be empty within 30 s and `up` must exit 0.
+    /// SIGINT to `up`; its engine group must be empty within 30 s and `up` must exit 130 (as
+    /// shells expect of Ctrl-C).
     /// Returns the seconds until the group was gone.
     pub fn interrupt(mut self) -> f64 {
         self.stopped = true;
@@ -131,7 +132,7 @@ impl Serving {
         }
         let secs = t.elapsed().as_secs_f64();
         let status = self.child.wait().unwrap();
-        assert!(status.success(), "up exit status {status}");
+        assert_eq!(status.code(), Some(130), "up exit status {status}");
         secs
     }
 }

@@ -111,7 +111,10 @@ impl Setup {
 
     /// `download --json` with small ranges and fast timeouts, plus `extra` flags.
     pub fn download(&self, extra: &[&str]) -> Output {
-        let mut args = vec!["download", "--json", "--range-size", "128KiB", "--idle-timeout", "2"];
+        let mut args = vec!["download", "--json", "--idle-timeout", "2"];
+        if !extra.contains(&"--range-size") {
+            args.extend_from_slice(&["--range-size", "128KiB"]);
+        }
         if !extra.contains(&"--jobs") {
             args.extend_from_slice(&["--jobs", "4"]);
         }

@@ -4,11 +4,12 @@
 //! read from files. Scripted faults and per-range counters let tests prove client behaviour.
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
+mod cdn;
 pub mod harness;
 mod model;
 mod serve;
 
 pub use harness::Setup;
 pub use model::seeded_bytes;
-pub use model::{Content, FakeFile, Fault, FaultKind, Route};
+pub use model::{Content, Dialect, FakeFile, Fault, FaultKind, Route};
 pub use serve::{FakeHub, Served};

@@ -126,6 +126,22 @@ impl FakeFile {
 pub enum Route {
     Cdn,
     Resolve,
+    /// The JSON API (`/api/models/…`: revision, tree, repo info); `path` is the API route name
+    /// (`revision`, `tree`, `info`).
+    Api,
+}
+
+/// How the server reports what is missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// As huggingface.co: `X-Error-Code` `RepoNotFound` (401 anonymous), `RevisionNotFound`
+    /// (404), `EntryNotFound` (404 + `X-Repo-Commit`), `GatedRepo` (401/403).
+    #[default]
+    Hub,
+    /// Another Hub implementation: every missing thing is `404` + `X-Error-Code: EntryNotFound`.
+    EntryOnly,
+    /// A plain mirror: `404` with no error headers at all.
+    Bare,
 }
 
 /// What goes wrong.

@@ -1,0 +1,172 @@
+//! What died first inside an engine. vLLM's API server (the `__engine` process) exits 0 after
+//! its EngineCore child crashed or was killed, so the engine's own exit status says nothing.
+//! The engine process therefore watches its children: `waitid(WEXITED | WNOWAIT)` sees a child's
+//! exit status without reaping it (vLLM's own `waitpid` still gets it), and each exit is written
+//! to the engine log as one line ([`ChildExit::line`]). The node agent reads those lines back
+//! ([`ChildExit::parse`]) and names the first abnormal one when the engine exits.
+
+use std::fmt;
+
+/// Prefix of the log line (the engine's stderr).
+const PREFIX: &str = "spark-kit engine: child exited: ";
+
+/// How a child ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    Code(i32),
+    /// Killed by this signal number.
+    Signal(i32),
+}
+
+/// One child of the engine process that exited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildExit {
+    pub pid: i32,
+    /// Its `comm` (e.g. `VLLM::EngineCor`, the kernel keeps 15 bytes).
+    pub comm: String,
+    pub ending: Ending,
+}
+
+fn signal_name(n: i32) -> String {
+    nix::sys::signal::Signal::try_from(n).map_or_else(|_| format!("signal {n}"), |s| format!("signal {n} ({s})"))
+}
+
+impl fmt::Display for Ending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Code(c) => write!(f, "exit code {c}"),
+            Self::Signal(s) => write!(f, "killed by {}", signal_name(*s)),
+        }
+    }
+}
+
+impl ChildExit {
+    /// Not a clean `exit(0)`.
+    #[must_use]
+    pub fn abnormal(&self) -> bool {
+        self.ending != Ending::Code(0)
+    }
+
+    /// The log line: `spark-kit engine: child exited: pid=7 code=1 comm=VLLM::EngineCor`.
+    #[must_use]
+    pub fn line(&self) -> String {
+        let how = match self.ending {
+            Ending::Code(c) => format!("code={c}"),
+            Ending::Signal(s) => format!("signal={s}"),
+        };
+        format!("{PREFIX}pid={} {how} comm={}", self.pid, self.comm)
+    }
+
+    /// Read a [`line`](Self::line) back from anywhere in a log line (tags before it are fine).
+    #[must_use]
+    pub fn parse(line: &str) -> Option<Self> {
+        let rest = &line[line.find(PREFIX)? + PREFIX.len()..];
+        let mut parts = rest.splitn(3, ' ');
+        let pid = parts.next()?.strip_prefix("pid=")?.parse().ok()?;
+        let how = parts.next()?;
+        let ending = if let Some(c) = how.strip_prefix("code=") {
+            Ending::Code(c.parse().ok()?)
+        } else {
+            Ending::Signal(how.strip_prefix("signal=")?.parse().ok()?)
+        };
+        let comm = parts.next()?.strip_prefix("comm=")?.trim_end().to_string();
+        Some(Self { pid, comm, ending })
+    }
+}
+
+impl fmt::Display for ChildExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "its child pid {} ({}) {}", self.pid, self.comm, self.ending)
+    }
+}
+
+/// How an engine's exit is described: its own status, then what died first, when a child
+/// ended abnormally before it (`exit status: 0; first: its child pid 7 (VLLM::EngineCor) killed
+/// by signal 9 (SIGKILL)`).
+#[must_use]
+pub fn describe(status: &str, children: &[ChildExit]) -> String {
+    match children.iter().find(|c| c.abnormal()) {
+        Some(c) => format!("{status}; first to die: {c}"),
+        None => status.to_string(),
+    }
+}
+
+/// Watch this process's children on a thread for as long as the process lives, calling `report`
+/// once per child that exits (before it is reaped by whoever started it).
+pub fn watch(report: impl Fn(&ChildExit) + Send + 'static) {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    std::thread::spawn(move || loop {
+        match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+            Ok(status) => {
+                let (pid, ending) = match status {
+                    WaitStatus::Exited(p, c) => (p, Ending::Code(c)),
+                    WaitStatus::Signaled(p, s, _) => (p, Ending::Signal(s as i32)),
+                    _ => {
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                report(&ChildExit { pid: pid.as_raw(), comm: comm.trim().to_string(), ending });
+                // The zombie stays until its parent code reaps it; wait for that, or this same
+                // child would be reported again.
+                while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| super::pgroup::parse_stat(&s))
+                    .is_some_and(|s| s.state == 'Z')
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+            // No children yet (or an interrupted call).
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip_and_describe_names_the_first_abnormal_child() {
+        let a = ChildExit { pid: 41, comm: "python3".into(), ending: Ending::Code(0) };
+        let b = ChildExit { pid: 42, comm: "VLLM::EngineCor".into(), ending: Ending::Signal(9) };
+        let c = ChildExit { pid: 43, comm: "a b".into(), ending: Ending::Code(3) };
+        for x in [&a, &b, &c] {
+            let tagged = format!("2026-12-03T10:00:00.000Z local/r0 err| {}", x.line());
+            assert_eq!(ChildExit::parse(&tagged).as_ref(), Some(x));
+        }
+        assert_eq!(ChildExit::parse("INFO something else"), None);
+        assert_eq!(
+            describe("exit status: 0", &[a.clone(), b, c]),
+            "exit status: 0; first to die: its child pid 42 (VLLM::EngineCor) killed by signal 9 (SIGKILL)"
+        );
+        assert_eq!(describe("exit status: 0", &[a]), "exit status: 0");
+        assert_eq!(Ending::Code(1).to_string(), "exit code 1");
+    }
+
+    #[test]
+    fn a_killed_child_is_seen_before_it_is_reaped() {
+        // A child of this test process, killed; the watcher reports it while the zombie waits,
+        // and the test's own wait() still gets the status afterwards.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        watch(move |c| {
+            let _ = tx.send(c.clone());
+        });
+        child.kill().unwrap();
+        let seen = loop {
+            let c = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap();
+            if c.pid == pid {
+                break c;
+            }
+        };
+        assert_eq!(seen.ending, Ending::Signal(9));
+        assert_eq!(seen.comm, "sleep");
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9));
+    }
+}

@@ -1,0 +1,184 @@
+//! The `docker` CLI as spark-kit uses it: daemon check, image ids, containers by label, kill.
+//! What the CLI's errors mean is decided by pure functions over its stderr ([`classify`]), so
+//! each failure becomes one line with its fix. The daemon is whatever `docker` talks to
+//! (`DOCKER_HOST`, the default socket).
+
+use std::process::{Command, Output, Stdio};
+
+/// Labels on every container spark-kit starts.
+pub const LABEL_KIT: &str = "spark-kit.kit";
+pub const LABEL_NODE: &str = "spark-kit.node";
+pub const LABEL_RANK: &str = "spark-kit.rank";
+
+/// Why a docker call failed, classified.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DockerError {
+    #[error("docker is not installed on this node (no `docker` command)")]
+    NotInstalled,
+    #[error("the Docker daemon is not running here ({0})")]
+    NoDaemon(String),
+    #[error("no permission to use the Docker daemon's socket ({0})")]
+    Permission(String),
+    #[error("image `{0}` is not on this node")]
+    NoImage(String),
+    #[error("docker {what} failed: {why}")]
+    Failed { what: String, why: String },
+}
+
+impl DockerError {
+    /// The one-line fix.
+    #[must_use]
+    pub fn fix(&self) -> String {
+        match self {
+            Self::NotInstalled => {
+                "install Docker (Debian/Ubuntu: `sudo apt-get install docker.io`), or set engine.runtime=venv".into()
+            }
+            Self::NoDaemon(_) => {
+                "start it (`sudo systemctl start docker`), or point DOCKER_HOST at a running daemon".into()
+            }
+            Self::Permission(_) => {
+                "add your user to the docker group (`sudo usermod -aG docker $USER`, then log in again), or run as root"
+                    .into()
+            }
+            Self::NoImage(i) => format!(
+                "load it on this node (`docker load -i <file>`), or run `spark-kit image sync` to copy it from the head; image: {i}"
+            ),
+            Self::Failed { .. } => "see the message; `docker info` shows the daemon's state".into(),
+        }
+    }
+}
+
+/// What a failed docker call's stderr means. `what` names the call (`info`, `image inspect`).
+#[must_use]
+pub fn classify(what: &str, stderr: &str, image: Option<&str>) -> DockerError {
+    let line = stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("").to_string();
+    let lower = stderr.to_ascii_lowercase();
+    if lower.contains("permission denied") && (lower.contains("docker daemon socket") || lower.contains("docker api")) {
+        DockerError::Permission(line)
+    } else if lower.contains("cannot connect to the docker daemon") || lower.contains("is the docker daemon running") {
+        DockerError::NoDaemon(line)
+    } else if lower.contains("no such image") || lower.contains("no such object") {
+        DockerError::NoImage(image.unwrap_or_default().to_string())
+    } else {
+        DockerError::Failed { what: what.to_string(), why: line }
+    }
+}
+
+/// Run `docker args…`; its stdout, or the classified error.
+pub fn docker(args: &[&str], image: Option<&str>) -> Result<String, DockerError> {
+    let out = run(args)?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        let what = args.iter().take(2).copied().collect::<Vec<_>>().join(" ");
+        Err(classify(&what, &String::from_utf8_lossy(&out.stderr), image))
+    }
+}
+
+fn run(args: &[&str]) -> Result<Output, DockerError> {
+    Command::new("docker").args(args).stdin(Stdio::null()).output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            DockerError::NotInstalled
+        } else {
+            DockerError::Failed { what: args.first().copied().unwrap_or_default().into(), why: e.to_string() }
+        }
+    })
+}
+
+/// The daemon answers (`docker info`); its server version.
+pub fn check_daemon() -> Result<String, DockerError> {
+    docker(&["info", "--format", "{{.ServerVersion}}"], None)
+}
+
+/// The image id of `image` on this node (`sha256:…`), None when it is not there.
+pub fn image_id(image: &str) -> Result<Option<String>, DockerError> {
+    match docker(&["image", "inspect", "--format", "{{.Id}}", image], Some(image)) {
+        Ok(id) => Ok(Some(id)),
+        Err(DockerError::NoImage(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A container as `docker ps` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Listed {
+    pub id: String,
+    pub name: String,
+    pub state: String,
+}
+
+/// `docker ps -a --filter label=KEY=VALUE --format '{{.ID}}\t{{.Names}}\t{{.State}}'` lines.
+#[must_use]
+pub fn parse_ps(text: &str) -> Vec<Listed> {
+    text.lines()
+        .filter_map(|l| {
+            let mut p = l.split('\t');
+            let (id, name) = (p.next()?.trim(), p.next()?.trim());
+            (!id.is_empty()).then(|| Listed { id: id.into(), name: name.into(), state: p.next().unwrap_or("").into() })
+        })
+        .collect()
+}
+
+/// Containers (running or not) labelled `key=value`.
+pub fn containers_labelled(key: &str, value: &str) -> Result<Vec<Listed>, DockerError> {
+    let filter = format!("label={key}={value}");
+    let text =
+        docker(&["ps", "-a", "--no-trunc", "--filter", &filter, "--format", "{{.ID}}\t{{.Names}}\t{{.State}}"], None)?;
+    Ok(parse_ps(&text))
+}
+
+/// State of a container: (full id, host pid of its main process, running).
+pub fn inspect(name: &str) -> Result<Option<(String, i32, bool)>, DockerError> {
+    match docker(&["container", "inspect", "--format", "{{.Id}} {{.State.Pid}} {{.State.Running}}", name], None) {
+        Ok(t) => Ok(parse_inspect(&t)),
+        Err(DockerError::NoImage(_)) => Ok(None),
+        Err(DockerError::Failed { why, .. }) if why.to_ascii_lowercase().contains("no such container") => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `<id> <pid> <running>` → parts.
+#[must_use]
+pub fn parse_inspect(text: &str) -> Option<(String, i32, bool)> {
+    let mut p = text.split_whitespace();
+    Some((p.next()?.to_string(), p.next()?.parse().ok()?, p.next()? == "true"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_named_with_their_fix() {
+        let absent =
+            "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n";
+        assert!(matches!(classify("info", absent, None), DockerError::NoDaemon(l) if l.starts_with("Cannot connect")));
+        let perm = "permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.24/info\": dial unix /var/run/docker.sock: connect: permission denied\n";
+        let e = classify("info", perm, None);
+        assert!(matches!(e, DockerError::Permission(_)));
+        assert!(e.fix().contains("usermod -aG docker"));
+        // Docker 28's wording.
+        let perm28 = "permission denied while trying to connect to the docker API at unix:///var/run/docker.sock";
+        assert!(matches!(classify("info", perm28, None), DockerError::Permission(_)));
+        assert_eq!(
+            classify("image inspect", "Error: No such image: vllm/x:1\n", Some("vllm/x:1")),
+            DockerError::NoImage("vllm/x:1".into())
+        );
+        assert_eq!(
+            classify("image inspect", "Error response from daemon: No such image: vllm/x:1\n", Some("vllm/x:1")),
+            DockerError::NoImage("vllm/x:1".into())
+        );
+        assert!(matches!(classify("run", "\nboom\n", None), DockerError::Failed { why, .. } if why == "boom"));
+        assert!(DockerError::NotInstalled.fix().contains("apt-get install docker.io"));
+    }
+
+    #[test]
+    fn listings() {
+        let ps = "abc\tspark-kit-t-local\trunning\ndef\tother\texited\n\n";
+        assert_eq!(parse_ps(ps).len(), 2);
+        assert_eq!(parse_ps(ps)[1], Listed { id: "def".into(), name: "other".into(), state: "exited".into() });
+        assert_eq!(parse_inspect("abc 1234 true\n"), Some(("abc".into(), 1234, true)));
+        assert_eq!(parse_inspect("abc 0 false"), Some(("abc".into(), 0, false)));
+        assert_eq!(parse_inspect("abc"), None);
+    }
+}

@@ -1,0 +1,342 @@
+//! A real Docker daemon for the tests, started by the tests themselves, and small test images
+//! made offline (no registry, no network).
+//!
+//! - `dockerd` (Debian's docker.io) runs with its own `--data-root`, `--exec-root`, pidfile and
+//!   unix socket under a temp dir, `--storage-driver=vfs --iptables=false --bridge=none`, so it
+//!   touches nothing of the host's Docker; containers use `--network=host`. Without
+//!   `--containerd`, dockerd starts its own containerd under its exec root and stops it on exit.
+//! - One daemon per test binary ([`daemon`]), shared by its tests. It is started from a thread
+//!   that lives as long as the process, with PR_SET_PDEATHSIG, so a killed test run takes the
+//!   daemon (and, as dockerd stops its containers on shutdown, the containers) with it; a normal
+//!   exit removes every container, stops the daemon and deletes its directories (atexit).
+//! - Images are rootfs tarballs built from the host's own files (Debian's dash, coreutils and
+//!   python3, with the shared libraries they load), cached under
+//!   `~/.cache/spark-kit/test-images/<name>-<hash>.tar` keyed by a hash of every input file's path,
+//!   size and mtime, and brought in with `docker import`. vfs copies the whole image for each
+//!   container, so they are kept to a few tens of MB (docs/operations.md, "Docker").
+//!
+//! Skips (with the reason printed) only when not root or docker.io is not installed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A running test daemon.
+pub struct Daemon {
+    /// `unix:///…/docker.sock`: pass as `DOCKER_HOST`.
+    pub host: String,
+    pub dir: PathBuf,
+    pid: i32,
+}
+
+static DAEMON: OnceLock<Result<Daemon, String>> = OnceLock::new();
+static CHILD: Mutex<Option<Child>> = Mutex::new(None);
+
+/// Why docker tests cannot run here (not root, docker.io missing), if they cannot.
+pub fn unavailable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root to start dockerd (CI runs as root)".into());
+    }
+    for b in ["dockerd", "docker", "containerd", "runc"] {
+        if which(b).is_none() {
+            return Some(format!("`{b}` is not installed (apt-get install docker.io; tests/apt-packages.txt)"));
+        }
+    }
+    None
+}
+
+fn which(b: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(b)).find(|p| p.is_file())
+}
+
+/// The binary's shared daemon, started on first use. Err = why it cannot run (a skip reason when
+/// [`unavailable`] says so; otherwise a failure the test must report).
+pub fn daemon() -> Result<&'static Daemon, String> {
+    DAEMON.get_or_init(start).as_ref().map_err(Clone::clone)
+}
+
+fn start() -> Result<Daemon, String> {
+    if let Some(why) = unavailable() {
+        return Err(why);
+    }
+    // A short path: the socket path must fit in sun_path (108 bytes).
+    let dir = PathBuf::from(format!("/tmp/skd-{}", std::process::id()));
+    remove_stale();
+    remove_tree(&dir);
+    for d in ["data", "exec"] {
+        std::fs::create_dir_all(dir.join(d)).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let host = format!("unix://{}/docker.sock", dir.display());
+    let log = std::fs::File::create(dir.join("dockerd.log")).map_err(|e| e.to_string())?;
+    let mut cmd = Command::new("dockerd");
+    cmd.arg(format!("--data-root={}", dir.join("data").display()))
+        .arg(format!("--exec-root={}", dir.join("exec").display()))
+        .arg(format!("--pidfile={}", dir.join("docker.pid").display()))
+        .arg(format!("--host={host}"))
+        .args(["--storage-driver=vfs", "--iptables=false", "--ip6tables=false", "--bridge=none"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    // SAFETY: prctl in the child between fork and exec; async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGTERM);
+            Ok(())
+        });
+    }
+    // PDEATHSIG fires when the spawning *thread* ends: spawn from one that never does.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(cmd.spawn());
+        loop {
+            std::thread::park();
+        }
+    });
+    let child = rx.recv().map_err(|e| e.to_string())?.map_err(|e| format!("cannot start dockerd: {e}"))?;
+    let pid = i32::try_from(child.id()).unwrap_or(0);
+    *CHILD.lock().unwrap() = Some(child);
+    // SAFETY: registering a plain extern "C" fn.
+    unsafe { nix::libc::atexit(stop_at_exit) };
+    let d = Daemon { host, dir, pid };
+    let t = Instant::now();
+    while !d.docker(&["info", "--format", "{{.ServerVersion}}"]).status.success() {
+        if t.elapsed() > Duration::from_secs(60) {
+            let log = std::fs::read_to_string(d.dir.join("dockerd.log")).unwrap_or_default();
+            return Err(format!("dockerd did not answer within 60 s; its log:\n{log}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("test dockerd up in {:.1} s at {}", t.elapsed().as_secs_f64(), d.host);
+    Ok(d)
+}
+
+extern "C" fn stop_at_exit() {
+    if let Some(Ok(d)) = DAEMON.get() {
+        d.remove_all_containers();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.pid), nix::sys::signal::Signal::SIGTERM);
+        if let Ok(mut c) = CHILD.lock() {
+            if let Some(mut c) = c.take() {
+                let _ = c.wait();
+            }
+        }
+        // vfs layers are plain directories; the exec root holds containerd's state and the
+        // bind mount of the default network namespace.
+        remove_tree(&d.dir);
+    }
+}
+
+/// Unmount whatever is mounted under `dir` (dockerd leaves `exec/netns/default`), then remove it.
+fn remove_tree(dir: &Path) {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let prefix = format!("{}/", dir.display());
+    for m in mounts.lines().filter_map(|l| l.split_whitespace().nth(1)).filter(|m| m.starts_with(&prefix)) {
+        if let Ok(c) = std::ffi::CString::new(m) {
+            // SAFETY: a valid NUL-terminated path; umount2 has no other preconditions.
+            unsafe { nix::libc::umount2(c.as_ptr(), nix::libc::MNT_DETACH) };
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Directories of earlier test daemons whose test process is gone (killed runs).
+fn remove_stale() {
+    let Ok(rd) = std::fs::read_dir("/tmp") else { return };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("skd-").and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_tree(&e.path());
+        }
+    }
+}
+
+impl Daemon {
+    /// `docker …` against this daemon.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new("docker");
+        c.env("DOCKER_HOST", &self.host);
+        c
+    }
+
+    pub fn docker(&self, args: &[&str]) -> std::process::Output {
+        self.cmd().args(args).stdin(Stdio::null()).output().expect("run docker")
+    }
+
+    /// `docker …` that must succeed; its trimmed stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.docker(args);
+        assert!(o.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// Ids of every container (running or not).
+    pub fn containers(&self) -> Vec<String> {
+        self.ok(&["ps", "-aq", "--no-trunc"]).lines().map(str::to_string).collect()
+    }
+
+    pub fn remove_all_containers(&self) {
+        let ids = self.containers();
+        if !ids.is_empty() {
+            let mut args = vec!["rm", "-f"];
+            args.extend(ids.iter().map(String::as_str));
+            let _ = self.docker(&args);
+        }
+    }
+
+    /// The image `name` (`repo:tag`) imported from `image`'s rootfs; its image id.
+    /// `label` makes a distinct image id from the same files (for mismatch tests).
+    pub fn import(&self, image: &TestImage, name: &str, label: Option<&str>) -> String {
+        let tar = image.tarball();
+        let mut args = vec!["import".to_string()];
+        if let Some(l) = label {
+            args.extend(["--change".to_string(), format!("LABEL spark-kit.test={l}")]);
+        }
+        args.extend([tar.display().to_string(), name.to_string()]);
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ok(&refs);
+        self.image_id(name).expect("imported image has an id")
+    }
+
+    pub fn image_id(&self, name: &str) -> Option<String> {
+        let o = self.docker(&["image", "inspect", "--format", "{{.Id}}", name]);
+        o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    }
+}
+
+/// A test image: a rootfs of host files.
+pub struct TestImage {
+    pub name: &'static str,
+    /// Executables to copy with the shared libraries they need.
+    pub binaries: &'static [&'static str],
+    /// Directories copied whole (minus `exclude`).
+    pub trees: &'static [&'static str],
+    pub exclude: &'static [&'static str],
+}
+
+/// dash, a few coreutils and Debian's python3 with its standard library (no tests, no IDLE):
+/// enough for shell and Python payloads (memory hogs, sleepers).
+pub const BASE: TestImage = TestImage {
+    name: "base",
+    binaries: &[
+        "/bin/sh",
+        "/bin/dash",
+        "/bin/sleep",
+        "/bin/cat",
+        "/bin/head",
+        "/bin/tail",
+        "/bin/true",
+        "/bin/ls",
+        "/bin/echo",
+        "/usr/bin/python3.11",
+    ],
+    trees: &["/usr/lib/python3.11"],
+    exclude: &[
+        "test",
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "ensurepip",
+        "lib2to3",
+        "__pycache__",
+        "dist-packages",
+        "pydoc_data",
+    ],
+};
+
+impl TestImage {
+    fn files(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for b in self.binaries {
+            out.push(PathBuf::from(b));
+            out.extend(libraries(Path::new(b)));
+        }
+        for t in self.trees {
+            walk(Path::new(t), self.exclude, &mut out);
+        }
+        // Python's extension modules load their own libraries (libssl, libz, libffi, …).
+        let so: Vec<PathBuf> = out.iter().filter(|p| p.extension().is_some_and(|e| e == "so")).cloned().collect();
+        for s in so {
+            out.extend(libraries(&s));
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The cached rootfs tarball, built when its inputs changed.
+    pub fn tarball(&self) -> PathBuf {
+        let files = self.files();
+        let mut h = sha2::Sha256::new();
+        use sha2::Digest;
+        h.update(b"spark-kit test image v1\0");
+        for f in &files {
+            let m = std::fs::metadata(f).unwrap();
+            let mtime =
+                m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+            h.update(format!("{}\0{}\0{}\0", f.display(), m.len(), mtime.as_nanos()).as_bytes());
+        }
+        let key: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+        let cache =
+            std::env::var("SPARK_KIT_CACHE").map_or_else(|_| Path::new(&home).join(".cache/spark-kit"), PathBuf::from);
+        let dir = cache.join("test-images");
+        let tar = dir.join(format!("{}-{key}.tar", self.name));
+        if tar.is_file() {
+            return tar;
+        }
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = tempfile::tempdir().unwrap();
+        for f in &files {
+            let dest = root.path().join(f.strip_prefix("/").unwrap());
+            std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+            // Follow links: the image gets the files, whatever the host's link layout.
+            std::fs::copy(f, &dest).unwrap();
+        }
+        for d in ["proc", "sys", "dev", "tmp", "etc"] {
+            std::fs::create_dir_all(root.path().join(d)).unwrap();
+        }
+        std::fs::write(root.path().join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("python3.11", root.path().join("usr/bin/python3")).unwrap();
+        let part = dir.join(format!(".{}-{key}.tar.part", self.name));
+        let st = Command::new("tar")
+            .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "-C"])
+            .arg(root.path())
+            .args(["-cf"])
+            .arg(&part)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(st.success(), "tar of the test rootfs failed");
+        std::fs::rename(&part, &tar).unwrap();
+        tar
+    }
+}
+
+fn walk(dir: &Path, exclude: &[&str], out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        if exclude.iter().any(|x| name == *x) {
+            continue;
+        }
+        match e.file_type() {
+            Ok(t) if t.is_dir() => walk(&p, exclude, out),
+            Ok(_) if p.is_file() => out.push(p),
+            _ => {}
+        }
+    }
+}
+
+/// The shared libraries `bin` loads, per `ldd` (absolute paths, the loader included).
+fn libraries(bin: &Path) -> Vec<PathBuf> {
+    let Ok(o) = Command::new("ldd").arg(bin).output() else { return Vec::new() };
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .collect()
+}
