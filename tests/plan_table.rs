@@ -101,3 +101,25 @@ fn docs_show_the_replay_table() {
         }
     }
 }
+
+#[test]
+fn the_pool_fix_works_as_printed() {
+    // The warning's `--set engine.kv_cache_bytes=…` for a 3.5 GiB pool (no prompt safe), applied
+    // as printed, gives a plan whose max_model_len prefill is safe.
+    use spark_kit::plan::plan;
+    let mut input = modelled();
+    input.kv_cache_bytes = 3584 * 1024 * 1024;
+    let p = plan(&input);
+    let w = p.warnings.iter().find(|w| w.message.contains("600000-token prefill")).unwrap();
+    assert!(!w.fix.contains("max_model_len to 0"), "{}", w.fix);
+    assert!(w.fix.contains("(no prompt is safe with this pool)"), "{}", w.fix);
+    let set = w.fix.split("`--set ").nth(1).unwrap().split('`').next().unwrap();
+    let (key, value) = set.split_once('=').unwrap();
+    assert_eq!(key, "engine.kv_cache_bytes");
+    let mib: u64 = value.strip_suffix("MiB").unwrap().parse().unwrap();
+    input.kv_cache_bytes = mib * 1024 * 1024;
+    let p = plan(&input);
+    let pre = p.nodes[0].prefill.as_ref().unwrap();
+    assert!(pre.floor_at_max_model_len >= pre.required_floor, "{value}: {pre:?}");
+    assert_eq!(pre.safe_max_prompt, 600_000, "{value}");
+}

@@ -96,7 +96,11 @@ fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
     let o = spark(&["plan", "--kv-cache-bytes", "3GiB", "--set", "memory.os_reserve=12GiB"]);
     let out = text(&o.stdout);
     assert!(out.contains("warning: spark-1: a 600000-token prefill is predicted"), "{out}");
-    assert!(out.contains("  fix: lower engine.max_model_len to"), "{out}");
+    assert!(out.contains("no prompt length is safe"), "{out}");
+    assert!(
+        out.contains("  fix: shrink engine.kv_cache_bytes by") && out.contains("`--set engine.kv_cache_bytes="),
+        "{out}"
+    );
     // Issue 21 item 1: the exact command of the report. The reference's 3 GiB pool died at ~470k
     // of a 600k prompt: the plan must not call 470k safe (it said 600000 before).
     let o = spark(&["plan", "--set", "engine.kv_cache_bytes=3GiB", "--json"]);
@@ -105,6 +109,15 @@ fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
         let safe = n["prefill"]["safe_max_prompt"].as_u64().unwrap();
         assert!(safe < 470_000, "{safe}");
     }
+    // The printed pool fix, run as printed, leaves no prefill warning.
+    let o = spark(&["plan", "--set", "engine.kv_cache_bytes=3.5GiB"]);
+    let out = text(&o.stdout);
+    let fix = out.lines().find(|l| l.contains("`--set engine.kv_cache_bytes=")).unwrap_or_else(|| panic!("{out}"));
+    let set = fix.split("`--set ").nth(1).unwrap().split('`').next().unwrap().to_string();
+    let o = spark(&["plan", "--set", &set]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(!out.contains("-token prefill is predicted"), "{set}: {out}");
     let o = spark(&["plan", "--kit", "tiny-cpu"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("hint: run `spark-kit download`, or pass --model DIR"), "{}", text(&o.stderr));

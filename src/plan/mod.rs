@@ -530,7 +530,7 @@ fn node_warnings(
         out.push(Warning {
             node,
             message: format!(
-                "a {}-token prefill is predicted to take MemAvailable down to {}{}, below {} ({why}); prompts are safe up to {} tokens",
+                "a {}-token prefill is predicted to take MemAvailable down to {}{}, below {} ({why}); {}",
                 input.max_model_len,
                 fmt_gib_i(p.floor_at_max_model_len),
                 if input.weights_band > 0 {
@@ -542,14 +542,32 @@ fn node_warnings(
                     String::new()
                 },
                 fmt_gib_i(p.required_floor),
-                p.safe_max_prompt
+                if p.safe_max_prompt > 0 {
+                    format!("prompts are safe up to {} tokens", p.safe_max_prompt)
+                } else {
+                    "no prompt length is safe with this pool".to_string()
+                }
             ),
-            fix: format!(
-                "lower engine.max_model_len to {}, or shrink engine.kv_cache_bytes by {} (each 0.5 GiB less raises the floor ~1 GiB){}",
-                p.safe_max_prompt,
-                fmt_gib(pool_cut),
-                if p.limited_by == PromptLimit::GuardHardFloor { ", or lower memory.guard.hard_floor" } else { "" }
-            ),
+            fix: {
+                let guard = if p.limited_by == PromptLimit::GuardHardFloor {
+                    ", or lower memory.guard.hard_floor"
+                } else {
+                    ""
+                };
+                let pool = match input.kv_cache_bytes.checked_sub(pool_cut).filter(|b| *b >= MIB) {
+                    Some(left) => format!(
+                        "shrink engine.kv_cache_bytes by {} (`--set engine.kv_cache_bytes={}MiB`; each 0.5 GiB less raises the floor ~1 GiB)",
+                        fmt_gib(pool_cut),
+                        left / MIB
+                    ),
+                    None => "free memory on the node: even a KV pool of 1 MiB leaves the floor too low".to_string(),
+                };
+                if p.safe_max_prompt > 0 {
+                    format!("lower engine.max_model_len to {}, or {pool}{guard}", p.safe_max_prompt)
+                } else {
+                    format!("{pool}{guard} (no prompt is safe with this pool)")
+                }
+            },
         });
     }
 }

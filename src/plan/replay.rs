@@ -103,3 +103,55 @@ pub fn markdown(title: &str, base: &PlanInput, replays: &[Replayed]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{NodeInput, PlanInput};
+
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    fn input(weights_gib: f64, band_gib: f64) -> PlanInput {
+        let b = |g: f64| (g * GIB as f64) as u64;
+        PlanInput {
+            weights_per_rank: b(weights_gib),
+            weights_source: "test".into(),
+            weights_band: b(band_gib),
+            tensor_parallel_size: 2,
+            nodes: ["a", "b"]
+                .iter()
+                .map(|n| NodeInput {
+                    name: (*n).into(),
+                    memory_total: Some(b(121.7)),
+                    memory_source: "test".into(),
+                    mem_available: None,
+                })
+                .collect(),
+            kv_cache_bytes: b(2.5),
+            kv_bytes_per_token: 0.0,
+            kv_bytes_source: "test".into(),
+            block_size: 64,
+            max_model_len: 600_000,
+            runtime_overhead: b(6.0),
+            os_reserve: b(9.0),
+            boot_margin: b(12.0),
+            guard_hard_floor: None,
+        }
+    }
+
+    #[test]
+    fn the_old_underestimate_approved_the_dead_run_and_the_band_refuses_it() {
+        // 97.81 GiB/rank (the one-block model, no band): every row approved, the dead one too.
+        let old = replay(&input(97.81, 0.0));
+        assert!(old.iter().all(|r| r.approved), "{old:#?}");
+        // The measured 99.5: only the live rows.
+        let m = replay(&input(99.5, 0.0));
+        assert_eq!(m.iter().map(|r| r.approved).collect::<Vec<_>>(), [true, true, false, false]);
+        // A band moves the verdict to the pessimistic end; the central floor is unchanged.
+        let banded = replay(&input(99.5, 0.5));
+        assert!((banded[1].floor_central_gib - m[1].floor_gib).abs() < 1e-6);
+        assert!((m[1].floor_gib - banded[1].floor_gib - 0.5).abs() < 1e-6);
+        assert!(!banded[1].approved);
+        let md = markdown("t", &input(99.5, 0.5), &banded);
+        assert!(md.contains("| 3.0 GiB | 470k | died |") && md.contains("refuses"), "{md}");
+    }
+}
