@@ -4,6 +4,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::admission::Limits;
+use crate::kit::schema::Kit;
+use crate::plan::Plan;
 
 /// Everything the gateway needs to run.
 #[derive(Debug, Clone)]
@@ -72,6 +74,17 @@ impl GatewayConfig {
             drain_timeout: Duration::from_secs(30),
             limits,
         }
+    }
+
+    /// The gateway of a kit: clients on `engine.host:engine.port`, the engine on
+    /// `127.0.0.1:engine_port`, `engine.max_num_seqs` slots, the plan's limits, `keys` as read
+    /// from `engine.api_keys`. Validated.
+    pub fn from_kit(kit: &Kit, plan: &Plan, keys: Vec<String>, engine_port: u16) -> Result<Self, ConfigError> {
+        let bind = bind_addr(&kit.engine.host, kit.engine.port)?;
+        let slots = usize::try_from(kit.engine.max_num_seqs).unwrap_or(usize::MAX);
+        let cfg = Self::new(bind, format!("http://127.0.0.1:{engine_port}"), keys, slots, Limits::from_plan(plan));
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     /// Refuse settings that would expose the engine or cannot work.
