@@ -356,3 +356,28 @@ async fn keys_body_cap_and_open_health() {
     let r = c.post(format!("{}/v1/nope", g.url)).bearer_auth("sk-right").send().await.unwrap();
     assert_eq!(r.status(), 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_when_the_drain_begins_gets_503_not_the_engine() {
+    let (up, seen) = upstream().await;
+    let mut g = gateway(&up, |c| {
+        c.max_in_flight = 1;
+        c.queue_len = 1;
+    })
+    .await;
+    let mut body = chat_body(2, 4);
+    body["interval_ms"] = json!(100);
+    let (u, b) = (g.url.clone(), body.clone());
+    let first = tokio::spawn(async move { send_chat(&u, &b).await.text().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (u, b) = (g.url.clone(), body.clone());
+    let queued = tokio::spawn(async move { send_chat(&u, &b).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(g.gw.queued(), 1);
+    g.stop.take().unwrap().send(()).unwrap();
+    assert!(first.await.unwrap().ends_with("data: [DONE]\n\n"), "the in-flight stream completed");
+    let r = queued.await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(seen.chat.load(Ordering::SeqCst), 1, "the queued request reached the engine");
+    assert_eq!(g.done.await.unwrap().unwrap(), DrainOutcome::Idle);
+}

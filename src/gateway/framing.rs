@@ -5,6 +5,10 @@
 //! upstream never leaves half an event at the client; the gateway then appends
 //! [`terminal_error`] — an `{"error": …}` event and `data: [DONE]`.
 
+/// Held bytes of one unfinished event beyond which they are passed on anyway (a stream that is
+/// not SSE-conformant must not grow the gateway's memory without bound).
+pub const MAX_PENDING: usize = 1 << 20;
+
 /// Splits arriving bytes at SSE event boundaries.
 #[derive(Debug, Default)]
 pub struct Aligner {
@@ -41,6 +45,7 @@ impl Aligner {
                 let rest = self.pending.split_off(n);
                 std::mem::replace(&mut self.pending, rest)
             }
+            None if self.pending.len() > MAX_PENDING => std::mem::take(&mut self.pending),
             None => Vec::new(),
         }
     }
@@ -85,6 +90,15 @@ mod tests {
         assert_eq!(a.feed(b"\ndata: 2"), b"data: {\"a\":1}\n\n");
         assert_eq!(a.pending(), b"data: 2");
         assert_eq!(a.feed(b"\r\n\r\n"), b"data: 2\r\n\r\n");
+    }
+
+    #[test]
+    fn an_endless_event_is_passed_on_past_the_cap() {
+        let mut a = Aligner::new();
+        let big = vec![b'x'; MAX_PENDING];
+        assert!(a.feed(&big).is_empty());
+        assert_eq!(a.feed(b"y").len(), MAX_PENDING + 1);
+        assert!(a.pending().is_empty());
     }
 
     #[test]

@@ -216,8 +216,9 @@ async fn tokenize(gw: &Gateway, req: &Value) -> Result<u64, Response> {
         .ok_or_else(|| unavailable(gw, "its /tokenize answer has no count"))
 }
 
+/// A slot, or 429; a request that got its slot from the queue after the drain began gets 503.
 async fn take_slot(gw: &Arc<Gateway>) -> Result<InFlight, Response> {
-    gw.slot().await.map_err(|why| {
+    let slot = gw.slot().await.map_err(|why| {
         gw.metrics.refused("queue_full");
         let n = gw.cfg.max_in_flight;
         let how = match why {
@@ -226,7 +227,12 @@ async fn take_slot(gw: &Arc<Gateway>) -> Result<InFlight, Response> {
         };
         let msg = format!("{how}: retry after the Retry-After seconds");
         error(StatusCode::TOO_MANY_REQUESTS, &msg, "rate_limit_error", "queue_full", Some(gw.cfg.retry_after_s))
-    })
+    })?;
+    if gw.engine_state() != EngineState::Ready {
+        drop(slot);
+        return Err(unavailable(gw, "it stopped while the request was queued"));
+    }
+    Ok(slot)
 }
 
 async fn forward(
