@@ -30,6 +30,11 @@ fn unknown_commit_is_a_missing_revision_and_exit_2() {
         assert!(e.contains(&format!("error: revision `{UNKNOWN}` not found in {MODEL}")), "{d:?}: {e}");
         assert!(e.contains("hint: ") && e.contains("model.revision"), "{d:?}: {e}");
         assert!(!e.contains("has no file"), "{d:?}: {e}");
+        // The hint's example, as printed.
+        let example = e.split("(e.g. ").nth(1).and_then(|t| t.split(')').next()).unwrap_or_else(|| panic!("{e}"));
+        assert_eq!(example, "--set model.revision=main");
+        let args: Vec<&str> = example.split(' ').collect();
+        s.download_ok(&args);
     }
 }
 

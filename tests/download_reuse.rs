@@ -63,8 +63,19 @@ fn verify_repair_moves_the_bad_blob_aside_and_fetches_it_again() {
     let out = s.cmd(&["verify"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let e = text(&out.stderr);
-    assert!(e.contains("spark-kit verify --repair"), "the fix is not offered: {e}");
-    let out = s.cmd(&["verify", "--repair"]).output().unwrap();
+    // The hint's command, run as printed.
+    let hint = e.lines().find(|l| l.starts_with("hint: ")).unwrap_or_else(|| panic!("no hint: {e}"));
+    let printed = hint.split('`').nth(1).unwrap_or_else(|| panic!("no command in {hint}"));
+    assert_eq!(printed, format!("spark-kit verify --repair --kit {}", s.kit.display()), "{hint}");
+    let args: Vec<&str> = printed.split(' ').skip(1).collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spark-kit"))
+        .args(&args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", s.dir.path())
+        .env("HF_ENDPOINT", &s.hub.endpoint)
+        .output()
+        .unwrap();
     let (o, e) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{o}\n{e}");
     let aside = blob.with_file_name(format!("{}.spark-bad", f.sha256));
@@ -74,4 +85,22 @@ fn verify_repair_moves_the_bad_blob_aside_and_fetches_it_again() {
     s.assert_model_complete();
     let out = s.cmd(&["verify"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stdout));
+}
+
+#[test]
+fn verify_repair_of_an_engram_shard_rebuilds_the_slim_directory() {
+    use fake_hub::harness::{engram_files, ENGRAM};
+    let s = Setup::new(Some(engram_files(false)));
+    s.download_ok(&[]);
+    let shard = engram_files(false).into_iter().find(|f| f.path == "model-00047-of-00048.safetensors").unwrap();
+    let blob = s.repo_dir(ENGRAM).join("blobs").join(&shard.sha256);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    let slim = s.dir.path().join("engram/model-00047-of-00048.safetensors");
+    assert!(std::fs::read(&slim).unwrap() != shard.content_bytes(), "the slim dir is a hardlink of the blob");
+    let out = s.cmd(&["verify", "--repair"]).output().unwrap();
+    assert!(out.status.success(), "{}\n{}", text(&out.stdout), text(&out.stderr));
+    assert!(std::fs::read(&slim).unwrap() == shard.content_bytes(), "the slim dir still holds the bad bytes");
+    assert!(s.cmd(&["verify"]).output().unwrap().status.success());
 }

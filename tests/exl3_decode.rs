@@ -167,9 +167,9 @@ fn rust_equals_python_on_random_packs() {
 
 #[test]
 fn real_checkpoint_head_reproduces_exllamav3() {
-    let Some((_tmp, dir)) = common_ckpt::real_fixture() else { return };
+    let Some((tmp, dir)) = common_ckpt::real_fixture() else { return };
     let ckpt = Checkpoint::open(&dir.join("model.safetensors")).unwrap();
-    let truth = Checkpoint::open(&dir.join("ground_truth_weights.safetensors")).unwrap();
+    let truth = Checkpoint::open(&common_ckpt::real_fixture_truth(tmp.path())).unwrap();
     let (dims, ours) = decode(&ckpt, "lm_head", Codebook::Mul1);
     assert_eq!((dims.rows(), dims.cols(), dims.bits.k()), (256, 1024, 6.0));
     let (suh, svh) = (u16s(&ckpt, "lm_head.suh"), u16s(&ckpt, "lm_head.svh"));

@@ -340,6 +340,25 @@ def test_hook_not_installed_without_the_class(monkeypatch):
     hook.register()
 
 
+def test_hook_refuses_a_missing_class_for_an_engram_kit(tmp_path, monkeypatch):
+    """SPARK_ENGRAM_DIR set (an Engram kit) but no class to patch: the stock in-memory table would
+    load (tens of GiB a layer), so register() raises, naming the class and the vLLM version."""
+    monkeypatch.setattr("spark_overlay.plugin.installed_vllm_version", lambda: "0.1.dev20904+g179dd0fa9")
+    monkeypatch.setenv("SPARK_ENGRAM_DIR", str(tmp_path))
+    monkeypatch.delitem(sys.modules, hook.MODULE, raising=False)
+    with pytest.raises(hook.EngramHookError) as err:
+        hook.register()
+    msg = str(err.value)
+    assert f"{hook.MODULE}.{hook.CLASS}" in msg and "vLLM 0.1.dev20904+g179dd0fa9" in msg, msg
+    assert "SPARK_ENGRAM=off" in msg, msg
+    # The module exists but the class was renamed.
+    monkeypatch.setitem(sys.modules, hook.MODULE, types.ModuleType(hook.MODULE))
+    with pytest.raises(hook.EngramHookError, match=hook.CLASS):
+        hook.register()
+    monkeypatch.setenv("SPARK_ENGRAM", "off")
+    hook.register()  # disabled on purpose: the stock table is what was asked for
+
+
 def test_hook_refuses_missing_dir_and_wrong_packed_range(engram_dir, tmp_path, fake_vllm, monkeypatch):
     d, g, rows = engram_dir
     hook.register()

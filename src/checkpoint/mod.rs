@@ -5,10 +5,15 @@
 //! so they run the same on a real download and on the modelled DeepSeek V4.1 Flash shape.
 
 pub mod budget;
+mod claims;
 pub mod decode_check;
+pub mod dsv41;
 pub mod exl3_audit;
 pub mod exl3_decode;
+pub mod finding;
+pub mod k_map;
 pub mod names;
+mod packed_check;
 pub mod quant_ledger;
 pub mod safetensors;
 pub mod tensor_data;
@@ -66,6 +71,15 @@ impl Tensor {
     }
 }
 
+/// What else a checkpoint directory holds, for the audit's claims check (`claims`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Folder {
+    /// `model.safetensors.index.json` and the tensors its `weight_map` names, when there is one.
+    pub index: Option<(PathBuf, BTreeSet<String>)>,
+    /// `*.safetensors` files of the directory that were not read as shards.
+    pub strays: Vec<PathBuf>,
+}
+
 /// All tensors of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
@@ -73,6 +87,8 @@ pub struct Checkpoint {
     pub shards: Vec<Shard>,
     /// Sorted by name.
     pub tensors: Vec<Tensor>,
+    /// The directory's index and stray files (`None` for one file or a virtual checkpoint).
+    pub folder: Option<Folder>,
     /// For virtual checkpoints: the 4 bytes each codebook marker would hold.
     recorded_markers: HashMap<String, [u8; 4]>,
 }
@@ -121,11 +137,12 @@ impl Checkpoint {
     /// # Errors
     /// Unreadable files, malformed headers, a broken index, a tensor in two shards.
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
-        let (dir, files, index) = if path.is_file() {
-            (path.parent().map(Path::to_path_buf).unwrap_or_default(), vec![path.to_path_buf()], None)
+        let (dir, files, index, strays) = if path.is_file() {
+            (path.parent().map(Path::to_path_buf).unwrap_or_default(), vec![path.to_path_buf()], None, None)
         } else {
             let (files, index) = shard_files(path)?;
-            (path.to_path_buf(), files, index)
+            let strays = all_safetensors(path)?.into_iter().filter(|p| !files.contains(p)).collect();
+            (path.to_path_buf(), files, index, Some(strays))
         };
         let mut shards = Vec::with_capacity(files.len());
         let mut tensors = Vec::new();
@@ -146,10 +163,12 @@ impl Checkpoint {
                 end: t.end,
             }));
         }
-        let ckpt = Self::assemble(Origin::Files { dir }, shards, tensors, HashMap::new())?;
-        if let Some(index) = index {
-            ckpt.check_index(&index)?;
+        let mut ckpt = Self::assemble(Origin::Files { dir }, shards, tensors, HashMap::new())?;
+        if let Some(index) = &index {
+            ckpt.check_index(index)?;
         }
+        ckpt.folder =
+            strays.map(|strays| Folder { index: index.map(|i| (i.path, i.weight_map.into_keys().collect())), strays });
         Ok(ckpt)
     }
 
@@ -199,7 +218,7 @@ impl Checkpoint {
                 second: path(&w[1]),
             });
         }
-        Ok(Self { origin, shards, tensors, recorded_markers })
+        Ok(Self { origin, shards, tensors, folder: None, recorded_markers })
     }
 
     /// Look a tensor up by name.
@@ -296,15 +315,7 @@ fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<Index>), CheckpointEr
     if single.is_file() {
         return Ok((vec![single], None));
     }
-    let io = |source| CheckpointError::Io { path: dir.to_path_buf(), source };
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(io)? {
-        let path = entry.map_err(io)?.path();
-        if path.extension().is_some_and(|e| e == "safetensors") && path.is_file() {
-            all.push(path);
-        }
-    }
-    all.sort();
+    let all = all_safetensors(dir)?;
     let model: Vec<PathBuf> = all
         .iter()
         .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("model-")))
@@ -315,6 +326,20 @@ fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<Index>), CheckpointEr
         return Err(CheckpointError::NoShards { dir: dir.to_path_buf() });
     }
     Ok((files, None))
+}
+
+/// Every `*.safetensors` file of `dir`, sorted.
+fn all_safetensors(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    let io = |source| CheckpointError::Io { path: dir.to_path_buf(), source };
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.extension().is_some_and(|e| e == "safetensors") && path.is_file() {
+            all.push(path);
+        }
+    }
+    all.sort();
+    Ok(all)
 }
 
 /// Shards named by `model.safetensors.index.json`'s `weight_map`.

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::exl3_audit::{Codebook, Finding, Severity};
+use super::finding::{Codebook, Finding, Severity};
 use super::safetensors::Dtype;
 use super::Checkpoint;
 

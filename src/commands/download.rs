@@ -6,7 +6,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::hub_output::{hub_failure, rate, reporter, run_download};
-use super::verify::size;
 use super::{io_failure, load, Context};
 use crate::cli::{DownloadArgs, Only};
 use crate::dirs::Dirs;
@@ -16,6 +15,7 @@ use crate::hub::kit_files::{kit_hf_cache, lock_path};
 use crate::hub::lockfile::LockFile;
 use crate::hub::retry::Backoff;
 use crate::hub::run::{EngramTarget, RepoRequest, Request, Summary, Want};
+use crate::kit::bytes::human_size as size;
 use crate::kit::bytes::{ByteSize, KIB};
 use crate::kit::schema::{Kit, ModelSource};
 
@@ -78,7 +78,7 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if args.idle_timeout == 0 || args.retries == 0 {
         return Err(Failure::usage("--idle-timeout and --retries must be at least 1"));
     }
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let resolved = load::resolve_for(&args.kit, &ctx.env, crate::kit::validate::MODEL_ONLY)?;
     let kit = &resolved.kit;
     let dirs = Dirs::from_env(&ctx.env);
     let repos = requests(kit, args.only, &dirs)?;

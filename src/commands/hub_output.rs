@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::verify::size;
 use crate::dirs::Dirs;
 use crate::error::Failure;
 use crate::hub::api::HubClient;
@@ -16,6 +15,7 @@ use crate::hub::auth::find_token;
 use crate::hub::report::{Reporter, Silent};
 use crate::hub::run::{download, Request, Summary};
 use crate::hub::{endpoint, HubError};
+use crate::kit::bytes::human_size as size;
 
 /// Seconds between plain progress lines when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(5);

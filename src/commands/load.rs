@@ -30,9 +30,18 @@ pub fn flag_overrides(args: &KitArgs) -> Result<Vec<Override>, Failure> {
 
 /// Resolve the kit named by `args` (or the default kit).
 pub fn resolve(args: &KitArgs, env: &[(String, String)]) -> Result<Resolved, Failure> {
+    resolve_for(args, env, &kit::validate::Part::ALL)
+}
+
+/// [`resolve`], validating only the parts of the kit the command uses.
+pub fn resolve_for(
+    args: &KitArgs,
+    env: &[(String, String)],
+    parts: &[kit::validate::Part],
+) -> Result<Resolved, Failure> {
     let flags = flag_overrides(args)?;
     let src = kit::source(args.kit.as_deref()).map_err(kit_failure)?;
-    kit::resolve(src, env, &flags).map_err(kit_failure)
+    kit::resolve_for(src, env, &flags, parts).map_err(kit_failure)
 }
 
 /// Every kit error is a configuration error (exit code 2).

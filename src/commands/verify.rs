@@ -5,19 +5,15 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::{io_failure, load, Context};
-use crate::checkpoint::exl3_audit::{audit, AuditOptions, AuditReport, Severity};
+use crate::checkpoint::exl3_audit::{audit, AuditOptions};
 use crate::checkpoint::virtual_ckpt::{deepseek_v41_flash_exl3, DeepSeekV41Dims};
 use crate::checkpoint::Checkpoint;
 use crate::cli::VerifyArgs;
 use crate::error::Failure;
-use crate::kit::bytes::{GIB, KIB, MIB};
 use crate::kit::schema::Kit;
 
-/// Findings printed in the human report before "… and N more".
-const MAX_FINDINGS_SHOWN: usize = 40;
-
 /// Whether the kit serves the checkpoint the virtual model describes.
-fn is_dsv41_flash_exl3(kit: &Kit) -> bool {
+pub(super) fn is_dsv41_flash_exl3(kit: &Kit) -> bool {
     kit.model.repo.to_ascii_lowercase().contains("deepseek-v4.1-flash-exl3")
 }
 
@@ -74,24 +70,14 @@ pub(super) fn checkpoint_in(
     }
 }
 
-/// `812.0 KiB`, `3.4 MiB`, `182.571 GiB`.
-#[allow(clippy::cast_precision_loss)]
-pub(super) fn size(bytes: u64) -> String {
-    let b = bytes as f64;
-    if bytes >= GIB {
-        format!("{:.3} GiB", b / GIB as f64)
-    } else if bytes >= MIB {
-        format!("{:.1} MiB", b / MIB as f64)
-    } else {
-        format!("{:.1} KiB", b / KIB as f64)
-    }
-}
+/// `812.0 KiB`, `3.4 MiB`, `182.571 GiB` (kept here for the commands that use it from verify).
+pub(super) use crate::kit::bytes::human_size as size;
 
 pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if !args.structure && !args.decode {
         return lock_check(args, ctx);
     }
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let resolved = load::resolve_for(&args.kit, &ctx.env, crate::kit::validate::MODEL_ONLY)?;
     let kit = &resolved.kit;
     let (ckpt, label) = checkpoint_in(kit, &ctx.env, args.model.as_ref(), args.r#virtual, false)?;
     let report =
@@ -102,7 +88,7 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
     } else {
-        human(&report, &label)
+        super::audit_text::human(&report, &label)
     };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     match report.errors() {
@@ -112,78 +98,11 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
 }
 
-pub(super) fn human(r: &AuditReport, label: &str) -> String {
-    let mut s = String::new();
-    let _ = writeln!(s, "{label}: {} shards, {} tensors, {}", r.shards, r.tensors, size(r.total_bytes));
-    let codebooks: Vec<String> = r.codebooks.iter().map(|(c, n)| format!("{} {n}", c.name())).collect();
-    let _ = writeln!(
-        s,
-        "packed matrices {}, native tensors {}, codebooks: {}{}",
-        r.packed_matrices,
-        r.native_tensors,
-        if codebooks.is_empty() { "none".to_string() } else { codebooks.join(", ") },
-        if r.markers_checked { "" } else { " (marker bytes not checked)" }
-    );
-    let _ = writeln!(
-        s,
-        "\n{:<15} {:>7} {:>7} {:>12} {:>6} {:>8}  K",
-        "CLASS", "PACKED", "NATIVE", "SIZE", "BPW", "EFF.BPW"
-    );
-    for c in &r.classes {
-        let ks: Vec<String> = c.k_counts.iter().map(|(k, n)| format!("{k}:{n}")).collect();
-        let (bpw, eff) = if c.packed_matrices > 0 {
-            (format!("{:.3}", c.bpw), format!("{:.3}", c.effective_bpw))
-        } else {
-            ("-".into(), "-".into())
-        };
-        let line = format!(
-            "{:<15} {:>7} {:>7} {:>12} {:>6} {:>8}  {}",
-            c.class.name(),
-            c.packed_matrices,
-            c.native_tensors,
-            size(c.bytes),
-            bpw,
-            eff,
-            ks.join(" ")
-        );
-        let _ = writeln!(s, "{}", line.trim_end());
-    }
-    if !r.k_map_disagreements.is_empty() {
-        let _ = writeln!(s, "\nK map disagreements (the trellis wins, as at load):");
-        for d in &r.k_map_disagreements {
-            let layer = d.layer.map(|l| format!(" layer {l}")).unwrap_or_default();
-            let _ = writeln!(
-                s,
-                "  {}{layer}: k_map `{}` = {}, trellis K = {} ({} matrices, e.g. `{}`)",
-                d.class.name(),
-                d.key,
-                d.expected,
-                d.trellis,
-                d.matrices,
-                d.example
-            );
-        }
-    }
-    if r.findings.is_empty() {
-        let _ = writeln!(s, "\nno structural problems");
-    } else {
-        let _ = writeln!(s);
-        for f in r.findings.iter().take(MAX_FINDINGS_SHOWN) {
-            let sev = if f.severity == Severity::Error { "error" } else { "warning" };
-            let _ = writeln!(s, "{sev}: {}", f.message);
-        }
-        if r.findings.len() > MAX_FINDINGS_SHOWN {
-            let _ = writeln!(s, "… and {} more (see --json)", r.findings.len() - MAX_FINDINGS_SHOWN);
-        }
-    }
-    s
-}
-
 /// `verify` / `verify --fast`: every file of the kit's `spark-kit.lock` — present, right size,
 /// and (unless `--fast`) right SHA-256 — hashed in parallel without flooding the page cache.
 fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     use crate::hub::verify::{verify, Status};
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
+    let resolved = load::resolve_for(&args.kit, &ctx.env, crate::kit::validate::MODEL_ONLY)?;
     let kit = &resolved.kit;
     let dirs = crate::dirs::Dirs::from_env(&ctx.env);
     let lock = crate::hub::kit_files::lock_path(kit, &dirs);
@@ -254,7 +173,7 @@ fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if args.repair {
         let bad: Vec<&crate::hub::lockfile::LockEntry> =
             lf.files.iter().filter(|e| bad.iter().any(|c| c.repo == e.repo && c.path == e.path)).collect();
-        return repair(&bad, &cache, threads, &dirs, ctx);
+        return repair(kit, &bad, &cache, threads, &dirs, ctx);
     }
     let kit_flag = args.kit.kit.as_deref().map(|k| format!(" --kit {k}")).unwrap_or_default();
     Err(Failure::runtime(format!("{} of {} files failed verification ({mode})", bad.len(), results.len())).with_hint(
@@ -265,6 +184,7 @@ fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 /// `verify --repair`: move each bad blob aside, fetch exactly those files again at their locked
 /// commit, and check them once more.
 fn repair(
+    kit: &Kit,
     bad: &[&crate::hub::lockfile::LockEntry],
     cache: &std::path::Path,
     threads: usize,
@@ -278,9 +198,21 @@ fn repair(
             writeln!(ctx.out, "moved {} aside to {}", blob.display(), aside.display()).map_err(|e| io_failure(&e))?;
         }
     }
+    let mut repos = requests(bad);
+    // The slim Engram directory hardlinks the shards' blobs: a repaired shard is a new inode, so
+    // the directory is rebuilt from the kit's Engram files (the good ones are cached).
+    for r in &mut repos {
+        if let Some(e) = kit.engram.as_ref().filter(|e| e.repo == r.repo) {
+            r.want = crate::hub::run::Want::Only(e.files.clone());
+            r.engram = Some(crate::hub::run::EngramTarget {
+                dir: dirs.expand(&kit.paths.engram_dir),
+                layers: e.layers.clone(),
+            });
+        }
+    }
     let req = Request {
         hf_cache: cache.to_path_buf(),
-        repos: requests(bad),
+        repos,
         opts: crate::hub::fetch::Options::default(),
         dry_run: false,
         verify_cached: false,

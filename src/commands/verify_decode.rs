@@ -6,12 +6,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::io_failure;
-use super::verify::size;
 use crate::checkpoint::decode_check::{decode_check, DecodeOptions, DecodeReport};
 use crate::checkpoint::exl3_audit::{num_hidden_layers, AuditReport};
 use crate::checkpoint::{Checkpoint, Origin};
 use crate::cli::VerifyArgs;
 use crate::error::Failure;
+use crate::kit::bytes::human_size as size;
 
 /// Findings printed in the human report before "… and N more".
 const MAX_SHOWN: usize = 40;
@@ -65,7 +65,7 @@ pub(super) fn run(
         v["decode"] = d;
         serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?
     } else {
-        format!("{}\n\n{}", super::verify::human(audit, label).trim_end(), human(&report, seconds))
+        format!("{}\n\n{}", super::audit_text::human(audit, label).trim_end(), human(&report, seconds))
     };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let structural = audit.errors();

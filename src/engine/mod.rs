@@ -7,6 +7,7 @@ pub mod child_exit;
 pub mod docker;
 pub mod dockerctl;
 pub mod embed;
+pub mod image_sync;
 pub mod log_watch;
 pub mod model;
 pub mod overlay;

@@ -14,6 +14,19 @@ use super::plan::PlannedFile;
 /// The index every sharded safetensors checkpoint has.
 pub const INDEX: &str = "model.safetensors.index.json";
 
+/// Why the embed-only index cannot be made from the Engram repo's index.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlimError {
+    #[error("{INDEX} has no `*.engram.embed.weight` / `*.engram.embed.scale` tensors")]
+    NoEmbedTensors,
+    #[error(
+        "tensor `{tensor}` lives in `{file}`, which is not among the fetched shards ({shards}); add it to engram.files"
+    )]
+    OutsideShards { tensor: String, file: String, shards: String },
+    #[error("engram.layers lists layer {layer}, but {INDEX} has no Engram embed tensor for it")]
+    LayerMissing { layer: u32 },
+}
+
 /// What was built.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SlimReport {
@@ -30,26 +43,30 @@ fn is_embed(key: &str) -> bool {
 
 /// The embed-only weight map: every Engram embed tensor must live in one of `shards`, and every
 /// layer in `layers` must have one. Pure.
+///
+/// # Errors
+/// [`SlimError`] naming the tensor, shard or layer.
 pub fn slim_weight_map(
     weight_map: &BTreeMap<String, String>,
     shards: &BTreeSet<&str>,
     layers: &[u32],
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, SlimError> {
     let slim: BTreeMap<String, String> =
         weight_map.iter().filter(|(k, _)| is_embed(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
     if slim.is_empty() {
-        return Err(format!("{INDEX} has no `*.engram.embed.weight` / `*.engram.embed.scale` tensors"));
+        return Err(SlimError::NoEmbedTensors);
     }
     if let Some((k, v)) = slim.iter().find(|(_, v)| !shards.contains(v.as_str())) {
-        return Err(format!(
-            "tensor `{k}` lives in `{v}`, which is not among the fetched shards ({}); add it to engram.files",
-            shards.iter().copied().collect::<Vec<_>>().join(", ")
-        ));
+        return Err(SlimError::OutsideShards {
+            tensor: k.clone(),
+            file: v.clone(),
+            shards: shards.iter().copied().collect::<Vec<_>>().join(", "),
+        });
     }
-    for l in layers {
-        let tag = format!("layers.{l}.");
+    for &layer in layers {
+        let tag = format!("layers.{layer}.");
         if !slim.keys().any(|k| k.starts_with(&tag) || k.contains(&format!(".{tag}"))) {
-            return Err(format!("engram.layers lists layer {l}, but {INDEX} has no Engram embed tensor for it"));
+            return Err(SlimError::LayerMissing { layer });
         }
     }
     Ok(slim)
@@ -75,10 +92,10 @@ pub fn build_slim(
     struct Index {
         weight_map: BTreeMap<String, String>,
     }
-    let idx: Index =
-        serde_json::from_slice(&text).map_err(|e| HubError::Engram(format!("{}: {INDEX}: {e}", cache.repo)))?;
+    let idx: Index = serde_json::from_slice(&text)
+        .map_err(|source| HubError::Json { what: format!("{}: {INDEX}", cache.repo), source })?;
     let slim = slim_weight_map(&idx.weight_map, &shards, layers)
-        .map_err(|e| HubError::Engram(format!("{}: {e}", cache.repo)))?;
+        .map_err(|source| HubError::Slim { repo: cache.repo.clone(), source })?;
 
     let parent = out.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(parent).map_err(|e| HubError::io(parent, e))?;
@@ -105,7 +122,8 @@ pub fn build_slim(
         "metadata": { "total_size": total, "source_repo": cache.repo, "source_commit": commit, "made_by": "spark-kit download (embed-only)" },
         "weight_map": slim,
     });
-    let bytes = serde_json::to_vec_pretty(&index_json).map_err(|e| HubError::Engram(e.to_string()))?;
+    let bytes = serde_json::to_vec_pretty(&index_json)
+        .map_err(|source| HubError::Json { what: format!("{}: the slim {INDEX}", cache.repo), source })?;
     fs::write(tmp.join(INDEX), bytes).map_err(|e| HubError::io(tmp.join(INDEX), e))?;
     let old = parent.join(format!(".{name}.spark-old-{}", std::process::id()));
     if out.exists() {
@@ -140,8 +158,10 @@ mod tests {
         let shards: BTreeSet<&str> = ["s47", "s48"].into_iter().collect();
         let slim = slim_weight_map(&wm, &shards, &[1, 14]).unwrap();
         assert_eq!(slim.len(), 3);
-        assert!(slim_weight_map(&wm, &shards, &[1, 2]).unwrap_err().contains("layer 2"));
+        assert_eq!(slim_weight_map(&wm, &shards, &[1, 2]).unwrap_err(), SlimError::LayerMissing { layer: 2 });
         let one: BTreeSet<&str> = ["s47"].into_iter().collect();
-        assert!(slim_weight_map(&wm, &one, &[1]).unwrap_err().contains("`s48`"));
+        let e = slim_weight_map(&wm, &one, &[1]).unwrap_err();
+        assert!(matches!(&e, SlimError::OutsideShards { file, .. } if file == "s48"), "{e}");
+        assert!(e.to_string().contains("`s48`"));
     }
 }

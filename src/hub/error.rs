@@ -24,8 +24,13 @@ pub enum HubError {
         /// The kit key naming the revision (`model.revision`), once known.
         key: Option<String>,
     },
-    #[error("cannot reach HF_ENDPOINT={endpoint}: {reason}")]
-    Unreachable { endpoint: String, reason: String },
+    #[error("cannot reach {}: {reason}", if *.default { format!("the Hub at {endpoint} (HF_ENDPOINT is not set)") } else { format!("HF_ENDPOINT={endpoint}") })]
+    Unreachable {
+        endpoint: String,
+        reason: String,
+        /// The public Hub because `HF_ENDPOINT` is not set.
+        default: bool,
+    },
     #[error("{repo} at {commit} has no file {path}")]
     EntryNotFound { repo: String, commit: String, path: String },
     #[error("{what}: HTTP {status}{message}")]
@@ -54,6 +59,28 @@ pub enum HubError {
     Kit(String),
     #[error("{0}")]
     Engram(String),
+    #[error("{repo}: {source}")]
+    Slim {
+        repo: String,
+        #[source]
+        source: super::engram::SlimError,
+    },
+    #[error("{what}: {source}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: not a spark-kit lock file: {source}", path.display())]
+    BadLock {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: lock file version {found} (expected {expected})", path.display())]
+    LockVersion { path: PathBuf, found: u32, expected: u32 },
+    #[error("internal: {0}")]
+    Internal(&'static str),
 }
 
 impl HubError {
@@ -80,7 +107,12 @@ impl HubError {
     pub fn is_config(&self) -> bool {
         matches!(
             self,
-            Self::Kit(_) | Self::BadEndpoint { .. } | Self::RevisionNotFound { .. } | Self::RepoNotFound { .. }
+            Self::Kit(_)
+                | Self::BadLock { .. }
+                | Self::LockVersion { .. }
+                | Self::BadEndpoint { .. }
+                | Self::RevisionNotFound { .. }
+                | Self::RepoNotFound { .. }
         )
     }
 
@@ -107,7 +139,12 @@ impl HubError {
                 key.as_deref().unwrap_or("model.revision / engram.revision"),
                 key.as_deref().unwrap_or("model.revision")
             ),
-            Self::Unreachable { .. } => "check the address and the network (or proxy); unset HF_ENDPOINT to use https://huggingface.co".into(),
+            Self::Unreachable { default: true, .. } => {
+                "check the network connection and proxy (HTTPS_PROXY); or set HF_ENDPOINT to a reachable mirror".into()
+            }
+            Self::Unreachable { .. } => {
+                "check the address and the network (or proxy); unset HF_ENDPOINT to use https://huggingface.co".into()
+            }
             Self::EntryNotFound { .. } => {
                 "the repo changed or the kit names a file it does not have; fix the kit's files list".into()
             }
@@ -131,9 +168,36 @@ impl HubError {
             Self::Busy { .. } => "wait for the other download to finish (or stop it), then rerun".into(),
             Self::BadEndpoint { .. } => "set HF_ENDPOINT to a URL such as https://huggingface.co, or unset it".into(),
             Self::Kit(_) => "fix the kit (spark-kit kit show) or pin the revision the kit was written for".into(),
-            Self::Engram(_) => {
+            Self::Engram(_) | Self::Slim { .. } => {
                 "check engram.files and engram.layers against the repo's model.safetensors.index.json".into()
             }
+            Self::Json { .. } | Self::Internal(_) => return None,
+            Self::BadLock { .. } | Self::LockVersion { .. } => {
+                "rerun `spark-kit download`: it rewrites the lock file from the cache".into()
+            }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_names_the_endpoint_and_whether_it_was_set() {
+        let set = HubError::Unreachable { endpoint: "http://m:1".into(), reason: "refused".into(), default: false };
+        assert_eq!(set.to_string(), "cannot reach HF_ENDPOINT=http://m:1: refused");
+        assert!(set.hint().is_some_and(|h| h.contains("unset HF_ENDPOINT")));
+        let default = HubError::Unreachable {
+            endpoint: crate::hub::DEFAULT_ENDPOINT.into(),
+            reason: "no DNS".into(),
+            default: true,
+        };
+        assert_eq!(
+            default.to_string(),
+            "cannot reach the Hub at https://huggingface.co (HF_ENDPOINT is not set): no DNS"
+        );
+        assert!(default.hint().is_some_and(|h| h.contains("set HF_ENDPOINT to a reachable mirror")));
+        assert!(!default.is_config() && !set.is_config());
     }
 }

@@ -37,15 +37,10 @@ impl LockFile {
     /// Read the lock file; a missing one is an error naming the command that writes it.
     pub fn load(path: &Path) -> Result<Self, HubError> {
         let text = fs::read(path).map_err(|e| HubError::io(path, e))?;
-        let lf: Self = serde_json::from_slice(&text)
-            .map_err(|e| HubError::Kit(format!("{}: not a spark-kit lock file: {e}", path.display())))?;
+        let lf: Self =
+            serde_json::from_slice(&text).map_err(|source| HubError::BadLock { path: path.to_path_buf(), source })?;
         if lf.version != Self::VERSION {
-            return Err(HubError::Kit(format!(
-                "{}: lock file version {} (expected {})",
-                path.display(),
-                lf.version,
-                Self::VERSION
-            )));
+            return Err(HubError::LockVersion { path: path.to_path_buf(), found: lf.version, expected: Self::VERSION });
         }
         Ok(lf)
     }
@@ -63,7 +58,8 @@ impl LockFile {
             fs::create_dir_all(p).map_err(|e| HubError::io(p, e))?;
         }
         let tmp = path.with_extension("lock.tmp");
-        let mut text = serde_json::to_vec_pretty(self).map_err(|e| HubError::Kit(e.to_string()))?;
+        let mut text = serde_json::to_vec_pretty(self)
+            .map_err(|source| HubError::Json { what: path.display().to_string(), source })?;
         text.push(b'\n');
         let mut f = fs::File::create(&tmp).map_err(|e| HubError::io(&tmp, e))?;
         f.write_all(&text).and_then(|()| f.sync_all()).map_err(|e| HubError::io(&tmp, e))?;

@@ -88,6 +88,20 @@ impl FromStr for ByteSize {
     }
 }
 
+/// `812.0 KiB`, `3.4 MiB`, `182.571 GiB`: a size for people (progress lines, summaries).
+#[must_use]
+#[allow(clippy::cast_precision_loss)]
+pub fn human_size(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes >= GIB {
+        format!("{:.3} GiB", b / GIB as f64)
+    } else if bytes >= MIB {
+        format!("{:.1} MiB", b / MIB as f64)
+    } else {
+        format!("{:.1} KiB", b / KIB as f64)
+    }
+}
+
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         human(self.0, f)

@@ -95,6 +95,16 @@ pub struct Resolved {
 /// `env` is the process environment as pairs (only `SPARK_KIT_*` entries are used);
 /// `flags` are the command line's overrides, highest precedence, in order.
 pub fn resolve(src: KitSource, env: &[(String, String)], flags: &[Override]) -> Result<Resolved, KitError> {
+    resolve_for(src, env, flags, &validate::Part::ALL)
+}
+
+/// [`resolve`], validating only `parts` of the kit (what the command at hand uses).
+pub fn resolve_for(
+    src: KitSource,
+    env: &[(String, String)],
+    flags: &[Override],
+    parts: &[validate::Part],
+) -> Result<Resolved, KitError> {
     let shape = shape::kit_shape()?;
     let defaults = serde_yaml::to_value(Kit::default()).map_err(|e| KitError::Invalid(vec![internal(&e)]))?;
     let mut layered = Layered::new(defaults);
@@ -151,7 +161,7 @@ pub fn resolve(src: KitSource, env: &[(String, String)], flags: &[Override]) -> 
         )])
     })?;
 
-    let findings = validate::validate(&kit);
+    let findings = validate::validate_parts(&kit, parts);
     if !findings.is_empty() {
         let problems =
             findings.into_iter().map(|f| Problem::new(layered.locate(&f.key), f.key, f.message, f.fix)).collect();

@@ -1,10 +1,42 @@
-//! Semantic checks of an effective kit. Pure: returns (key, what is wrong, fix) triples; the
-//! loader attaches the origin of each key.
+//! Semantic checks of an effective kit. Pure: returns (key, what is wrong, fix) triples, each
+//! tagged with the part of the kit it is about; the loader attaches the origin of each key. A
+//! command validates only the parts it uses ([`Part::commands`] says which command needs what).
 
 use std::collections::BTreeSet;
 
 use super::bytes::MIB;
 use super::schema::{Kit, ModelSource, Role, Runtime, SpecMethod, Transport, WeightSync};
+
+/// A part of the kit, validated by the commands that use it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// `model`, `engram`: what to download and check.
+    Model,
+    /// `nodes`, `tensor_parallel_size`: where it runs.
+    Nodes,
+    /// `engine`: the vLLM engine and its venv or image.
+    Engine,
+    /// `memory`: the memory guard.
+    Memory,
+}
+
+impl Part {
+    pub const ALL: [Part; 4] = [Part::Model, Part::Nodes, Part::Engine, Part::Memory];
+
+    /// The commands that need this part valid.
+    #[must_use]
+    pub const fn commands(self) -> &'static str {
+        match self {
+            Part::Model => "download, verify, plan, preflight, up, restart",
+            Part::Nodes => "plan, preflight, up, restart, pack-engram",
+            Part::Engine => "setup, plan, preflight, up, restart",
+            Part::Memory => "guard, plan, preflight, up, restart",
+        }
+    }
+}
+
+/// What `download` and `verify` use.
+pub const MODEL_ONLY: &[Part] = &[Part::Model];
 
 /// One semantic problem before its origin is known.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,10 +44,12 @@ pub struct Finding {
     pub key: String,
     pub message: String,
     pub fix: String,
+    pub part: Part,
 }
 
 fn finding(key: impl Into<String>, message: impl Into<String>, fix: impl Into<String>) -> Finding {
-    Finding { key: key.into(), message: message.into(), fix: fix.into() }
+    // The part is set by `validate_parts` for the whole section.
+    Finding { key: key.into(), message: message.into(), fix: fix.into(), part: Part::Model }
 }
 
 fn range(out: &mut Vec<Finding>, key: &str, v: u64, lo: u64, hi: u64) {
@@ -31,11 +65,26 @@ fn range(out: &mut Vec<Finding>, key: &str, v: u64, lo: u64, hi: u64) {
 /// Every problem of the kit, in schema order.
 #[must_use]
 pub fn validate(kit: &Kit) -> Vec<Finding> {
+    validate_parts(kit, &Part::ALL)
+}
+
+/// The checks of one part of the kit.
+type Section = fn(&Kit, &mut Vec<Finding>);
+
+/// The problems of the given parts of the kit, in schema order.
+#[must_use]
+pub fn validate_parts(kit: &Kit, parts: &[Part]) -> Vec<Finding> {
+    let sections: [(Part, Section); 4] =
+        [(Part::Model, model), (Part::Nodes, nodes), (Part::Engine, engine), (Part::Memory, memory)];
     let mut out = Vec::new();
-    model(kit, &mut out);
-    nodes(kit, &mut out);
-    engine(kit, &mut out);
-    memory(kit, &mut out);
+    for (part, check) in sections {
+        if !parts.contains(&part) {
+            continue;
+        }
+        let mut found = Vec::new();
+        check(kit, &mut found);
+        out.extend(found.into_iter().map(|f| Finding { part, ..f }));
+    }
     out
 }
 

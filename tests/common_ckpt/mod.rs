@@ -249,5 +249,13 @@ pub fn real_fixture() -> Option<(tempfile::TempDir, PathBuf)> {
     let ok = std::process::Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(tmp.path()).status().unwrap();
     assert!(ok.success(), "cannot extract {}", archive.display());
     let dir = tmp.path().join("shared-b3-exl3");
+    // exllamav3's reconstruction of the head is a test artefact, not part of the model: vLLM would
+    // load it from the model folder (and the audit flags it there). It lives beside the folder.
+    std::fs::rename(dir.join("ground_truth_weights.safetensors"), real_fixture_truth(tmp.path())).unwrap();
     Some((tmp, dir))
+}
+
+/// Where [`real_fixture`] keeps exllamav3's reconstructed weights (`ground_truth_weights.safetensors`).
+pub fn real_fixture_truth(tmp: &Path) -> PathBuf {
+    tmp.join("ground_truth_weights.safetensors")
 }

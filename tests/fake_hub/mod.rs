@@ -4,6 +4,7 @@
 //! read from files. Scripted faults and per-range counters let tests prove client behaviour.
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
+mod cdn;
 pub mod harness;
 mod model;
 mod serve;

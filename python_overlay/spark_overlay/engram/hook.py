@@ -394,14 +394,26 @@ def find_class():
 
 
 def register() -> None:
-    """Plugin provider: install the hook when the class exists (fail closed on drift)."""
+    """Plugin provider: install the hook when the class exists (fail closed on drift).
+
+    Without the class (a vLLM with no DeepSeek V4.1 Engram) nothing is patched — unless this is an
+    Engram kit (``SPARK_ENGRAM_DIR`` set): then the stock in-memory table would load, tens of GiB a
+    layer, so it raises, naming the class and the vLLM version.
+    """
     if os.environ.get("SPARK_ENGRAM", "").lower() in ("0", "off", "false"):
         logger.info("Engram file-backed rows disabled by SPARK_ENGRAM=%s", os.environ["SPARK_ENGRAM"])
         return
-    cls = find_class()
-    if cls is None:
-        return
     from spark_overlay.plugin import installed_vllm_version
 
+    cls = find_class()
+    if cls is None:
+        if os.environ.get("SPARK_ENGRAM_DIR"):
+            raise EngramHookError(
+                f"vLLM {installed_vllm_version()} has no {MODULE}.{CLASS}, the class the file-backed Engram "
+                "hook patches, but SPARK_ENGRAM_DIR is set (an Engram kit). Refusing to start: vLLM would load "
+                "its stock in-memory table instead, tens of GiB a layer. Use the vLLM the kit names, or set "
+                "SPARK_ENGRAM=off to run the stock table."
+            )
+        return
     check_signatures(cls, installed_vllm_version())
     install(cls)

@@ -32,10 +32,7 @@ async fn next_job(sh: &Arc<Shared>) -> Result<Option<RangeJob>, HubError> {
         let pick = match below_share {
             Some(i) => i,
             None if !q.files.is_empty() && sh.downloading.load(Ordering::SeqCst) < FILES_IN_FLIGHT => {
-                let (f, r) = q
-                    .files
-                    .pop_front()
-                    .ok_or_else(|| HubError::Kit("internal: the file queue emptied while locked".into()))?;
+                let (f, r) = q.files.pop_front().ok_or(HubError::Internal("the file queue emptied while locked"))?;
                 open_file(sh, f, r, &mut q)?;
                 continue;
             }
