@@ -138,6 +138,15 @@ async fn gateway(upstream: &str, tweak: impl FnOnce(&mut GatewayConfig)) -> Gw {
     Gw { url: format!("http://{addr}"), gw, stop: Some(tx), done }
 }
 
+/// Wait (up to 10 s) until `f` holds: the tests order requests by the gateway's own counts.
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
@@ -219,10 +228,10 @@ async fn beyond_slots_and_queue_is_429_with_retry_after() {
     body["interval_ms"] = json!(100);
     let (u, b) = (g.url.clone(), body.clone());
     let first = tokio::spawn(async move { send_chat(&u, &b).await.text().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until("the first request holds the slot", || g.gw.in_flight() == 1).await;
     let (u, b) = (g.url.clone(), body.clone());
     let second = tokio::spawn(async move { send_chat(&u, &b).await.text().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until("the second request is queued", || g.gw.queued() == 1).await;
     assert_eq!((g.gw.in_flight(), g.gw.queued()), (1, 1));
     let third = send_chat(&g.url, &body).await;
     assert_eq!(third.status(), 429);
@@ -369,11 +378,10 @@ async fn a_request_queued_when_the_drain_begins_gets_503_not_the_engine() {
     body["interval_ms"] = json!(100);
     let (u, b) = (g.url.clone(), body.clone());
     let first = tokio::spawn(async move { send_chat(&u, &b).await.text().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until("the first request holds the slot", || g.gw.in_flight() == 1).await;
     let (u, b) = (g.url.clone(), body.clone());
     let queued = tokio::spawn(async move { send_chat(&u, &b).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(g.gw.queued(), 1);
+    until("the second request is queued", || g.gw.queued() == 1).await;
     g.stop.take().unwrap().send(()).unwrap();
     assert!(first.await.unwrap().ends_with("data: [DONE]\n\n"), "the in-flight stream completed");
     let r = queued.await.unwrap();

@@ -4,6 +4,7 @@
 pub mod argv;
 pub mod boot_phase;
 pub mod child_exit;
+pub mod container;
 pub mod docker;
 pub mod dockerctl;
 pub mod embed;
