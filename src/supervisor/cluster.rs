@@ -44,6 +44,9 @@ pub struct NodeStatus {
     pub quiet_s: f64,
     pub healthy: Option<bool>,
     pub tokens_per_s: Option<f64>,
+    /// While booting: the engine's phase, from its log (`loading weights: shard 3/39`).
+    #[serde(default)]
+    pub phase: Option<String>,
     pub last_error: Option<String>,
 }
 
@@ -503,10 +506,14 @@ impl Sup<'_> {
                     n.engine_alive = true;
                     n.engine_log = Some(log);
                     n.last_error = None;
+                    n.phase = None;
                 });
             }
             Event::Ready { seconds } => {
                 self.rep.line(&format!("    {name}: /health answered 200 after {seconds:.1} s"));
+                if let Ok(mut s) = self.h.snapshot.lock() {
+                    s.nodes.iter_mut().for_each(|n| n.phase = None);
+                }
                 return vec![Input::HeadReady];
             }
             Event::Exited { status, log_tail } => {
@@ -541,6 +548,11 @@ impl Sup<'_> {
                 self.with_node(i, |n| n.last_error = Some(message.clone()));
                 if self.engines_started && matches!(state, State::Starting) {
                     return vec![Input::StartFailed { node: name, why: message }];
+                }
+            }
+            Event::Boot { phase } => {
+                if !self.h.snapshot.lock().is_ok_and(|s| matches!(s.state, State::Ready | State::Degraded)) {
+                    self.with_node(i, |n| n.phase = Some(phase));
                 }
             }
             Event::Files { .. } | Event::Facts { .. } => {}
