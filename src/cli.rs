@@ -61,6 +61,9 @@ pub enum Command {
     Preflight(PreflightArgs),
     /// Run the memory guard standalone next to an engine (the node agent runs it in-process).
     Guard(GuardArgs),
+    /// The docker runtime's engine image (`engine.docker_image`) on every node.
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Measure an OpenAI-compatible endpoint: TTFT, decode (per stream, aggregate), prefill; JSON, plot, receipt.
     Bench(BenchArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -68,6 +71,21 @@ pub enum Command {
         /// The shell to generate for.
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Copy the head's image to every worker whose image id differs (docker save → resumable rsync → docker load; no registry).
+    Sync(ImageSyncArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImageSyncArgs {
+    /// Print what happened per node as JSON ([{node, action, image_id}]).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub kit: KitArgs,
 }
 
 #[derive(Debug, Subcommand)]

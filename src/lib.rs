@@ -14,6 +14,7 @@ pub mod dirs;
 pub mod engine;
 pub mod engram;
 pub mod error;
+pub mod gateway;
 pub mod hints;
 pub mod hub;
 pub mod kit;

@@ -225,7 +225,7 @@ fn decode_repeats_run_waves_back_to_back_and_the_table_pools_them() {
     // The table pools each level's waves into one line.
     assert!(o.stdout.contains("3 waves per level"), "{}", o.stdout);
     let rows: Vec<&str> =
-        o.stdout.lines().skip_while(|l| !l.starts_with("DECODE")).skip(2).take_while(|l| !l.is_empty()).collect();
+        o.stdout.lines().skip_while(|l| !l.starts_with("DECODE")).skip(3).take_while(|l| !l.is_empty()).collect();
     assert_eq!(rows.len(), 2, "one row per level: {rows:?}");
     assert!(rows[1].trim_start().starts_with('2'), "{rows:?}");
 
@@ -424,4 +424,62 @@ fn kit_supplies_url_model_and_receipt_hash() {
     assert_eq!(r["receipt"]["kit"]["name"], "tiny-cpu");
     assert_eq!(r["receipt"]["kit"]["sha256"].as_str().unwrap().len(), 64);
     assert_eq!(schema_errors(&r), Vec::<String>::new());
+}
+
+#[test]
+fn plot_and_progress_say_n_what_each_rate_divides_and_where_it_ran() {
+    // Issue 21 item 10: the plot title names kit, host and versions; every point says its n;
+    // the prefill progress line prints no decode rate.
+    let srv = FakeServer::start(Script::default());
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("r.svg");
+    let json = dir.path().join("r.json");
+    let o = bench(
+        &[
+            "--url",
+            &srv.url,
+            "--concurrency",
+            "1",
+            "--decode-tokens",
+            "16",
+            "--decode-prompt-tokens",
+            "32",
+            "--prefill",
+            "500,1000",
+            "--prefill-repeats",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(o.code, 0, "stderr: {}", o.stderr);
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let host = r["receipt"]["host"]["hostname"].as_str().unwrap_or("unknown").to_string();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).unwrap();
+    let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+    let all = texts.join("\n");
+    let title = texts.iter().find(|t| t.contains("fake-model · kit ")).unwrap_or_else(|| panic!("{all}"));
+    assert!(title.contains("kit none (--url)"), "{title}");
+    assert!(title.contains(&format!("host {host}")), "{title}");
+    assert!(title.contains(&format!("spark-kit {}", env!("CARGO_PKG_VERSION"))), "{title}");
+    assert!(title.contains("server vLLM 0.0.0-fake"), "{title}");
+    assert!(all.contains("n=1"), "decode point without its n: {all}");
+    assert!(all.contains("n=2/2"), "prefill point without its n: {all}");
+    assert!(all.contains("(prompt − cached) / (TTFT − overhead)"), "{all}");
+    assert!(all.contains("(completion tokens − 1) / (last − first token)"), "{all}");
+    // Progress: decode lines say which rate; prefill lines carry none.
+    let lines: Vec<&str> = o.stderr.lines().filter(|l| l.trim_start().starts_with("prefill ")).collect();
+    assert!(!lines.is_empty(), "{}", o.stderr);
+    assert!(lines.iter().all(|l| !l.contains("tok/s")), "{lines:#?}");
+    assert!(
+        o.stderr.lines().any(|l| l.contains("decode c=1:") && l.contains("decode ") && l.contains("tok/s/stream")),
+        "{}",
+        o.stderr
+    );
+    // The table shows n for both phases.
+    assert!(o.stdout.contains(" 2/2 "), "{}", o.stdout);
 }

@@ -260,3 +260,34 @@ fn a_cpu_kit_skips_the_gpu_checks() {
     assert_check(&r, "local", "memory", Verdict::Warn, "weights per rank unknown");
     assert_check(&r, "local", "ports", Verdict::Pass, "API port 8000 is free");
 }
+
+#[test]
+fn an_absent_fabric_address_names_the_key_it_came_from() {
+    // Issue 21 item 6: the head's fabric interface is up but carries no IPv4, so the master port
+    // (bound on nodes[].fabric.ipv4) cannot be checked; the fix names that key, not engine.host.
+    let r = preflight(&kit_2x(), "fabric-address-absent", Some("gb10-healthy-worker"));
+    assert_check(&r, "spark-1", "ipv4", Verdict::Fail, "does not carry the kit's address 192.168.100.10");
+    let master = r
+        .checks
+        .iter()
+        .find(|c| c.node == "spark-1" && c.id == "ports" && c.message.contains("master"))
+        .unwrap_or_else(|| panic!("{:#?}", r.checks));
+    assert_eq!(master.verdict, Verdict::Fail);
+    assert!(master.message.contains("Cannot assign requested address"), "{}", master.message);
+    let fix = master.fix.as_deref().unwrap();
+    assert!(fix.contains("nodes[].fabric.ipv4 (192.168.100.10)"), "{fix}");
+    assert!(fix.contains("`ip addr add 192.168.100.10/24 dev enp1s0f1np1`"), "{fix}");
+    assert!(!fix.contains("engine.host"), "{fix}");
+    // The API port binds engine.host (127.0.0.1 in the kit): checked normally.
+    assert!(r.checks.iter().any(|c| c.node == "spark-1" && c.id == "ports" && c.verdict == Verdict::Pass));
+}
+
+#[test]
+fn the_firewall_is_not_checked_on_a_failed_link() {
+    // Issue 21 item 6: rules for an interface that is down say nothing about the link.
+    let r = preflight(&kit_2x(), "link-down", Some("gb10-healthy-worker"));
+    assert_check(&r, "spark-1", "link", Verdict::Fail, "is down");
+    assert_check(&r, "spark-1", "firewall", Verdict::Skip, "not checked: the link check of enp1s0f1np1 failed");
+    // A healthy link still gets its firewall check.
+    assert_check(&r, "spark-2", "firewall", Verdict::Pass, "nothing blocks");
+}

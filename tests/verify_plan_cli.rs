@@ -78,20 +78,46 @@ fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
     let o = spark(&["plan", "--json"]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(json["kv"]["tokens"], 774_400);
+    // KV bytes per token derived from the shapes (the kit sets none).
+    assert_eq!(json["kv"]["tokens"], 764_736);
+    assert_eq!(json["kv"]["bytes_per_token"], 3510.0);
     assert_eq!(json["nodes"].as_array().unwrap().len(), 2);
     assert!(json["weights_source"].as_str().unwrap().contains("virtual DeepSeek V4.1 Flash"));
+    // Modelled shapes carry a ±0.5 % band.
+    let (w, band) = (json["weights_per_rank"].as_u64().unwrap(), json["weights_band"].as_u64().unwrap());
+    assert_eq!(band, w / 1000 * 5);
     let assumptions = json["assumptions"].as_array().unwrap();
-    let hidden = assumptions.iter().find(|a| a["name"] == "virtual checkpoint: hidden size").unwrap();
-    assert_eq!(
-        (hidden["value"].as_str(), hidden["source"].as_str()),
-        (Some("5120"), Some("reference-kit.md C.3 (H=5120)"))
-    );
+    let hidden = assumptions.iter().find(|a| a["name"] == "virtual checkpoint: hidden × layers × vocab").unwrap();
+    assert_eq!(hidden["value"].as_str(), Some("5120 × 40 × 129280"));
+    assert!(assumptions.iter().any(|a| a["name"] == "weights: vision"));
+    assert!(assumptions.iter().any(|a| a["name"] == "KV model check"
+        && a["value"].as_str().unwrap().contains("(-1.25 % vs the reference's 774400)")));
     assert!(assumptions.iter().all(|a| !a["source"].as_str().unwrap().is_empty()));
     let o = spark(&["plan", "--kv-cache-bytes", "3GiB", "--set", "memory.os_reserve=12GiB"]);
     let out = text(&o.stdout);
     assert!(out.contains("warning: spark-1: a 600000-token prefill is predicted"), "{out}");
-    assert!(out.contains("  fix: lower engine.max_model_len to"), "{out}");
+    assert!(out.contains("no prompt length is safe"), "{out}");
+    assert!(
+        out.contains("  fix: shrink engine.kv_cache_bytes by") && out.contains("`--set engine.kv_cache_bytes="),
+        "{out}"
+    );
+    // Issue 21 item 1: the exact command of the report. The reference's 3 GiB pool died at ~470k
+    // of a 600k prompt: the plan must not call 470k safe (it said 600000 before).
+    let o = spark(&["plan", "--set", "engine.kv_cache_bytes=3GiB", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for n in json["nodes"].as_array().unwrap() {
+        let safe = n["prefill"]["safe_max_prompt"].as_u64().unwrap();
+        assert!(safe < 470_000, "{safe}");
+    }
+    // The printed pool fix, run as printed, leaves no prefill warning.
+    let o = spark(&["plan", "--set", "engine.kv_cache_bytes=3.5GiB"]);
+    let out = text(&o.stdout);
+    let fix = out.lines().find(|l| l.contains("`--set engine.kv_cache_bytes=")).unwrap_or_else(|| panic!("{out}"));
+    let set = fix.split("`--set ").nth(1).unwrap().split('`').next().unwrap().to_string();
+    let o = spark(&["plan", "--set", &set]);
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(!out.contains("-token prefill is predicted"), "{set}: {out}");
     let o = spark(&["plan", "--kit", "tiny-cpu"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o.stderr).contains("hint: run `spark-kit download`, or pass --model DIR"), "{}", text(&o.stderr));

@@ -5,7 +5,7 @@
 use std::io::{BufRead, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::guard::{self, HostedGuard};
@@ -15,6 +15,7 @@ use super::runtime::{self, check_port, LaunchEnv, UpReporter};
 use crate::cluster::protocol::{decode, encode, Command, Event, VERSION};
 use crate::dirs::Dirs;
 use crate::engine::endpoint::{api_key, probe_host};
+use crate::engine::log_watch::LogWatch;
 use crate::engine::process::{Engine, LineSink};
 use crate::engine::venv::SetupReporter;
 use crate::kit::schema::{Kit, Role};
@@ -60,6 +61,8 @@ impl UpReporter for PhaseEvents<'_> {
 
 struct Running {
     engine: Engine,
+    /// Boot phase and child exits read from the engine's lines.
+    watch: Arc<Mutex<LogWatch>>,
     api_key: Option<String>,
     kit: Box<Kit>,
     node: usize,
@@ -126,11 +129,13 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                         }
                     }
                     let api_key = api_key(&kit, env, &dirs).ok().flatten();
-                    match start(&kit, node, &dirs, env, &last_line, clock, out) {
+                    let watch = Arc::new(Mutex::new(LogWatch::default()));
+                    match start(&kit, node, &dirs, env, (&last_line, &watch), clock, out) {
                         Ok(engine) => {
                             out.emit(&Event::Started { pgid: engine.pgid, log: engine.log.display().to_string() });
                             running = Some(Running {
                                 engine,
+                                watch,
                                 api_key,
                                 kit,
                                 node,
@@ -177,7 +182,7 @@ fn start(
     node: usize,
     dirs: &Dirs,
     env: &[(String, String)],
-    last_line: &Arc<AtomicU64>,
+    (last_line, watch): (&Arc<AtomicU64>, &Arc<Mutex<LogWatch>>),
     clock: Instant,
     out: &mut dyn Emit,
 ) -> Result<Engine, String> {
@@ -193,9 +198,13 @@ fn start(
         check_port(&kit.engine.host, kit.engine.port).map_err(|e| e.to_string())?;
     }
     let ll = Arc::clone(last_line);
+    let w = Arc::clone(watch);
     let sink: LineSink = Arc::new(move |line: &str| {
         if hang::counts_as_progress(line) {
             ll.store(ms(clock), Ordering::Relaxed);
+        }
+        if let Ok(mut w) = w.lock() {
+            w.observe(line);
         }
     });
     let key = api_key(kit, env, dirs)?;
@@ -225,10 +234,17 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
     if let Some(status) = r.engine.try_wait() {
         if !r.exited_reported {
             r.exited_reported = true;
-            out.emit(&Event::Exited { status: status.to_string(), log_tail: r.engine.log_tail(20) });
+            // vLLM exits 0 when its EngineCore died: say what died first.
+            let status = r.watch.lock().map_or_else(|_| status.to_string(), |w| w.exit_status(&status.to_string()));
+            out.emit(&Event::Exited { status, log_tail: r.engine.log_tail(20) });
         }
         out.emit(&Event::Heartbeat { engine_alive: false, quiet_s, mem_available, healthy: None, progress: None });
         return;
+    }
+    if !r.ready_reported {
+        if let Some(phase) = r.watch.lock().ok().and_then(|mut w| w.phase_update()) {
+            out.emit(&Event::Boot { phase });
+        }
     }
     let head = r.kit.nodes[r.node].role == Role::Head;
     let (host, port) = (probe_host(&r.kit.engine.host).to_string(), r.kit.engine.port);

@@ -7,6 +7,7 @@ pub mod compare;
 pub mod host;
 pub mod levels;
 pub mod metrics;
+pub mod noise;
 pub mod plot;
 pub mod prompt;
 pub mod result;

@@ -8,6 +8,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::levels::levels;
+use super::noise::step_trust;
 use super::result::BenchResult;
 use super::sizes::length_label;
 
@@ -115,12 +116,27 @@ type Area<'a, DB> = DrawingArea<DB, Shift>;
 
 fn panels<DB: DrawingBackend>(r: &BenchResult, root: &Area<'_, DB>) -> Result<(), String> {
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let title = format!("{} — {}", r.receipt.model.id, r.receipt.started_at);
+    let title = title(r);
     let root = root.titled(&title, ("sans-serif", 18)).map_err(|e| e.to_string())?;
     let (left, right) = root.split_horizontally(SIZE.0 / 2);
     decode_panel(r, &left).map_err(|e| e.to_string())?;
     prefill_panel(r, &right).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The plot's title: model, kit, client host, versions and start time.
+#[must_use]
+pub fn title(r: &BenchResult) -> String {
+    let rc = &r.receipt;
+    format!(
+        "{} · kit {} · host {} · spark-kit {} · server {} · {}",
+        rc.model.id,
+        rc.kit.as_ref().map_or("none (--url)", |k| k.name.as_str()),
+        rc.host.hostname.as_deref().unwrap_or("unknown"),
+        rc.spark_kit_version,
+        rc.server_version.as_deref().map_or_else(|| "unknown".to_string(), |v| format!("vLLM {v}")),
+        rc.started_at
+    )
 }
 
 fn upper(values: impl Iterator<Item = f64>) -> f64 {
@@ -148,6 +164,7 @@ fn decode_panel<DB: DrawingBackend>(
     let ls = levels(&r.decode);
     let per: Vec<(f64, f64)> =
         ls.iter().filter_map(|w| Some((f64::from(w.concurrency), w.decode_tok_s.as_ref()?.median))).collect();
+    let per_n: Vec<u64> = ls.iter().filter_map(|w| Some(w.decode_tok_s.as_ref()?.n)).collect();
     let agg: Vec<(f64, f64)> = ls.iter().filter_map(|w| Some((f64::from(w.concurrency), w.aggregate_tok_s?))).collect();
     if per.is_empty() && agg.is_empty() {
         return empty(area, "no decode measurements");
@@ -163,7 +180,7 @@ fn decode_panel<DB: DrawingBackend>(
     chart
         .configure_mesh()
         .x_desc("concurrent streams")
-        .y_desc("tok/s")
+        .y_desc("tok/s: (completion tokens − 1) / (last − first token)")
         .x_label_formatter(&|x| if x.fract() == 0.0 { format!("{x:.0}") } else { String::new() })
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
@@ -174,6 +191,9 @@ fn decode_panel<DB: DrawingBackend>(
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
     }
+    chart.draw_series(
+        per.iter().zip(&per_n).map(|(&p, n)| Text::new(format!("n={n}"), p, ("sans-serif", 12).into_font())),
+    )?;
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
@@ -188,8 +208,16 @@ fn prefill_panel<DB: DrawingBackend>(
     r: &BenchResult,
     area: &Area<'_, DB>,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    let points: Vec<(f64, f64)> =
-        r.prefill.iter().filter_map(|p| Some((p.target_tokens as f64, p.prefill_tok_s.as_ref()?.median))).collect();
+    // (x, rate, rated, ran, within noise) per measured length.
+    let steps: Vec<(f64, f64, usize, usize, bool)> = r
+        .prefill
+        .iter()
+        .filter_map(|p| {
+            let t = step_trust(p, &r.calibration);
+            Some((p.target_tokens as f64, p.prefill_tok_s.as_ref()?.median, t.rated, t.ran, t.within_noise))
+        })
+        .collect();
+    let points: Vec<(f64, f64)> = steps.iter().map(|s| (s.0, s.1)).collect();
     if points.is_empty() {
         return empty(area, "no prefill measurements");
     }
@@ -204,7 +232,7 @@ fn prefill_panel<DB: DrawingBackend>(
     chart
         .configure_mesh()
         .x_desc("prompt tokens")
-        .y_desc("tok/s")
+        .y_desc("tok/s: (prompt − cached) / (TTFT − overhead)")
         .y_label_formatter(&|y| format!("{y:.0}"))
         .x_label_formatter(&|x| {
             // Axis labels are rounded token counts.
@@ -214,6 +242,13 @@ fn prefill_panel<DB: DrawingBackend>(
         })
         .draw()?;
     chart.draw_series(LineSeries::new(points.iter().copied(), GREEN.stroke_width(2)))?;
-    chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, GREEN.filled())))?;
+    // Hollow = within noise (docs/bench.md): the rate divides jitter, not prefill time.
+    chart.draw_series(
+        steps.iter().map(|s| Circle::new((s.0, s.1), 4, if s.4 { GREEN.stroke_width(2) } else { GREEN.filled() })),
+    )?;
+    chart.draw_series(steps.iter().map(|s| {
+        let label = format!("n={}/{}{}", s.2, s.3, if s.4 { " within noise" } else { "" });
+        Text::new(label, (s.0, s.1), ("sans-serif", 12).into_font())
+    }))?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use super::levels::levels;
+use super::noise::{overhead_spread_s, step_trust};
 use super::result::BenchResult;
 use super::sizes::length_label;
 
@@ -58,16 +59,22 @@ pub fn render(r: &BenchResult) -> String {
         );
         let _ = writeln!(
             s,
-            "{:>7}  {:>14}  {:>10}  {:>10}  {:>16}  {:>11}  {:>8}  {:>6}",
-            "streams", "tok/s/stream", "min", "max", "aggregate tok/s", "TTFT ms", "p90 ms", "failed"
+            "tok/s/stream = (completion tokens − 1) / (last − first token) of one stream; aggregate tok/s = \
+             Σ (completion tokens − 1) / (last token − first token of the wave); n = streams measured"
+        );
+        let _ = writeln!(
+            s,
+            "{:>7}  {:>4}  {:>14}  {:>10}  {:>10}  {:>16}  {:>11}  {:>8}  {:>6}",
+            "streams", "n", "tok/s/stream", "min", "max", "aggregate tok/s", "TTFT ms", "p90 ms", "failed"
         );
         for w in &levels(&r.decode) {
             let d = w.decode_tok_s.as_ref();
             let t = w.ttft_s.as_ref();
             let _ = writeln!(
                 s,
-                "{:>7}  {:>14}  {:>10}  {:>10}  {:>16}  {:>11}  {:>8}  {:>6}",
+                "{:>7}  {:>4}  {:>14}  {:>10}  {:>10}  {:>16}  {:>11}  {:>8}  {:>6}",
                 w.concurrency,
+                d.map_or(0, |x| x.n),
                 opt(d.map(|x| x.median), 1),
                 opt(d.map(|x| x.min), 1),
                 opt(d.map(|x| x.max), 1),
@@ -86,25 +93,52 @@ pub fn render(r: &BenchResult) -> String {
         );
         let _ = writeln!(
             s,
-            "{:>7}  {:>13}  {:>10}  {:>14}  {:>10}  {:>6}",
-            "length", "prompt tokens", "TTFT s", "prefill tok/s", "min", "failed"
+            "prefill tok/s = (prompt − cached tokens) / (TTFT − {} ms overhead); n = requests with a rate / requests run",
+            ms(Some(r.calibration.overhead_s))
         );
+        let _ = writeln!(
+            s,
+            "{:>7}  {:>13}  {:>5}  {:>10}  {:>14}  {:>10}  {:>6}",
+            "length", "prompt tokens", "n", "TTFT s", "prefill tok/s", "min", "failed"
+        );
+        let mut notes = Vec::new();
+        let spread = overhead_spread_s(&r.calibration);
         for p in &r.prefill {
+            let label = length_label(p.target_tokens);
             if let Some(why) = &p.skipped {
-                let _ = writeln!(s, "{:>7}  skipped: {why}", length_label(p.target_tokens));
+                let _ = writeln!(s, "{label:>7}  skipped: {why}");
                 continue;
             }
+            let trust = step_trust(p, &r.calibration);
             let prompt = p.requests.first().map_or_else(|| "-".to_string(), |q| q.prompt_tokens.to_string());
+            let mark = if trust.within_noise { " ~" } else { "" };
             let _ = writeln!(
                 s,
-                "{:>7}  {:>13}  {:>10}  {:>14}  {:>10}  {:>6}",
-                length_label(p.target_tokens),
-                prompt,
+                "{label:>7}  {prompt:>13}  {:>5}  {:>10}  {:>14}  {:>10}  {:>6}",
+                format!("{}/{}", trust.rated, trust.ran),
                 opt(p.ttft_s.as_ref().map(|x| x.median), 3),
-                opt(p.prefill_tok_s.as_ref().map(|x| x.median), 1),
+                format!("{}{mark}", opt(p.prefill_tok_s.as_ref().map(|x| x.median), 1)),
                 opt(p.prefill_tok_s.as_ref().map(|x| x.min), 1),
                 p.failed
             );
+            if trust.dropped > 0 {
+                notes.push(format!(
+                    "prefill {label}: {} of {} sample(s) dropped: TTFT not above the {} ms overhead (no prefill time left to divide by)",
+                    trust.dropped,
+                    trust.ran,
+                    ms(Some(r.calibration.overhead_s))
+                ));
+            }
+            if trust.within_noise {
+                notes.push(format!(
+                    "prefill {label} ~ within noise: median TTFT − overhead = {} ms, not above the overhead's own spread of {} ms; the rate can be off by 2x or more (use a longer prompt)",
+                    ms(trust.margin_s),
+                    ms(Some(spread))
+                ));
+            }
+        }
+        for n in notes {
+            let _ = writeln!(s, "  {n}");
         }
     }
     if !r.failures.is_empty() {
@@ -114,4 +148,63 @@ pub fn render(r: &BenchResult) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn req(ttft: f64, prompt: u64, completion: u64) -> serde_json::Value {
+        serde_json::json!({"sent_s": 1.0, "first_s": 1.0 + ttft, "last_s": 1.1 + ttft, "ttft_s": ttft,
+            "decode_tok_s": 70.0, "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": 0,
+            "text_events": completion, "finish_reason": "length"})
+    }
+
+    /// Issue 21 item 10's run: prefill 128 where two of three TTFTs were within the overhead.
+    fn result() -> BenchResult {
+        let summary =
+            |v: f64, n: u64| serde_json::json!({"n": n, "mean": v, "median": v, "p90": v, "min": v, "max": v});
+        serde_json::from_value(serde_json::json!({
+            "format": "spark-kit-bench", "version": 1,
+            "receipt": {"spark_kit_version": "0.1.0", "kit": null, "endpoint": "http://127.0.0.1:8000",
+                "server_version": "0.1", "model": {"id": "m", "root": null, "max_model_len": 4096},
+                "host": {"hostname": "h", "os": null, "kernel": null, "arch": "x86_64", "cpu": null, "cpus": 2,
+                    "memory_bytes": null},
+                "started_at": "2026-12-03T10:00:00Z", "finished_at": "2026-12-03T10:01:00Z", "duration_s": 60.0},
+            "settings": {"concurrency": [1], "decode_tokens": 32, "decode_prompt_tokens": 64, "prefill_lengths": [128, 2048],
+                "prefill_repeats": 3, "prefill_max_tokens": 8, "calibration_prompt_tokens": 16, "temperature": 0.0,
+                "thinking": false, "vendor_params": true, "tokenize": true, "request_timeout_s": 60.0},
+            "calibration": {"requests": [req(0.010, 16, 8), req(0.012, 16, 8), req(0.016, 16, 8)], "overhead_s": 0.012},
+            "decode": [{"concurrency": 1, "aggregate_tok_s": 70.0, "decode_tok_s": summary(70.0, 1),
+                "ttft_s": summary(0.02, 1), "requests": [req(0.02, 64, 32)], "failed": 0}],
+            "prefill": [
+                {"target_tokens": 128, "prefill_tok_s": summary(16_623.4, 1), "ttft_s": summary(0.012, 3),
+                 "requests": [req(0.011, 128, 8), req(0.012, 128, 8), req(0.0197, 128, 8)], "failed": 0, "skipped": null},
+                {"target_tokens": 2048, "prefill_tok_s": summary(10_240.0, 3), "ttft_s": summary(0.212, 3),
+                 "requests": [req(0.212, 2048, 8), req(0.212, 2048, 8), req(0.212, 2048, 8)], "failed": 0, "skipped": null}
+            ],
+            "failures": []
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn n_dropped_noise_and_what_each_rate_divides() {
+        let t = render(&result());
+        // Every rate says what it divides.
+        assert!(t.contains("tok/s/stream = (completion tokens − 1) / (last − first token)"), "{t}");
+        assert!(t.contains("prefill tok/s = (prompt − cached tokens) / (TTFT − 12 ms overhead)"), "{t}");
+        // n in the table: 1 of 3 rated at 128, 3 of 3 at 2048; the decode level's streams.
+        let line = |label: &str| t.lines().find(|l| l.trim_start().starts_with(label)).unwrap().to_string();
+        let p128 = line("128 ");
+        assert!(p128.contains(" 1/3 ") && p128.contains("16623.4 ~"), "{p128}");
+        let p2k = line("2k ");
+        assert!(p2k.contains(" 3/3 ") && !p2k.contains('~'), "{p2k}");
+        assert!(t.contains("streams     n    tok/s/stream"), "{t}");
+        // Dropped samples counted and said; the point within noise marked and explained.
+        assert!(t.contains("prefill 128: 2 of 3 sample(s) dropped: TTFT not above the 12 ms overhead"), "{t}");
+        assert!(t.contains("prefill 128 ~ within noise: median TTFT − overhead = 0 ms, not above the overhead's own spread of 6 ms"), "{t}");
+        assert!(!t.contains("prefill 2k ~"), "{t}");
+    }
 }

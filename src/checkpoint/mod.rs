@@ -7,6 +7,7 @@
 pub mod budget;
 mod claims;
 pub mod decode_check;
+pub mod dsv41;
 pub mod exl3_audit;
 pub mod exl3_decode;
 pub mod finding;

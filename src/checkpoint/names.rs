@@ -141,40 +141,44 @@ pub fn classify(prefix: &str, num_hidden_layers: u32) -> Role {
             Split::Replicated
         }
     };
-    let (class, split) = if has("vision") || has("visual") || has("aligner") || has("vision_tower") {
-        (Class::Vision, Split::Replicated)
-    } else if has("engram") {
-        if has("embed") {
-            (Class::EngramTable, Split::Excluded)
-        } else if leaf == "wkv" {
-            (Class::EngramWkv, Split::Replicated)
+    let (class, split) =
+        if has("vision") || has("visual") || has("aligner") || has("vision_tower") || leaf.starts_with("image_") {
+            (Class::Vision, Split::Replicated)
+        } else if has("engram") {
+            if has("embed") {
+                (Class::EngramTable, Split::Excluded)
+            } else if leaf == "wkv" {
+                (Class::EngramWkv, Split::Replicated)
+            } else {
+                (Class::Other, Split::Replicated)
+            }
+        } else if has("experts") && !has("shared_experts") {
+            (Class::RoutedExperts, split_of_leaf())
+        } else if has("shared_experts") || has("shared_expert") {
+            (Class::SharedExperts, split_of_leaf())
+        } else if has("indexer") {
+            // vLLM's sparse-attention indexer is ReplicatedLinear throughout (keys, queries, weights).
+            (Class::Indexer, Split::Replicated)
+        } else if has("markov_head") || has("confidence_head") {
+            // DSpark's Markov and confidence heads: native (not EXL3, C.3), one copy per rank.
+            (Class::Other, Split::Replicated)
+        } else if leaf.ends_with("norm") || leaf.starts_with("norm") {
+            (Class::Norm, Split::Replicated)
+        } else if has("attn") || has("self_attn") {
+            (Class::Attention, split_of_leaf())
+        } else if leaf == "main_proj" || leaf == "eh_proj" {
+            (Class::Mtp, Split::Replicated)
+        } else if (has("ffn") || has("mlp")) && (leaf == "gate" || leaf == "router") {
+            (Class::Router, Split::Replicated)
+        } else if has("mlp") || has("ffn") {
+            (Class::DenseMlp, split_of_leaf())
+        } else if leaf == "head" || leaf == "lm_head" {
+            (Class::Head, Split::Column)
+        } else if leaf == "embed" || leaf == "embed_tokens" || leaf == "wte" {
+            (Class::Embedding, Split::VocabRows)
         } else {
             (Class::Other, Split::Replicated)
-        }
-    } else if has("experts") && !has("shared_experts") {
-        (Class::RoutedExperts, split_of_leaf())
-    } else if has("shared_experts") || has("shared_expert") {
-        (Class::SharedExperts, split_of_leaf())
-    } else if has("indexer") {
-        let split = if leaf == "wq_b" { Split::Column } else { Split::Replicated };
-        (Class::Indexer, split)
-    } else if leaf.ends_with("norm") || leaf.starts_with("norm") {
-        (Class::Norm, Split::Replicated)
-    } else if has("attn") || has("self_attn") {
-        (Class::Attention, split_of_leaf())
-    } else if leaf == "main_proj" || leaf == "eh_proj" {
-        (Class::Mtp, Split::Replicated)
-    } else if (has("ffn") || has("mlp")) && (leaf == "gate" || leaf == "router") {
-        (Class::Router, Split::Replicated)
-    } else if has("mlp") || has("ffn") {
-        (Class::DenseMlp, split_of_leaf())
-    } else if leaf == "head" || leaf == "lm_head" {
-        (Class::Head, Split::Column)
-    } else if leaf == "embed" || leaf == "embed_tokens" || leaf == "wte" {
-        (Class::Embedding, Split::VocabRows)
-    } else {
-        (Class::Other, Split::Replicated)
-    };
+        };
     // MTP is its own class for reporting, but keeps the split of what the matrix is.
     let base = class;
     let class = if is_mtp && !matches!(class, Class::Norm | Class::Router | Class::Other) { Class::Mtp } else { class };
@@ -206,6 +210,12 @@ mod tests {
         assert_eq!(classify("embed", 40).split, Split::VocabRows);
         assert_eq!(classify("layers.2.ffn.gate", 40).class, Class::Router);
         assert_eq!(classify("layers.2.attn_norm", 40).class, Class::Norm);
+        let r = classify("layers.8.attn.indexer.wq_b", 40);
+        assert_eq!((r.class, r.split), (Class::Indexer, Split::Replicated));
+        assert_eq!(classify("layers.2.attn.compressor.wgate", 40).split, Split::Replicated);
+        let r = classify("mtp.2.markov_head.embed", 40);
+        assert_eq!((r.class, r.split), (Class::Other, Split::Replicated));
+        assert_eq!(classify("image_newline", 40).class, Class::Vision);
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub enum Event {
         #[serde(default)]
         progress: Option<(f64, f64)>,
     },
+    /// The booting engine's phase changed (from its log: `loading weights: shard 3/39`).
+    Boot { phase: String },
     /// The engine exited on its own.
     Exited { status: String, log_tail: String },
     /// The engine group was stopped; survivors must be empty.

@@ -228,7 +228,12 @@ impl BenchReporter for Progress<'_> {
     fn request(&mut self, phase: &str, outcome: Result<&Request, &str>) {
         match outcome {
             Ok(r) if !self.quiet => {
-                let decode = r.decode_tok_s.map_or_else(String::new, |d| format!(", {d:.1} tok/s"));
+                // Only a decode stream's rate means something here: a prefill or calibration
+                // request generates a handful of tokens, and its rate is the table's to compute.
+                let decode = r
+                    .decode_tok_s
+                    .filter(|_| phase.starts_with("decode"))
+                    .map_or_else(String::new, |d| format!(", decode {d:.1} tok/s/stream"));
                 let _ = writeln!(
                     self.out,
                     "    {phase}: TTFT {:.0} ms, {} prompt + {} completion tokens{decode}",

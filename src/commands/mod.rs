@@ -3,6 +3,7 @@
 //! Commands write their output to the `out` they are given and return a [`Failure`] on error;
 //! only `main.rs` touches the real stdout/stderr and exits.
 
+pub mod audit_text;
 pub mod bench;
 pub mod cache_capped;
 pub mod completions;
@@ -11,6 +12,7 @@ pub mod download;
 pub mod engine;
 pub mod guard;
 pub mod hub_output;
+pub mod image;
 pub mod kits;
 pub mod load;
 pub mod logs;
@@ -64,6 +66,7 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Command::Plan(args) => plan::run(&args, ctx),
         Command::Preflight(args) => preflight::run(&args, ctx),
         Command::Guard(args) => guard::run(&args, ctx),
+        Command::Image(crate::cli::ImageCommand::Sync(args)) => image::sync(&args, ctx),
         Command::Bench(args) => bench::run(&args, ctx),
         Command::Completions { shell } => completions::run(shell, ctx),
     }

@@ -86,8 +86,11 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let (_, warn, fail, unchecked) = report.counts();
     match report.status {
-        Verdict::Fail => Err(Failure::runtime(format!("preflight failed: {fail} check(s) failed, {warn} warning(s)"))
-            .with_hint("each FAIL line above says what to fix")),
+        Verdict::Fail => {
+            let e = Failure::runtime(format!("preflight failed: {fail} check(s) failed, {warn} warning(s)"));
+            // The hint points at the human table; JSON has no FAIL lines (each check carries its `fix`).
+            Err(if args.json { e } else { e.with_hint("each FAIL line above says what to fix") })
+        }
         Verdict::NotChecked => Err(Failure::runtime(format!(
             "preflight incomplete: {unchecked} check(s) could not run (a node did not answer)"
         ))

@@ -36,7 +36,7 @@ pub fn render(s: &Snapshot) -> String {
             gib(n.mem_available),
             n.tokens_per_s.map_or_else(|| "-".into(), |t| format!("{t:.1}")),
             n.uptime_s.map_or_else(|| "-".into(), |u| format!("{u:.0}s")),
-            n.last_error.as_deref().unwrap_or(""),
+            n.last_error.as_deref().or(n.phase.as_deref()).unwrap_or(""),
         ));
     }
     out

@@ -1,7 +1,7 @@
 //! `spark-kit up [--detach]` and `spark-kit restart`: bring the deployment up through one node
 //! agent per node and supervise it; Ctrl-C / SIGTERM / `down` drain and stop everything.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -13,6 +13,7 @@ use crate::agent::runtime::{check_port, UpError};
 use crate::cli::UpArgs;
 use crate::dirs::logs_dir;
 use crate::dirs::Dirs;
+use crate::engine::boot_phase::{progress_line, Pacer, CLEAR_LINE};
 use crate::error::Failure;
 use crate::hints::{curl_example, KeySource, KitRef};
 use crate::kit::schema::{Kit, Role, Transport};
@@ -61,10 +62,53 @@ impl Hints {
     }
 }
 
+/// A progress line is on the terminal (redrawn in place) and must be erased before other output.
+static PROGRESS_SHOWN: AtomicBool = AtomicBool::new(false);
+
+fn clear_progress(err: &mut dyn std::io::Write) {
+    if PROGRESS_SHOWN.swap(false, Ordering::SeqCst) {
+        let _ = write!(err, "{CLEAR_LINE}");
+    }
+}
+
 struct Lines;
 impl ClusterReporter for Lines {
     fn line(&self, text: &str) {
-        let _ = writeln!(std::io::stderr(), "{text}");
+        let mut err = std::io::stderr();
+        clear_progress(&mut err);
+        let _ = writeln!(err, "{text}");
+    }
+}
+
+/// While the engines boot (some started, `/health` not yet 200): seconds since the first engine
+/// started and the progress line with every started node's phase.
+fn boot_progress(s: &Snapshot) -> Option<(u64, String)> {
+    if s.state != State::Starting {
+        return None;
+    }
+    let started: Vec<_> = s.nodes.iter().filter(|n| n.engine_alive && n.uptime_s.is_some()).collect();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // whole seconds, >= 0
+    let secs = started.iter().filter_map(|n| n.uptime_s).fold(0.0, f64::max) as u64;
+    if started.is_empty() {
+        return None;
+    }
+    let phases: Vec<(String, Option<String>)> = started.iter().map(|n| (n.name.clone(), n.phase.clone())).collect();
+    Some((secs, progress_line(secs, &phases)))
+}
+
+/// Show the boot progress of `s` through `pacer` on `err` (stderr).
+fn show_progress(s: &Snapshot, pacer: &mut Pacer, tty: bool, err: &mut dyn std::io::Write) {
+    match boot_progress(s) {
+        Some((secs, line)) => {
+            if let Some(text) = pacer.tick(secs, &line) {
+                let _ = write!(err, "{text}");
+                let _ = err.flush();
+                if tty {
+                    PROGRESS_SHOWN.store(true, Ordering::SeqCst);
+                }
+            }
+        }
+        None => clear_progress(err),
     }
 }
 
@@ -214,6 +258,9 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool, hints: &Hints) {
     let mut tails: Vec<String> = Vec::new();
     let mut printed = false;
+    let tty = std::io::stderr().is_terminal();
+    let mut pacer = Pacer::new(tty);
+    let mut last_tick = Instant::now();
     loop {
         let s = match snap.lock() {
             Ok(s) => s.clone(),
@@ -229,6 +276,10 @@ fn watch_ready(snap: &Arc<Mutex<Snapshot>>, started: Instant, verbose: bool, hin
                     }
                 }
             }
+        }
+        if last_tick.elapsed() >= Duration::from_secs(1) || boot_progress(&s).is_none() {
+            last_tick = Instant::now();
+            show_progress(&s, &mut pacer, tty, &mut std::io::stderr());
         }
         if !printed && s.state == State::Ready {
             printed = true;
@@ -293,6 +344,8 @@ fn detach(kit: &Kit, ctx: &mut Context<'_>, logs: &std::path::Path, hints: &Hint
     let sock = socket_path(logs, &kit.name);
     let started = Instant::now();
     let limit = Duration::from_secs(u64::from(kit.engine.ready_timeout_s) + 120);
+    let tty = std::io::stderr().is_terminal();
+    let mut pacer = Pacer::new(tty);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             let tail = crate::engine::venv::tail(&log_path, 15);
@@ -300,6 +353,7 @@ fn detach(kit: &Kit, ctx: &mut Context<'_>, logs: &std::path::Path, hints: &Hint
                 .with_hint(format!("full log: {}", log_path.display())));
         }
         if let Ok(s) = request(&sock, &kit.name, "status", Some(Duration::from_secs(5))) {
+            show_progress(&s, &mut pacer, tty, &mut *ctx.err);
             match s.state {
                 State::Ready => {
                     let logs = s.nodes.iter().filter_map(|n| n.engine_log.clone()).collect::<Vec<_>>().join(", ");

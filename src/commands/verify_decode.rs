@@ -65,7 +65,7 @@ pub(super) fn run(
         v["decode"] = d;
         serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?
     } else {
-        format!("{}\n\n{}", super::verify::human(audit, label).trim_end(), human(&report, seconds))
+        format!("{}\n\n{}", super::audit_text::human(audit, label).trim_end(), human(&report, seconds))
     };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let structural = audit.errors();

@@ -1,10 +1,11 @@
 //! The `docker run` command of a node's engine for kits with `engine.runtime: docker` (the
 //! vendor vLLM image on DGX Spark). Pure construction, unit-tested; flags follow the reference
-//! kit (reference-kit.md A.6, gb10-ops.md §3.3): GPUs, host network and IPC, a large /dev/shm,
+//! kit (reference-kit.md A.6, gb10-ops.md §3.3): GPUs (GPU kits only), host network and IPC (the host's /dev/shm),
 //! unlimited memlock, the InfiniBand devices for RoCE, `--oom-score-adj 1000` so the kernel picks
 //! vLLM over the host's daemons, and read-only mounts of the weights and the overlay.
 
-use super::argv::EngineSpec;
+use super::argv::{node_ranks, EngineSpec};
+use super::dockerctl::{LABEL_KIT, LABEL_NODE, LABEL_RANK};
 use crate::kit::schema::Kit;
 
 /// Paths on the node that the container needs.
@@ -22,26 +23,41 @@ pub struct Mounts {
     pub caches: Vec<(String, String)>,
 }
 
-/// `docker run …` for node `node`: the argv (starting with `docker`).
+/// The container name of node `node`'s engine: `spark-kit-<kit>-<node>-r<rank>`.
+#[must_use]
+pub fn container_name(kit: &Kit, node: usize) -> String {
+    let rank = node_ranks(kit).get(node).copied().unwrap_or(0);
+    format!("spark-kit-{}-{}-r{rank}", kit.name, kit.nodes[node].name)
+}
+
+/// `docker run …` for node `node`: the argv (starting with `docker`). The container is named by
+/// [`container_name`] and labelled with the deployment (kit), node and rank, so survivors of an
+/// earlier run are found with `docker ps --filter label=spark-kit.kit=<kit>` (preflight).
 #[must_use]
 pub fn run_argv(kit: &Kit, node: usize, spec: &EngineSpec, mounts: &Mounts) -> Vec<String> {
     let image = kit.engine.docker_image.clone().unwrap_or_default();
-    let name = format!("spark-kit-{}-{}", kit.name, kit.nodes[node].name);
+    let name = container_name(kit, node);
+    let rank = node_ranks(kit).get(node).copied().unwrap_or(0);
     let mut a: Vec<String> =
         ["docker", "run", "--rm", "--name", &name, "--init"].iter().map(|s| (*s).to_string()).collect();
-    let flags: &[&str] = &[
-        "--gpus=all",
-        "--network=host",
-        "--ipc=host",
-        "--shm-size=32g",
-        "--ulimit=memlock=-1",
-        "--ulimit=stack=67108864",
-        "--device=/dev/infiniband",
-        "--cap-add=IPC_LOCK",
-        "--cap-add=SYS_PTRACE",
-        "--oom-score-adj=1000",
-    ];
-    a.extend(flags.iter().map(|s| (*s).to_string()));
+    a.push(format!("--label={LABEL_KIT}={}", kit.name));
+    a.push(format!("--label={LABEL_NODE}={}", kit.nodes[node].name));
+    a.push(format!("--label={LABEL_RANK}={rank}"));
+    let host: &[&str] = &["--network=host", "--ipc=host", "--ulimit=stack=67108864", "--oom-score-adj=1000"];
+    a.extend(host.iter().map(|s| (*s).to_string()));
+    if crate::node::preflight::kit_needs_gpu(kit) {
+        // GPUs and RoCE (NCCL's verbs need unlimited memlock): a CPU kit's host has neither, docker
+        // refuses --gpus without the NVIDIA runtime, and an unlimited memlock fails where the
+        // daemon's own hard limit is lower (seen on the test VM: "error setting rlimit type 8").
+        let gpu: &[&str] = &[
+            "--gpus=all",
+            "--device=/dev/infiniband",
+            "--ulimit=memlock=-1",
+            "--cap-add=IPC_LOCK",
+            "--cap-add=SYS_PTRACE",
+        ];
+        a.extend(gpu.iter().map(|s| (*s).to_string()));
+    }
     a.push(format!("--stop-timeout={}", kit.engine.shutdown_timeout_s + 5));
     a.push(format!("--volume={}:/model:ro", mounts.model));
     if let Some(e) = &mounts.engram {
@@ -110,6 +126,22 @@ mod tests {
         let image = a.iter().position(|x| x == "vllm/vllm-openai:deepseekv41-flash-0909").unwrap();
         assert_eq!(a[image + 1..image + 4], ["vllm", "serve", "/model"]);
         assert!(a.contains(&"--headless".to_string()));
+        let name = a.iter().position(|x| x == "--name").unwrap();
+        assert_eq!(a[name + 1], format!("spark-kit-{}-{}-r1", k.name, k.nodes[1].name));
+        assert!(a.contains(&format!("--label=spark-kit.kit={}", k.name)));
+        assert!(a.contains(&format!("--label=spark-kit.node={}", k.nodes[1].name)));
+        assert!(a.contains(&"--label=spark-kit.rank=1".to_string()));
         assert_eq!(a.iter().filter(|x| *x == "--headless").count(), 1);
+    }
+
+    #[test]
+    fn a_cpu_kit_asks_for_no_gpu_or_infiniband() {
+        let k = kit::resolve(kit::source(Some("tiny-cpu-docker")).unwrap(), &[], &[]).unwrap().kit;
+        let spec = argv::build(&k, 0, "/host/model", "/host/overlay");
+        let m = Mounts { model: "/m".into(), engram: None, engram_packed: None, overlay: "/o".into(), caches: vec![] };
+        let a = run_argv(&k, 0, &spec, &m);
+        assert!(!a.iter().any(|x| x.starts_with("--gpus") || x.starts_with("--device")), "{a:?}");
+        assert!(a.contains(&"--network=host".to_string()) && a.contains(&"--oom-score-adj=1000".to_string()));
+        assert!(a.contains(&"spark-kit/tiny-cpu-engine:local".to_string()));
     }
 }

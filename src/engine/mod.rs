@@ -4,10 +4,13 @@
 pub mod argv;
 pub mod boot_phase;
 pub mod child_exit;
+pub mod container;
 pub mod docker;
 pub mod dockerctl;
 pub mod embed;
 pub mod endpoint;
+pub mod image_sync;
+pub mod log_watch;
 pub mod model;
 pub mod overlay;
 pub mod pgroup;

@@ -216,7 +216,11 @@ impl HubClient {
                 }
                 Ok(Err(e)) if e.is_connect() && !self.reached.load(Ordering::Relaxed) => {
                     if attempt >= FIRST_CONTACT_ATTEMPTS {
-                        return Err(HubError::Unreachable { endpoint: self.endpoint.clone(), reason: root_cause(&e) });
+                        return Err(HubError::Unreachable {
+                            endpoint: self.endpoint.clone(),
+                            reason: root_cause(&e),
+                            default: self.endpoint == super::DEFAULT_ENDPOINT,
+                        });
                     }
                     tokio::time::sleep(FIRST_CONTACT_RETRY).await;
                     continue;

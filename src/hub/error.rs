@@ -24,8 +24,13 @@ pub enum HubError {
         /// The kit key naming the revision (`model.revision`), once known.
         key: Option<String>,
     },
-    #[error("cannot reach HF_ENDPOINT={endpoint}: {reason}")]
-    Unreachable { endpoint: String, reason: String },
+    #[error("cannot reach {}: {reason}", if *.default { format!("the Hub at {endpoint} (HF_ENDPOINT is not set)") } else { format!("HF_ENDPOINT={endpoint}") })]
+    Unreachable {
+        endpoint: String,
+        reason: String,
+        /// The public Hub because `HF_ENDPOINT` is not set.
+        default: bool,
+    },
     #[error("{repo} at {commit} has no file {path}")]
     EntryNotFound { repo: String, commit: String, path: String },
     #[error("{what}: HTTP {status}{message}")]
@@ -134,7 +139,12 @@ impl HubError {
                 key.as_deref().unwrap_or("model.revision / engram.revision"),
                 key.as_deref().unwrap_or("model.revision")
             ),
-            Self::Unreachable { .. } => "check the address and the network (or proxy); unset HF_ENDPOINT to use https://huggingface.co".into(),
+            Self::Unreachable { default: true, .. } => {
+                "check the network connection and proxy (HTTPS_PROXY); or set HF_ENDPOINT to a reachable mirror".into()
+            }
+            Self::Unreachable { .. } => {
+                "check the address and the network (or proxy); unset HF_ENDPOINT to use https://huggingface.co".into()
+            }
             Self::EntryNotFound { .. } => {
                 "the repo changed or the kit names a file it does not have; fix the kit's files list".into()
             }
@@ -166,5 +176,28 @@ impl HubError {
                 "rerun `spark-kit download`: it rewrites the lock file from the cache".into()
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_names_the_endpoint_and_whether_it_was_set() {
+        let set = HubError::Unreachable { endpoint: "http://m:1".into(), reason: "refused".into(), default: false };
+        assert_eq!(set.to_string(), "cannot reach HF_ENDPOINT=http://m:1: refused");
+        assert!(set.hint().is_some_and(|h| h.contains("unset HF_ENDPOINT")));
+        let default = HubError::Unreachable {
+            endpoint: crate::hub::DEFAULT_ENDPOINT.into(),
+            reason: "no DNS".into(),
+            default: true,
+        };
+        assert_eq!(
+            default.to_string(),
+            "cannot reach the Hub at https://huggingface.co (HF_ENDPOINT is not set): no DNS"
+        );
+        assert!(default.hint().is_some_and(|h| h.contains("set HF_ENDPOINT to a reachable mirror")));
+        assert!(!default.is_config() && !set.is_config());
     }
 }

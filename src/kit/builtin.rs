@@ -19,8 +19,12 @@ macro_rules! builtin {
 }
 
 /// Every built-in kit; the first is the default.
-pub const BUILTINS: &[Builtin] =
-    &[builtin!("dgx-spark-2x-dsv41-exl3"), builtin!("tiny-cpu"), builtin!("tiny-cpu-2node")];
+pub const BUILTINS: &[Builtin] = &[
+    builtin!("dgx-spark-2x-dsv41-exl3"),
+    builtin!("tiny-cpu"),
+    builtin!("tiny-cpu-2node"),
+    builtin!("tiny-cpu-docker"),
+];
 
 /// The kit used when `--kit` is not given.
 pub const DEFAULT_KIT: &str = "dgx-spark-2x-dsv41-exl3";

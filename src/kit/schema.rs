@@ -306,7 +306,8 @@ pub struct Engine {
     /// KV cache pool per rank, always passed explicitly (`--kv-cache-memory-bytes`).
     pub kv_cache_bytes: ByteSize,
     /// KV cache bytes per token, for planning (may be fractional; the pool is sized in whole
-    /// blocks of `block_size` tokens; 0 = unknown).
+    /// blocks of `block_size` tokens; 0 = `plan` derives it from the model's shapes where it knows
+    /// them, the DeepSeek V4.1 Flash kit, else unknown).
     pub kv_bytes_per_token: f64,
     /// KV cache block size in tokens.
     pub block_size: u32,

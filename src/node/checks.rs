@@ -113,7 +113,7 @@ pub fn node_checks(spec: &NodeSpec, f: &NodeFacts) -> Vec<Check> {
     disk(&mut o, spec, f);
     versions(&mut o, spec, f);
     fabric(&mut o, spec, f);
-    reachability(&mut o, f);
+    reachability(&mut o, spec, f);
     clock_and_firewall(&mut o, spec, f);
     o.checks
 }
@@ -448,7 +448,30 @@ fn fabric(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
     }
 }
 
-fn reachability(o: &mut Out<'_>, f: &NodeFacts) {
+/// The kit key a port's bind address comes from (src/node/preflight.rs `request_for`).
+#[must_use]
+pub fn address_key(what: &str) -> &'static str {
+    if what.starts_with("master") {
+        "nodes[].fabric.ipv4"
+    } else {
+        "engine.host"
+    }
+}
+
+/// The fix for a port that could not be checked (the bind address is not on this node).
+fn unbindable_fix(spec: &NodeSpec, f: &NodeFacts, what: &str) -> String {
+    let key = address_key(what);
+    match (key, spec.ipv4, &f.fabric.interface) {
+        ("nodes[].fabric.ipv4", Some(ip), Some(iface)) => format!(
+            "the address comes from {key} ({ip}): assign it to {iface} (`ip addr add {ip}/24 dev {iface}`) or fix {key} for node `{}`",
+            spec.name
+        ),
+        ("nodes[].fabric.ipv4", _, _) => format!("set {key} for node `{}` to an address of this node", spec.name),
+        _ => format!("check {key} is an address of this node (see `ip -br addr`)"),
+    }
+}
+
+fn reachability(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
     for (port, what, free) in &f.ports {
         match free {
             Ok(true) => o.pass("ports", format!("{what} port {port} is free")),
@@ -457,11 +480,7 @@ fn reachability(o: &mut Out<'_>, f: &NodeFacts) {
                 format!("{what} port {port} is in use"),
                 format!("stop what listens there (`ss -ltnp 'sport = :{port}'`) or change the port in the kit"),
             ),
-            Err(e) => o.fail(
-                "ports",
-                format!("cannot check {what} port {port}: {e}"),
-                "check engine.host is an address of this node",
-            ),
+            Err(e) => o.fail("ports", format!("cannot check {what} port {port}: {e}"), unbindable_fix(spec, f, what)),
         }
     }
     for (node, r) in &f.ssh {
@@ -501,6 +520,11 @@ fn clock_and_firewall(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
         o.skip("firewall", "no fabric interface in the kit");
         return;
     };
+    // Rules for an interface that is missing or down say nothing about the link NCCL will use.
+    if o.checks.iter().any(|c| c.id == "link" && c.verdict == Verdict::Fail) {
+        o.skip("firewall", format!("not checked: the link check of {iface} failed (fix that first)"));
+        return;
+    }
     let addrs = f.fabric.ip_addr.as_ref().and_then(|r| text(r)).map(parse::ipv4_addrs).unwrap_or_default();
     let sub = spec
         .ipv4

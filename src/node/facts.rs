@@ -70,6 +70,30 @@ pub struct NodeFacts {
     pub ntp: Probed,
     pub ufw: Probed,
     pub nft: Probed,
+    /// Docker runtime kits: the daemon, the image and leftover containers.
+    #[serde(default)]
+    pub docker: Option<DockerFacts>,
+}
+
+/// What preflight asks about Docker (kits with `engine.runtime: docker`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DockerRequest {
+    /// `engine.docker_image`.
+    pub image: String,
+    /// The kit's name: containers labelled `spark-kit.kit=<kit>` are this deployment's.
+    pub kit: String,
+}
+
+/// Docker facts of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DockerFacts {
+    /// `docker info --format {{.ServerVersion}}`.
+    pub info: Probed,
+    /// `docker image inspect --format {{.Id}} <image>`.
+    pub image_id: Probed,
+    pub image: String,
+    /// `docker ps -a --no-trunc --filter label=spark-kit.kit=<kit>` (id, name, state per line).
+    pub containers: Probed,
 }
 
 /// What to gather on a node beyond the fixed set (sent to a node agent as JSON).
@@ -84,6 +108,9 @@ pub struct FactRequest {
     pub ports: Vec<(String, u32, String)>,
     /// ssh targets: `(node name, argv of an ssh call that runs `true`)`.
     pub ssh: Vec<(String, Vec<String>)>,
+    /// Docker runtime kits.
+    #[serde(default)]
+    pub docker: Option<DockerRequest>,
 }
 
 /// Gather a node's facts.
@@ -130,6 +157,20 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
         ntp: p.run("timedatectl", &["timedatectl", "show", "-p", "NTPSynchronized", "--value"]),
         ufw: p.run("ufw", &["ufw", "status"]),
         nft: p.run("nft", &["nft", "list", "ruleset"]),
+        docker: req.docker.as_ref().map(|d| docker(p, d)),
+    }
+}
+
+fn docker(p: &dyn ProbeSource, req: &DockerRequest) -> DockerFacts {
+    let filter = format!("label={}={}", crate::engine::dockerctl::LABEL_KIT, req.kit);
+    DockerFacts {
+        info: p.run("docker-info", &["docker", "info", "--format", "{{.ServerVersion}}"]),
+        image_id: p.run("docker-image", &["docker", "image", "inspect", "--format", "{{.Id}}", &req.image]),
+        image: req.image.clone(),
+        containers: p.run(
+            "docker-ps",
+            &["docker", "ps", "-a", "--no-trunc", "--filter", &filter, "--format", "{{.ID}}\t{{.Names}}\t{{.State}}"],
+        ),
     }
 }
 

@@ -5,6 +5,7 @@
 //! over recorded command output and sysfs trees. [`preflight`]: the runner.
 
 pub mod checks;
+pub mod docker_checks;
 pub mod facts;
 pub mod gid;
 pub mod parse;

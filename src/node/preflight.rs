@@ -7,8 +7,9 @@ use std::net::Ipv4Addr;
 use serde::Serialize;
 
 use super::checks::{cross_checks, node_checks, Check, NodeSpec, Verdict};
-use super::facts::{FactRequest, NodeFacts};
-use crate::kit::schema::{Kit, Node, Role, Transport};
+use super::docker_checks;
+use super::facts::{DockerRequest, FactRequest, NodeFacts};
+use crate::kit::schema::{Kit, Node, Role, Runtime, Transport};
 
 /// What preflight knows besides the kit.
 #[derive(Debug, Clone, Default)]
@@ -96,6 +97,10 @@ pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactReques
         disk_path: input.disk_path.clone(),
         ports,
         ssh,
+        docker: (kit.engine.runtime == Runtime::Docker).then(|| DockerRequest {
+            image: kit.engine.docker_image.clone().unwrap_or_default(),
+            kit: kit.name.clone(),
+        }),
     }
 }
 
@@ -127,6 +132,9 @@ pub fn run(
         match facts_of(node, &request_for(kit, node, input)) {
             Ok(f) => {
                 checks.extend(node_checks(&spec_for(kit, node, input), &f));
+                if let Some(d) = &f.docker {
+                    checks.extend(docker_checks::node_checks(&node.name, d));
+                }
                 facts.push((node.name.clone(), f));
             }
             Err(why) => {
@@ -149,6 +157,9 @@ pub fn run(
     if facts.len() == kit.nodes.len() {
         let refs: Vec<(&str, &NodeFacts)> = facts.iter().map(|(n, f)| (n.as_str(), f)).collect();
         checks.extend(cross_checks(&refs));
+        let docker: Vec<(&str, &_)> =
+            facts.iter().filter_map(|(n, f)| f.docker.as_ref().map(|d| (n.as_str(), d))).collect();
+        checks.extend(docker_checks::cross_checks(&docker));
     } else if kit.nodes.len() > 1 {
         checks.push(Check {
             node: "all".into(),

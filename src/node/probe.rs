@@ -124,7 +124,8 @@ fn io_error(what: &str, e: &std::io::Error) -> ProbeError {
 /// A recorded node: a directory holding the node's files under their absolute paths
 /// (`proc/meminfo`, `sys/class/net/…`), command outputs as `cmd/<name>` (a `cmd/<name>.fail`
 /// file instead means the command failed with that text), and `probe/free_bytes`,
-/// `probe/ports_in_use` (one port a line), `probe/spark-kit-version`.
+/// `probe/ports_in_use` (one port a line), `probe/spark-kit-version`. Binding a specific IPv4
+/// that `cmd/ip-addr` does not list fails, as on the real node.
 #[derive(Debug, Clone)]
 pub struct RecordedProbe {
     pub root: PathBuf,
@@ -159,7 +160,20 @@ impl ProbeSource for RecordedProbe {
         t.trim().parse().map_err(|_| ProbeError::Failed { what: "probe/free_bytes".into(), why: "not a number".into() })
     }
 
-    fn port_free(&self, _host: &str, port: u32) -> Result<bool, ProbeError> {
+    fn port_free(&self, host: &str, port: u32) -> Result<bool, ProbeError> {
+        // As the kernel does: a specific IPv4 the node does not carry cannot be bound.
+        if let Ok(ip) = host.parse::<std::net::Ipv4Addr>() {
+            let carried = self.run("ip-addr", &["ip"]).unwrap_or_default();
+            if !ip.is_unspecified()
+                && !ip.is_loopback()
+                && !super::parse::ipv4_addrs(&carried).iter().any(|a| a.0 == ip)
+            {
+                return Err(ProbeError::Failed {
+                    what: format!("bind {host}:{port}"),
+                    why: "Cannot assign requested address (os error 99)".into(),
+                });
+            }
+        }
         let used = self.read("/probe/ports_in_use").unwrap_or_default();
         Ok(!used.lines().any(|l| l.trim() == port.to_string()))
     }

@@ -49,10 +49,14 @@ impl Sup<'_> {
                     n.engine_alive = true;
                     n.engine_log = Some(log);
                     n.last_error = None;
+                    n.phase = None;
                 });
             }
             Event::Ready { seconds } => {
                 self.rep.line(&format!("    {name}: /health answered 200 after {seconds:.1} s"));
+                if let Ok(mut s) = self.h.snapshot.lock() {
+                    s.nodes.iter_mut().for_each(|n| n.phase = None);
+                }
                 return vec![Input::HeadReady];
             }
             Event::Exited { status, log_tail } => {
@@ -87,6 +91,11 @@ impl Sup<'_> {
                 self.with_node(i, |n| n.last_error = Some(message.clone()));
                 if self.engines_started && matches!(state, State::Starting) {
                     return vec![Input::StartFailed { node: name, why: message }];
+                }
+            }
+            Event::Boot { phase } => {
+                if !self.h.snapshot.lock().is_ok_and(|s| matches!(s.state, State::Ready | State::Degraded)) {
+                    self.with_node(i, |n| n.phase = Some(phase));
                 }
             }
             Event::Files { .. } | Event::Facts { .. } => {}

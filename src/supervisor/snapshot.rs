@@ -28,6 +28,9 @@ pub struct NodeStatus {
     pub quiet_s: f64,
     pub healthy: Option<bool>,
     pub tokens_per_s: Option<f64>,
+    /// While booting: the engine's phase, from its log (`loading weights: shard 3/39`).
+    #[serde(default)]
+    pub phase: Option<String>,
     pub last_error: Option<String>,
 }
 

@@ -31,7 +31,9 @@ pub struct Daemon {
 }
 
 static DAEMON: OnceLock<Result<Daemon, String>> = OnceLock::new();
-static CHILD: Mutex<Option<Child>> = Mutex::new(None);
+/// A second daemon: the "worker node" of image tests.
+static WORKER: OnceLock<Result<Daemon, String>> = OnceLock::new();
+static CHILDREN: Mutex<Vec<Child>> = Mutex::new(Vec::new());
 
 /// Why docker tests cannot run here (not root, docker.io missing), if they cannot.
 pub fn unavailable() -> Option<String> {
@@ -53,15 +55,20 @@ fn which(b: &str) -> Option<PathBuf> {
 /// The binary's shared daemon, started on first use. Err = why it cannot run (a skip reason when
 /// [`unavailable`] says so; otherwise a failure the test must report).
 pub fn daemon() -> Result<&'static Daemon, String> {
-    DAEMON.get_or_init(start).as_ref().map_err(Clone::clone)
+    DAEMON.get_or_init(|| start("a")).as_ref().map_err(Clone::clone)
 }
 
-fn start() -> Result<Daemon, String> {
+/// A second, independent daemon (own roots and socket), for two-node image tests.
+pub fn worker_daemon() -> Result<&'static Daemon, String> {
+    WORKER.get_or_init(|| start("b")).as_ref().map_err(Clone::clone)
+}
+
+fn start(tag: &str) -> Result<Daemon, String> {
     if let Some(why) = unavailable() {
         return Err(why);
     }
     // A short path: the socket path must fit in sun_path (108 bytes).
-    let dir = PathBuf::from(format!("/tmp/skd-{}", std::process::id()));
+    let dir = PathBuf::from(format!("/tmp/skd-{}-{tag}", std::process::id()));
     remove_stale();
     remove_tree(&dir);
     for d in ["data", "exec"] {
@@ -96,9 +103,15 @@ fn start() -> Result<Daemon, String> {
     });
     let child = rx.recv().map_err(|e| e.to_string())?.map_err(|e| format!("cannot start dockerd: {e}"))?;
     let pid = i32::try_from(child.id()).unwrap_or(0);
-    *CHILD.lock().unwrap() = Some(child);
-    // SAFETY: registering a plain extern "C" fn.
-    unsafe { nix::libc::atexit(stop_at_exit) };
+    let first = {
+        let mut c = CHILDREN.lock().unwrap();
+        c.push(child);
+        c.len() == 1
+    };
+    if first {
+        // SAFETY: registering a plain extern "C" fn.
+        unsafe { nix::libc::atexit(stop_at_exit) };
+    }
     let d = Daemon { host, dir, pid };
     let t = Instant::now();
     while !d.docker(&["info", "--format", "{{.ServerVersion}}"]).status.success() {
@@ -113,14 +126,16 @@ fn start() -> Result<Daemon, String> {
 }
 
 extern "C" fn stop_at_exit() {
-    if let Some(Ok(d)) = DAEMON.get() {
+    for d in [DAEMON.get(), WORKER.get()].into_iter().flatten().flatten() {
         d.remove_all_containers();
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.pid), nix::sys::signal::Signal::SIGTERM);
-        if let Ok(mut c) = CHILD.lock() {
-            if let Some(mut c) = c.take() {
-                let _ = c.wait();
-            }
+    }
+    if let Ok(mut c) = CHILDREN.lock() {
+        for mut c in c.drain(..) {
+            let _ = c.wait();
         }
+    }
+    for d in [DAEMON.get(), WORKER.get()].into_iter().flatten().flatten() {
         // vfs layers are plain directories; the exec root holds containerd's state and the
         // bind mount of the default network namespace.
         remove_tree(&d.dir);
@@ -145,7 +160,9 @@ fn remove_stale() {
     let Ok(rd) = std::fs::read_dir("/tmp") else { return };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.strip_prefix("skd-").and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(pid) = name.strip_prefix("skd-").and_then(|p| p.split('-').next()?.parse::<u32>().ok()) else {
+            continue;
+        };
         if !Path::new(&format!("/proc/{pid}")).exists() {
             remove_tree(&e.path());
         }
@@ -213,6 +230,8 @@ pub struct TestImage {
     /// Directories copied whole (minus `exclude`).
     pub trees: &'static [&'static str],
     pub exclude: &'static [&'static str],
+    /// MiB of incompressible filler in `/filler` (an image big enough to interrupt a copy of).
+    pub filler_mib: u64,
 }
 
 /// dash, a few coreutils and Debian's python3 with its standard library (no tests, no IDLE):
@@ -243,7 +262,11 @@ pub const BASE: TestImage = TestImage {
         "dist-packages",
         "pydoc_data",
     ],
+    filler_mib: 0,
 };
+
+/// [`BASE`] plus 384 MiB of filler: copies of it take long enough to be interrupted.
+pub const BULK: TestImage = TestImage { name: "bulk", filler_mib: 384, ..BASE };
 
 impl TestImage {
     fn files(&self) -> Vec<PathBuf> {
@@ -270,7 +293,7 @@ impl TestImage {
         let files = self.files();
         let mut h = sha2::Sha256::new();
         use sha2::Digest;
-        h.update(b"spark-kit test image v1\0");
+        h.update(format!("spark-kit test image v1\0{}\0", self.filler_mib).as_bytes());
         for f in &files {
             let m = std::fs::metadata(f).unwrap();
             let mtime =
@@ -299,6 +322,21 @@ impl TestImage {
         }
         std::fs::write(root.path().join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
         std::os::unix::fs::symlink("python3.11", root.path().join("usr/bin/python3")).unwrap();
+        if self.filler_mib > 0 {
+            // xorshift64: deterministic, incompressible enough for rsync and docker.
+            let mut f = std::io::BufWriter::new(std::fs::File::create(root.path().join("filler")).unwrap());
+            let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+            let mut block = vec![0u8; 1 << 20];
+            for _ in 0..self.filler_mib {
+                for c in block.chunks_exact_mut(8) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    c.copy_from_slice(&x.to_le_bytes());
+                }
+                std::io::Write::write_all(&mut f, &block).unwrap();
+            }
+        }
         let part = dir.join(format!(".{}-{key}.tar.part", self.name));
         let st = Command::new("tar")
             .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "-C"])

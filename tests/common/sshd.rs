@@ -34,9 +34,14 @@ pub fn make_keys(dir: &Path, hosts: &[String]) {
 /// Start `sshd -D` listening on `listen` (`ip` or `ip:port`), prefixed by `prefix` (e.g.
 /// `["ip", "netns", "exec", "spark2"]`); `name` tells its files apart.
 pub fn spawn(dir: &Path, listen: &str, name: &str, prefix: &[&str]) -> Child {
+    spawn_with(dir, listen, name, prefix, "")
+}
+
+/// [`spawn`] with extra `sshd_config` lines (e.g. `SetEnv DOCKER_HOST=…` for a second daemon).
+pub fn spawn_with(dir: &Path, listen: &str, name: &str, prefix: &[&str], extra: &str) -> Child {
     let cfg = format!(
         "ListenAddress {listen}\nHostKey {0}/host\nAuthorizedKeysFile {0}/authorized_keys\nPidFile {0}/sshd-{name}.pid\n\
-         PermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\nUsePAM no\nPrintMotd no\n",
+         PermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\nUsePAM no\nPrintMotd no\n{extra}",
         dir.display()
     );
     let conf = dir.join(format!("sshd_config-{name}"));

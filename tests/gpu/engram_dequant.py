@@ -110,9 +110,14 @@ class StandIn(nn.Module):
         raise AssertionError("stock lookup")
 
 
-class Runtime:
+class Runtime(hook.Runtime):
+    """The hook's runtime protocol (every method of hook.Runtime) without vLLM: rank 1 of TP 2, no DP."""
+
     def tp(self):
         return 2, 1
+
+    def dp(self):
+        return 1
 
     def max_tokens(self):
         return 256

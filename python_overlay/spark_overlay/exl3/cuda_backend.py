@@ -33,7 +33,9 @@ class Exl3CudaShards:
         pad_rows: Sequence[int] = (),
     ) -> None:
         self.ext = ext
+        self.name = specs[0].name if specs else "exl3 linear"
         self.shards = []
+        self.tuned: set[int] = set()  # row counts run eagerly (exl3_gemm autotuned for them)
         pads = list(pad_rows) or [0] * len(specs)
         in_lens = set()
         for spec, p, pad in zip(specs, parts, pads):
@@ -59,6 +61,8 @@ class Exl3CudaShards:
                     "svh": svh.to(device=device, dtype=torch.float16),
                     "mcg": codebook == CODEBOOK_MCG,
                     "mul1": codebook == CODEBOOK_MUL1,
+                    "codebook": codebook,
+                    "k": k,
                     "out": o1 - o0,
                     "pad_rows": pad,
                 }
@@ -67,9 +71,24 @@ class Exl3CudaShards:
             raise Exl3FormatError(f"{specs[0].name}: shards of one layer disagree on the input slice {in_lens}")
         (self.in_features, self.padded_in), = in_lens
 
+    def pretune(self, sizes: Sequence[int], device) -> None:
+        """Run once eagerly at each row count: exl3_gemm autotunes (and synchronises) on a shape's first call."""
+        for m in sorted(set(int(s) for s in sizes if int(s) > 0)):
+            self(torch.zeros(m, self.in_features, dtype=torch.float16, device=device))
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
         xf = x.reshape(-1, x.shape[-1]).to(torch.float16)
+        rows = xf.shape[0]
+        if capturing():
+            if rows not in self.tuned:
+                raise Exl3FormatError(
+                    f"{self.name}: a CUDA graph captures exl3_gemm at {rows} rows, which never ran before the capture "
+                    "(its autotune synchronises); add the size to engine.cudagraph_capture_sizes so the load pretunes "
+                    "it, or serve with engine.enforce_eager: true"
+                )
+        else:
+            self.tuned.add(rows)
         if self.padded_in != self.in_features:
             xf = torch.nn.functional.pad(xf, (0, self.padded_in - self.in_features))
         xf = xf.contiguous()
@@ -88,7 +107,14 @@ class Exl3CudaShards:
         return y.reshape(*lead, y.shape[-1])
 
 
-def prepare_cuda_layer(layer: torch.nn.Module, shards, expected_codebook: str | None, ext) -> None:
+def capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def prepare_cuda_layer(
+    layer: torch.nn.Module, shards, expected_codebook: str | None, ext, pretune_sizes: Sequence[int] = ()
+) -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     layer.exl3_cuda = Exl3CudaShards(
         [s.spec for s in shards],
@@ -98,6 +124,7 @@ def prepare_cuda_layer(layer: torch.nn.Module, shards, expected_codebook: str | 
         device,
         [s.pad_rows for s in shards],
     )
+    layer.exl3_cuda.pretune(pretune_sizes, device)
 
 
 def cuda_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -118,10 +145,9 @@ class Exl3CudaMoE:
     0), so it is counted once after the tensor-parallel sum. The output is this
     rank's partial sum in x's dtype, accumulated in float32.
 
-    exllamav3's fused `exl3_moe` kernel is not used: it needs its own host-side
-    scheduling (tokens sorted by expert, device pointer tables, temp buffers
-    sized by its concurrency, gather tables) and one mcg/mul1 codebook for all
-    projections; see docs/exl3-overlay.md.
+    This loop reads the expert counts on the host, so it cannot run inside a
+    CUDA graph; it is the fallback of `cuda_moe_fused.Exl3FusedMoE` (exllamav3's
+    fused kernel) for layers that kernel cannot take.
     """
 
     def __init__(
@@ -134,6 +160,7 @@ class Exl3CudaMoE:
     ) -> None:
         self.layers = []
         self.biases = []
+        self.label = "EXL3 MoE layer"
         for e, shards in enumerate(experts):
             missing = [sid for sid in MOE_SHARDS if sid not in shards]
             if missing:
@@ -175,6 +202,11 @@ class Exl3CudaMoE:
         expert_map: torch.Tensor | None = None,
         weight_on_input: bool = False,
     ) -> torch.Tensor:
+        if capturing():
+            raise Exl3FormatError(
+                f"{self.label}: the per-expert EXL3 MoE loop reads expert counts on the host and cannot run inside "
+                "a CUDA graph; serve with engine.enforce_eager: true"
+            )
         tokens, top_k = topk_ids.shape
         ids = topk_ids.reshape(-1).long()
         if expert_map is not None:
@@ -203,6 +235,12 @@ class Exl3CudaMoE:
         return out.to(x.dtype)
 
 
-def prepare_cuda_moe(experts, expected_codebook: str | None, ext, add_down_bias: bool) -> Exl3CudaMoE:
+def prepare_cuda_moe(
+    experts, expected_codebook: str | None, ext, add_down_bias: bool, prefix: str, max_rows: int, top_k: int = 8
+):
+    """The layer's CUDA MoE: exllamav3's fused kernel (`Exl3FusedMoE`) over the loop's device tensors."""
+    from .cuda_moe_fused import Exl3FusedMoE
+
     device = torch.device("cuda", torch.cuda.current_device())
-    return Exl3CudaMoE(experts, expected_codebook, ext, device, add_down_bias)
+    loop = Exl3CudaMoE(experts, expected_codebook, ext, device, add_down_bias)
+    return Exl3FusedMoE(loop, ext, device, max_rows, prefix, top_k=top_k)

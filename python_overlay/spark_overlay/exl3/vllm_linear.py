@@ -205,6 +205,22 @@ def cuda_extension():
     return exllamav3_ext
 
 
+def engine_sizes() -> tuple[list[int], int]:
+    """(the CUDA-graph capture sizes, [] when eager; the largest batch in tokens) from vLLM's config.
+
+    The EXL3 CUDA paths pretune at the capture sizes and size the fused MoE's
+    temp buffers for the largest batch (scheduler_config.max_num_batched_tokens).
+    """
+    from vllm.config import get_current_vllm_config
+
+    cfg = get_current_vllm_config()
+    sizes: list[int] = []
+    if not getattr(cfg.model_config, "enforce_eager", False):
+        sizes = [int(s) for s in (getattr(cfg.compilation_config, "cudagraph_capture_sizes", None) or [])]
+    max_tokens = int(getattr(cfg.scheduler_config, "max_num_batched_tokens", 0) or 0)
+    return sizes, max(max_tokens, max(sizes, default=0), 1)
+
+
 def _linear_method_base():
     from vllm.model_executor.layers.linear import LinearMethodBase
 
@@ -364,7 +380,7 @@ class Exl3LinearMethod(_linear_method_base()):
     def _process_cuda(self, layer: torch.nn.Module, shards: list[OutputShard], expected: str | None) -> None:
         from .cuda_backend import prepare_cuda_layer
 
-        prepare_cuda_layer(layer, shards, expected, cuda_extension())
+        prepare_cuda_layer(layer, shards, expected, cuda_extension(), engine_sizes()[0])
         self.backend = "cuda"
 
     # -- compute -----------------------------------------------------------------------------

@@ -16,8 +16,10 @@ CPU back end: after loading, each local expert is decoded once into the
 compute dtype as the stacked `w13_weight` [E, 2I, H] / `w2_weight` [E, H, I]
 (and `w13_bias` / `w2_bias`) and vLLM's unquantized fused-MoE path runs on them
 (this class extends `UnquantizedFusedMoEMethod` for that). CUDA back end:
-`cuda_backend.Exl3CudaMoE`, a per-expert loop of exllamav3's `exl3_gemm` on
-the rank's tiles (SiLU-and-mul only); no extension -> the load fails with the
+`cuda_moe_fused.Exl3FusedMoE`, exllamav3's fused `exl3_moe` kernel scheduled on
+the device (graph-safe), over the per-expert `exl3_gemm` loop
+(`cuda_backend.Exl3CudaMoE`) that stays as the fallback for layers the kernel
+cannot take (SiLU-and-mul only); no extension -> the load fails with the
 install hint.
 """
 
@@ -179,17 +181,25 @@ class Exl3MoEMethod(_base()):
 
     def _process_cuda(self, layer, experts: list[dict], tp_rank: int, ks: list[float]) -> None:
         from .cuda_backend import prepare_cuda_moe
-        from .vllm_linear import cuda_extension
+        from .vllm_linear import cuda_extension, engine_sizes
 
         activation = str(getattr(getattr(layer, "activation", None), "value", getattr(layer, "activation", "silu")))
         if activation != "silu":
             raise Exl3FormatError(
                 f"{self.prefix}: EXL3 experts on CUDA support the SiLU-and-mul activation only, not {activation!r}"
             )
-        layer.exl3_cuda_moe = prepare_cuda_moe(experts, self.config.codebook, cuda_extension(), tp_rank == 0)
+        max_rows = engine_sizes()[1]
+        layer.exl3_cuda_moe = prepare_cuda_moe(
+            experts, self.config.codebook, cuda_extension(), tp_rank == 0, self.prefix, max_rows,
+            int(getattr(self.moe, "experts_per_token", 0) or getattr(layer, "top_k", 8)),
+        )
         del layer.exl3_moe_parts
-        self.backend = "cuda"
+        fused = layer.exl3_cuda_moe
+        self.backend = "cuda per-expert loop" if fused.fallback else "cuda fused exl3_moe"
         self._log_ready(len(experts), ks)
+        if not fused.fallback:
+            logger.info("exl3: %s fused MoE: %d kernel launch set(s), rows up to %d, temp buffers %.1f MiB (shared)",
+                        self.prefix, len(fused.groups), fused.max_rows, fused.buffer_bytes / 2**20)
 
     def _log_ready(self, num_experts: int, ks: list[float]) -> None:
         from spark_overlay.plugin import process_role
@@ -204,7 +214,7 @@ class Exl3MoEMethod(_base()):
         from .vllm_linear import first_moe_use
 
         first_moe_use(self.prefix, f"{self.backend} moe", x)
-        if self.backend == "cuda":
+        if (self.backend or "").startswith("cuda"):
             if shared_experts is not None:
                 from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
 

@@ -8,10 +8,17 @@
 //! the MemAvailable floor comes during long prefill, each +0.5 GiB of KV pool costs ≈ 1 GiB of
 //! it, and a 3 GiB pool died at ~470k tokens of a 600k prompt.
 //!
+//! A weight figure from modelled shapes (no files) carries an error band
+//! ([`PlanInput::weights_band`]); the floor and the safe prompt use its pessimistic end.
+//!
 //! Every number that is not an input carries its source in [`Plan::assumptions`]; every warning
 //! carries a fix.
 
 use serde::Serialize;
+
+pub mod kv;
+pub mod reference;
+pub mod replay;
 
 use crate::kit::bytes::{GIB, MIB};
 use crate::kit::schema::{GuardPolicy, Kit};
@@ -51,12 +58,16 @@ pub struct PlanInput {
     pub weights_per_rank: u64,
     /// Where that number came from (a checkpoint directory, a virtual checkpoint, …).
     pub weights_source: String,
+    /// ± bytes of uncertainty of `weights_per_rank` (0 when read from checkpoint headers).
+    pub weights_band: u64,
     pub tensor_parallel_size: u32,
     pub nodes: Vec<NodeInput>,
     /// KV pool per rank (`--kv-cache-memory-bytes`).
     pub kv_cache_bytes: u64,
     /// KV bytes per token (0 = unknown); may be fractional.
     pub kv_bytes_per_token: f64,
+    /// Where `kv_bytes_per_token` came from.
+    pub kv_bytes_source: String,
     /// KV block size in tokens: the pool holds whole blocks.
     pub block_size: u32,
     pub max_model_len: u64,
@@ -116,11 +127,15 @@ impl PromptLimit {
 /// The long-prefill memory floor and the largest safe prompt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PrefillPlan {
-    /// Predicted MemAvailable floor during a prefill of `max_model_len` tokens (may be negative).
+    /// Predicted MemAvailable floor during a prefill of `max_model_len` tokens at the
+    /// pessimistic end of the weight band (may be negative): the verdict uses this one.
     pub floor_at_max_model_len: i64,
+    /// The same floor from the central weight estimate.
+    pub floor_central_at_max_model_len: i64,
     /// MemAvailable the prefill must stay above: the derived OOM floor + safety margin, or the
     /// guard's hard floor if that is higher.
     pub required_floor: i64,
+    /// Largest prompt whose pessimistic floor stays at or above `required_floor`.
     pub safe_max_prompt: u64,
     pub limited_by: PromptLimit,
 }
@@ -149,58 +164,14 @@ pub struct NodePlan {
 pub struct Plan {
     pub weights_per_rank: u64,
     pub weights_source: String,
+    /// ± bytes of `weights_per_rank` (0 = read from files).
+    pub weights_band: u64,
     pub tensor_parallel_size: u32,
     pub kv: KvPlan,
     pub max_model_len: u64,
     pub nodes: Vec<NodePlan>,
     pub assumptions: Vec<Assumption>,
     pub warnings: Vec<Warning>,
-}
-
-/// The reference kit's measurements the prefill model is calibrated on (reference-kit.md D).
-mod reference {
-    use super::GIB;
-    /// "Memory per node (121.7 GiB)".
-    pub const MEMORY_GIB: f64 = 121.7;
-    /// "weights/rank 99.5 GiB".
-    pub const WEIGHTS_GIB: f64 = 99.5;
-    /// "KV 2.5" GiB pool.
-    pub const POOL_GIB: f64 = 2.5;
-    /// "context/NCCL/graphs ~5–7" GiB: midpoint.
-    pub const OVERHEAD_GIB: f64 = 6.0;
-    /// "processes/OS/desktop ~9" GiB.
-    pub const OS_GIB: f64 = 9.0;
-    /// "long-prefill floor 2.56 at 455k / 2.1 at 601k" (head MemAvailable, GiB).
-    pub const FLOOR_A: (f64, f64) = (455_000.0, 2.56);
-    pub const FLOOR_B: (f64, f64) = (601_000.0, 2.10);
-    /// "+0.5 GiB pool ≈ −1 GiB prefill margin": GiB of floor lost per GiB of pool.
-    pub const POOL_SENSITIVITY: f64 = 2.0;
-    /// "A 3 GiB pool dies at ~470k of 600k".
-    pub const DEATH_POOL_GIB: f64 = 3.0;
-    pub const DEATH_TOKENS: f64 = 470_000.0;
-    /// spark-kit's margin above the derived OOM floor: half the swing that +0.5 GiB of pool causes.
-    pub const SAFETY_MARGIN_GIB: f64 = 0.5;
-
-    /// Planned headroom of the reference configuration.
-    pub fn headroom_gib() -> f64 {
-        MEMORY_GIB - WEIGHTS_GIB - POOL_GIB - OVERHEAD_GIB - OS_GIB
-    }
-    /// Slope of the floor with prompt length, GiB per token.
-    pub fn slope() -> f64 {
-        (FLOOR_B.1 - FLOOR_A.1) / (FLOOR_B.0 - FLOOR_A.0)
-    }
-    /// Floor of the reference configuration at `tokens`, GiB.
-    pub fn floor_gib(tokens: f64) -> f64 {
-        FLOOR_A.1 + slope() * (tokens - FLOOR_A.0)
-    }
-    /// The floor at which the 3 GiB pool died (GiB): the reference floor at ~470k, less the pool effect.
-    pub fn death_floor_gib() -> f64 {
-        floor_gib(DEATH_TOKENS) - POOL_SENSITIVITY * (DEATH_POOL_GIB - POOL_GIB)
-    }
-    #[allow(clippy::cast_precision_loss)]
-    pub fn gib(bytes: u64) -> f64 {
-        bytes as f64 / GIB as f64
-    }
 }
 
 #[allow(clippy::cast_precision_loss)]
@@ -248,10 +219,12 @@ pub fn input_from_kit(
     PlanInput {
         weights_per_rank,
         weights_source: weights_source.into(),
+        weights_band: 0,
         tensor_parallel_size: kit.tensor_parallel_size,
         nodes,
         kv_cache_bytes: kit.engine.kv_cache_bytes.bytes(),
         kv_bytes_per_token: kit.engine.kv_bytes_per_token,
+        kv_bytes_source: "kit: engine.kv_bytes_per_token".into(),
         block_size: kit.engine.block_size,
         max_model_len: kit.engine.max_model_len,
         runtime_overhead: kit.memory.runtime_overhead.bytes(),
@@ -296,8 +269,17 @@ fn base_assumptions(input: &PlanInput) -> Vec<Assumption> {
     };
     vec![
         a("weights per rank", fmt_gib(input.weights_per_rank), &input.weights_source),
+        a(
+            "weights error band",
+            format!("± {}", fmt_gib(input.weights_band)),
+            if input.weights_band == 0 {
+                "none: tensor bytes read from checkpoint headers"
+            } else {
+                "modelled shapes, not files: ±0.5 % of the per-rank weights; floor and safe prompt use weights + band"
+            },
+        ),
         a("KV pool per rank", fmt_gib(input.kv_cache_bytes), "kit: engine.kv_cache_bytes"),
-        a("KV bytes per token", input.kv_bytes_per_token.to_string(), "kit: engine.kv_bytes_per_token"),
+        a("KV bytes per token", input.kv_bytes_per_token.to_string(), &input.kv_bytes_source),
         a("runtime overhead per rank", fmt_gib(input.runtime_overhead), "kit: memory.runtime_overhead (reference-kit.md D: context/NCCL/graphs ~5–7 GiB)"),
         a("OS reserve per node", fmt_gib(input.os_reserve), "kit: memory.os_reserve (reference-kit.md D: processes/OS/desktop ~9 GiB)"),
         a("boot margin", fmt_gib(input.boot_margin), "kit: memory.boot_margin; rule MemAvailable ≥ weights + margin (reference-kit.md A.3 step 9)"),
@@ -350,7 +332,9 @@ fn tokens_for_floor(required_gib: f64, headroom_gib: f64, pool_gib: f64) -> u64 
 }
 
 fn prefill_plan(input: &PlanInput, headroom: i64, tokens: Option<u64>) -> PrefillPlan {
-    let headroom_gib = gib_i(headroom);
+    let central_gib = gib_i(headroom);
+    // The verdict: more weights than estimated means less headroom, 1:1.
+    let headroom_gib = central_gib - reference::gib(input.weights_band) * f64::from(ranks_per_node(input));
     let pool_gib = reference::gib(input.kv_cache_bytes);
     let oom_required = reference::death_floor_gib() + reference::SAFETY_MARGIN_GIB;
     let guard = input.guard_hard_floor.map(reference::gib);
@@ -366,12 +350,21 @@ fn prefill_plan(input: &PlanInput, headroom: i64, tokens: Option<u64>) -> Prefil
     let (safe, limited_by) = limits.into_iter().min_by_key(|(t, _)| *t).unwrap_or((0, PromptLimit::PrefillFloor));
     #[allow(clippy::cast_precision_loss)]
     let at_max = floor_gib(input.max_model_len as f64, headroom_gib, pool_gib);
+    #[allow(clippy::cast_precision_loss)]
+    let central = floor_gib(input.max_model_len as f64, central_gib, pool_gib);
     PrefillPlan {
         floor_at_max_model_len: bytes_of(at_max),
+        floor_central_at_max_model_len: bytes_of(central),
         required_floor: bytes_of(required),
         safe_max_prompt: safe,
         limited_by,
     }
+}
+
+/// Ranks on each node: tensor parallel size over the nodes, rounded up.
+fn ranks_per_node(input: &PlanInput) -> u32 {
+    let node_count = u32::try_from(input.nodes.len()).unwrap_or(u32::MAX).max(1);
+    input.tensor_parallel_size.max(1).div_ceil(node_count)
 }
 
 /// Build the plan.
@@ -382,7 +375,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         |node: Option<&str>, message: String, fix: String| Warning { node: node.map(str::to_string), message, fix };
     let tp = input.tensor_parallel_size.max(1);
     let node_count = u32::try_from(input.nodes.len()).unwrap_or(u32::MAX).max(1);
-    let ranks = tp.div_ceil(node_count);
+    let ranks = ranks_per_node(input);
     if tp % node_count != 0 {
         warnings.push(warn(
             None,
@@ -397,7 +390,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         None => warnings.push(warn(
             None,
             "KV bytes per token unknown: cannot size the KV pool in tokens or bound the prompt by it".into(),
-            "set engine.kv_bytes_per_token (3466.3 for DeepSeek V4.1 Flash fp8_ds_mla: 774,400 tokens in 2.5 GiB at block 64, reference-kit.md D)".into(),
+            "set engine.kv_bytes_per_token (the KV cache bytes per token of the model at this block size; `spark-kit plan` derives it for the DeepSeek V4.1 Flash kit)".into(),
         )),
         Some(t) if t < input.max_model_len => {
             let per_block = kv_block_bytes(input.kv_bytes_per_token, input.block_size).unwrap_or(0);
@@ -465,6 +458,7 @@ pub fn plan(input: &PlanInput) -> Plan {
     Plan {
         weights_per_rank: input.weights_per_rank,
         weights_source: input.weights_source.clone(),
+        weights_band: input.weights_band,
         tensor_parallel_size: tp,
         kv: KvPlan {
             pool_bytes: input.kv_cache_bytes,
@@ -536,18 +530,44 @@ fn node_warnings(
         out.push(Warning {
             node,
             message: format!(
-                "a {}-token prefill is predicted to take MemAvailable down to {}, below {} ({why}); prompts are safe up to {} tokens",
+                "a {}-token prefill is predicted to take MemAvailable down to {}{}, below {} ({why}); {}",
                 input.max_model_len,
                 fmt_gib_i(p.floor_at_max_model_len),
+                if input.weights_band > 0 {
+                    format!(
+                        " (pessimistic end of the weight band; central {})",
+                        fmt_gib_i(p.floor_central_at_max_model_len)
+                    )
+                } else {
+                    String::new()
+                },
                 fmt_gib_i(p.required_floor),
-                p.safe_max_prompt
+                if p.safe_max_prompt > 0 {
+                    format!("prompts are safe up to {} tokens", p.safe_max_prompt)
+                } else {
+                    "no prompt length is safe with this pool".to_string()
+                }
             ),
-            fix: format!(
-                "lower engine.max_model_len to {}, or shrink engine.kv_cache_bytes by {} (each 0.5 GiB less raises the floor ~1 GiB){}",
-                p.safe_max_prompt,
-                fmt_gib(pool_cut),
-                if p.limited_by == PromptLimit::GuardHardFloor { ", or lower memory.guard.hard_floor" } else { "" }
-            ),
+            fix: {
+                let guard = if p.limited_by == PromptLimit::GuardHardFloor {
+                    ", or lower memory.guard.hard_floor"
+                } else {
+                    ""
+                };
+                let pool = match input.kv_cache_bytes.checked_sub(pool_cut).filter(|b| *b >= MIB) {
+                    Some(left) => format!(
+                        "shrink engine.kv_cache_bytes by {} (`--set engine.kv_cache_bytes={}MiB`; each 0.5 GiB less raises the floor ~1 GiB)",
+                        fmt_gib(pool_cut),
+                        left / MIB
+                    ),
+                    None => "free memory on the node: even a KV pool of 1 MiB leaves the floor too low".to_string(),
+                };
+                if p.safe_max_prompt > 0 {
+                    format!("lower engine.max_model_len to {}, or {pool}{guard}", p.safe_max_prompt)
+                } else {
+                    format!("{pool}{guard} (no prompt is safe with this pool)")
+                }
+            },
         });
     }
 }
@@ -558,15 +578,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reference_model_reproduces_its_own_anchors() {
-        assert!((reference::floor_gib(455_000.0) - 2.56).abs() < 1e-9);
-        assert!((reference::floor_gib(601_000.0) - 2.10).abs() < 1e-9);
+    fn death_row_sits_on_the_oom_floor() {
         // 3 GiB pool at 470k sits exactly on the derived OOM floor.
         let h = reference::headroom_gib() - 0.5;
         assert!((floor_gib(470_000.0, h, 3.0) - reference::death_floor_gib()).abs() < 1e-9);
-        // Empty-prompt floor ≈ MemAvailable after warm-up (4.07–4.21 GiB, reference-kit.md D).
-        let idle = reference::floor_gib(0.0);
-        assert!((3.9..4.3).contains(&idle), "{idle}");
     }
 
     #[test]

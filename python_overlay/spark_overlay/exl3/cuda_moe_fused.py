@@ -1,0 +1,292 @@
+"""Routed EXL3 experts through exllamav3's fused MoE kernel (`exl3_moe`), graph-safe.
+
+Built on the per-expert loop (`cuda_backend.Exl3CudaMoE`), whose device tensors
+it reuses: at load it builds the nine per-expert pointer tables (trellis / suh /
+svh of gate, up, down), takes the shared temp buffers for the largest call
+(vLLM's max_num_batched_tokens) and runs a self-check against the loop, which
+also primes every kernel instance it will launch (attributes, exllamav3's lock
+buffer) before any CUDA graph is captured. A call is then sync-free: routing on
+the device (`moe_schedule.route`), launches from shapes only
+(`moe_schedule.plan`), output accumulated by the kernel in float32.
+
+Fail closed at load, naming the tensor: a 3INST codebook (the kernel takes
+mcg/mul1), gate/up/down of an expert on different codebooks, a missing
+extension symbol or a call the extension rejects (ABI), a self-check that
+disagrees with the loop. Shapes the kernel cannot take (hidden or the rank's
+intermediate not a multiple of 128, expert biases) keep the loop, logged once
+per layer; the loop cannot be captured and says so inside a capture.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from . import moe_schedule
+from .codebook import CODEBOOK_MCG, CODEBOOK_MUL1
+from .cuda_backend import MOE_SHARDS, Exl3CudaMoE
+from .errors import Exl3FormatError
+
+logger = logging.getLogger("vllm.spark_overlay.exl3")
+
+REQUIRED_SYMBOLS = ("exl3_moe", "exl3_moe_max_concurrency")
+ACT_SILU = 0  # MOE_ACT_SILU in exllamav3's exl3_moe_common.cuh (and MOE_COOP_ACT_SILU)
+COOP_ROWS = 8  # exllamav3's MAX_BSZN: its decode kernel (exl3_moe_coop) takes up to 8 token rows
+COOP_ENV, COOP_DEFAULT = "SPARK_EXL3_MOE_COOP", "1"  # "0": <= 8 rows take the sorted exl3_moe tiers too
+SELF_CHECK_TOLERANCE = 1e-2  # fused vs loop, max |dy| / max |y| (both fp16 GEMMs, different order)
+
+_buffers: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def shared_buffers(device: torch.device, rows: int, hidden: int, inter: int) -> tuple[torch.Tensor, ...]:
+    """Flat fp16 temp storage (state g/u [rows, hidden], intermediate g/u [rows, inter]), one per shape and device.
+
+    Every fused MoE layer of a process uses the same buffers: launches on one
+    stream run one after another.
+    """
+    key = (str(device), rows, hidden, inter)
+    if key not in _buffers:
+        _buffers[key] = tuple(
+            torch.empty(rows, dim, dtype=torch.float16, device=device) for dim in (hidden, hidden, inter, inter)
+        )
+    return _buffers[key]
+
+
+def unsupported_reason(loop: Exl3CudaMoE) -> str | None:
+    """Why the fused kernel cannot take this layer (the loop serves it then), or None."""
+    if not loop.layers:
+        return "no local experts"
+    inter = loop.layers[0]["w1"].shards[0]["out"]
+    if loop.hidden % 128 or inter % 128:
+        return f"hidden {loop.hidden} / intermediate {inter} per rank not multiples of 128"
+    if any(b is not None for biases in loop.biases for b in biases.values()):
+        return "expert biases (exllamav3's fused kernel has none)"
+    return None
+
+
+class Exl3FusedMoE:
+    """Sync-free fused MoE for one layer; the loop stays as the fallback (see the module docstring)."""
+
+    def __init__(self, loop: Exl3CudaMoE, ext, device, max_rows: int, prefix: str, self_check: bool = True,
+                 top_k: int = 8) -> None:
+        self.loop = loop
+        self.ext = ext
+        self.prefix = prefix
+        self.device = torch.device(device)
+        self.fallback = unsupported_reason(loop)
+        self._fallback_logged = False
+        loop.label = f"{prefix} (per-expert loop: {self.fallback})" if self.fallback else prefix
+        if self.fallback:
+            return
+        missing = [s for s in REQUIRED_SYMBOLS if not hasattr(ext, s)]
+        if missing:
+            raise Exl3FormatError(
+                f"{prefix}: exllamav3's extension lacks {', '.join(missing)} (the fused MoE kernel); "
+                "install exllamav3 1.6.5, whose extension has it"
+            )
+        self.num_local = len(loop.layers)
+        self.hidden = loop.hidden
+        self.inter = loop.layers[0]["w1"].shards[0]["out"]
+        self.groups = self._groups()
+        self.mul1 = all(cb == CODEBOOK_MUL1 for cb, *_ in self.groups)
+        self.tables = self._tables()
+        try:
+            concurrency = int(ext.exl3_moe_max_concurrency(self.device.index or 0))
+        except Exception as err:  # pybind TypeError: a different extension ABI
+            raise Exl3FormatError(f"{prefix}: exl3_moe_max_concurrency failed ({err}); extension ABI mismatch") from err
+        self.max_rows = max(1, int(max_rows))
+        self.tiers = moe_schedule.tiers(concurrency, self.max_rows, self.mul1)
+        rows = moe_schedule.buffer_rows(self.tiers)
+        self.buffers = shared_buffers(self.device, rows, self.hidden, self.inter)
+        self.buffer_bytes = rows * 2 * (2 * self.hidden + 2 * self.inter)
+        self.top_k = max(1, min(int(top_k), self.num_local))
+        self.coop = self._coop_scratch()
+        if self_check:
+            self.check_against_loop()
+
+    # -- load ------------------------------------------------------------------------------
+
+    def _groups(self) -> list[tuple]:
+        """[(codebook, Kg, Ku, Kd, member bool [E+1] or None, experts)] -- one launch set per distinct key."""
+        keys: dict[tuple, list[int]] = {}
+        for e, layers in enumerate(self.loop.layers):
+            cbs = []
+            for sid in MOE_SHARDS:
+                shard = layers[sid].shards[0]
+                if shard["codebook"] not in (CODEBOOK_MCG, CODEBOOK_MUL1):
+                    raise Exl3FormatError(
+                        f"{layers[sid].name}: codebook {shard['codebook']} (no mcg/mul1 marker); exllamav3's fused MoE "
+                        "kernel takes mcg or mul1 only -- re-convert the experts with -cb mul1"
+                    )
+                cbs.append(shard["codebook"])
+            if len(set(cbs)) != 1:
+                raise Exl3FormatError(
+                    f"{layers['w2'].name}: gate/up/down of local expert {e} use codebooks {'/'.join(cbs)}; "
+                    "the fused MoE kernel needs one codebook per expert"
+                )
+            key = (cbs[0], *(layers[sid].shards[0]["k"] for sid in MOE_SHARDS))
+            keys.setdefault(key, []).append(e)
+        out = []
+        for key, experts in keys.items():
+            member = None
+            if len(keys) > 1:
+                member = torch.zeros(self.num_local + 1, dtype=torch.bool)
+                member[experts] = True
+                member = member.to(self.device)
+            out.append((*key, member, experts))
+        return out
+
+    def _tables(self) -> dict[str, torch.Tensor]:
+        """Nine int64 device tables of data pointers, [num_local] each, built once."""
+        tables = {}
+        for sid in MOE_SHARDS:
+            for kind in ("trellis", "suh", "svh"):
+                ptrs = [layers[sid].shards[0][kind].data_ptr() for layers in self.loop.layers]
+                tables[f"{sid}_{kind}"] = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
+        return tables
+
+    def _coop_scratch(self) -> dict | None:
+        """Scratch of exllamav3's decode kernel (exl3_moe_coop) for <= 8 rows, or None where it does not apply.
+
+        It takes one bit width for gate and up and one launch for the layer (a single K group), reads
+        the top-k ids directly (no sort) and keeps its own self-resetting completion counters.
+        """
+        if os.environ.get(COOP_ENV, COOP_DEFAULT) == "0":
+            return None
+        if not hasattr(self.ext, "exl3_moe_coop") or len(self.groups) != 1:
+            return None
+        cb, kg, ku, kd = self.groups[0][:4]
+        if kg != ku:
+            return None
+        slots = COOP_ROWS * self.top_k
+        h, i, dev = self.hidden, self.inter, self.device
+        ctr_len = slots * (i // 128) + COOP_ROWS * (h // 128) + 2 + (slots + 1) + slots  # exl3_moe_coop_ctr_len
+        half = {"dtype": torch.float16, "device": dev}
+        return {
+            "had_g": torch.empty(slots, h, **half), "had_u": torch.empty(slots, h, **half),
+            "gu_g": torch.empty(slots, i, **half), "gu_u": torch.empty(slots, i, **half),
+            "act": torch.empty(slots, i, **half), "d_out": torch.empty(slots, h, dtype=torch.float32, device=dev),
+            "ctr": torch.zeros(ctr_len, dtype=torch.int32, device=dev),
+            "out": torch.zeros(COOP_ROWS, h, dtype=torch.float32, device=dev),
+            "slots": slots,
+        }
+
+    def check_against_loop(self) -> None:
+        """Fused vs loop on rows that reach every tier of every expert group; primes each kernel instance."""
+        gen = torch.Generator(device=self.device).manual_seed(1)
+        top_k = self.top_k
+        cases = [(group[-1], min(70, self.max_rows)) for group in self.groups]
+        if self.coop is not None:  # the decode kernel at every row count it takes, twice (counters reset)
+            cases += [(self.groups[0][-1], n) for n in (*range(1, COOP_ROWS + 1), 1)]
+        for experts, rows in cases:
+            ids = self_check_ids(experts, self.num_local, top_k, rows)
+            tokens = ids.shape[0]
+            x = torch.randn(tokens, self.hidden, generator=gen, device=self.device).to(torch.float16)
+            w = torch.softmax(torch.randn(tokens, top_k, generator=gen, device=self.device), -1)
+            ids = ids.to(self.device)
+            got = self(x, w, ids).float()
+            want = self.loop(x, w, ids).float()
+            scale = float(want.abs().max()) or 1.0
+            err = float((got - want).abs().max()) / scale
+            if not err <= SELF_CHECK_TOLERANCE:
+                raise Exl3FormatError(
+                    f"{self.loop.layers[experts[0]]['w1'].name}: exllamav3's fused MoE kernel disagrees with exl3_gemm "
+                    f"on this layer (max rel diff {err:.2e} > {SELF_CHECK_TOLERANCE}); extension ABI mismatch?"
+                )
+
+    # -- call ------------------------------------------------------------------------------
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        expert_map: torch.Tensor | None = None,
+        weight_on_input: bool = False,
+    ) -> torch.Tensor:
+        if self.fallback:
+            if not self._fallback_logged:
+                self._fallback_logged = True
+                logger.warning("exl3: %s: fused MoE kernel not used (%s); per-expert loop", self.prefix, self.fallback)
+            return self.loop(x, topk_weights, topk_ids, expert_map, weight_on_input)
+        tokens, top_k = topk_ids.shape
+        x16 = x.reshape(tokens, self.hidden).to(torch.float16)
+        if weight_on_input:
+            if top_k != 1:
+                raise Exl3FormatError(f"{self.prefix}: router weight on the input needs top-1 routing, not top-{top_k}")
+            x16 = (x16.float() * topk_weights.float()).to(torch.float16)
+            topk_weights = torch.ones_like(topk_weights)
+        x16 = x16.contiguous()
+        if self.coop is not None and 0 < tokens <= COOP_ROWS and expert_map is None and top_k <= self.top_k:
+            return self._coop(x16, topk_weights, topk_ids).to(x.dtype)
+        out = torch.zeros(tokens, self.hidden, dtype=torch.float32, device=x.device)
+        for start, stop in moe_schedule.chunks(tokens, self.max_rows):
+            if stop == start:
+                continue
+            ids, wts = topk_ids[start:stop], topk_weights[start:stop]
+            for cb, kg, ku, kd, member, _ in self.groups:
+                count, token_sorted, weight_sorted = moe_schedule.route(ids, wts, self.num_local, expert_map, member)
+                for launch in moe_schedule.plan(stop - start, top_k, self.num_local, self.tiers):
+                    self._launch(x16[start:stop], out[start:stop], count, token_sorted, weight_sorted, cb, (kg, ku, kd),
+                                 launch)
+        return out.to(x.dtype)
+
+    def _coop(self, x16, topk_weights, topk_ids) -> torch.Tensor:
+        """exllamav3's decode kernel: every (token, expert) slot, two launches, no sort."""
+        c, t = self.coop, self.tables
+        cb, kg, ku, kd = self.groups[0][:4]
+        c["out"].zero_()
+        try:
+            self.ext.exl3_moe_coop(
+                x16, topk_ids.long().contiguous(), topk_weights.to(torch.float16).contiguous(), -1, -1, self.hidden,
+                t["w1_trellis"], t["w1_suh"], t["w1_svh"], t["w3_trellis"], t["w3_suh"], t["w3_svh"],
+                t["w2_trellis"], t["w2_suh"], t["w2_svh"], None, None, None, float(kg), float(ku), float(kd),
+                cb == CODEBOOK_MCG, cb == CODEBOOK_MUL1, ACT_SILU, 0.0, True,
+                c["had_g"], c["had_u"], c["gu_g"], c["gu_u"], c["act"], c["d_out"], c["ctr"], c["out"], None, None,
+            )
+        except TypeError as err:  # pybind: the installed extension takes other arguments
+            raise Exl3FormatError(f"{self.prefix}: exl3_moe_coop rejected the call ({err}); extension ABI mismatch") from err
+        return c["out"][: x16.shape[0]].clone()
+
+    def _launch(self, x16, out, count, token_sorted, weight_sorted, cb, ks, launch) -> None:
+        tier = launch.tier
+        n = tier.groups * tier.rows
+        sg, su, ig, iu = self.buffers
+        views = (sg[:n].view(tier.groups, tier.rows, self.hidden), su[:n].view(tier.groups, tier.rows, self.hidden),
+                 ig[:n].view(tier.groups, tier.rows, self.inter), iu[:n].view(tier.groups, tier.rows, self.inter))
+        t = self.tables
+        mcg, mul1 = cb == CODEBOOK_MCG, cb == CODEBOOK_MUL1
+        try:
+            self.ext.exl3_moe(
+                x16, out, count, token_sorted, weight_sorted, *views, ACT_SILU, float(ks[0]), float(ks[1]),
+                float(ks[2]),
+                t["w1_trellis"], t["w1_suh"], t["w1_svh"], t["w3_trellis"], t["w3_suh"], t["w3_svh"],
+                t["w2_trellis"], t["w2_suh"], t["w2_svh"],
+                mcg, mul1, mcg, mul1, mcg, mul1, 0.0, launch.num_active, None, None,
+                tier.count_lo, tier.count_hi, tier.m_tile,
+            )
+        except TypeError as err:  # pybind: the installed extension takes other arguments
+            raise Exl3FormatError(f"{self.prefix}: exl3_moe rejected the call ({err}); extension ABI mismatch") from err
+
+
+def self_check_ids(experts: list[int], num_local: int, top_k: int, tokens: int) -> torch.Tensor:
+    """Top-k ids [tokens, top_k] (distinct per row) giving experts[0..2] about tokens/40/20 rows, the rest few.
+
+    So one call reaches the 16-, 32-, 64-row and wide tiers where the sizes allow.
+    """
+    pool = list(experts) + [e for e in range(num_local) if e not in set(experts)]
+    heavy = [(experts[i], n) for i, n in enumerate((tokens, 40, 20)) if i < len(experts)]
+    rest = [e for e in experts[len(heavy):]] or list(experts)
+    rows = []
+    for t in range(tokens):
+        row = [e for e, n in heavy if t < n][:top_k]
+        j = t * top_k
+        while len(row) < top_k:
+            cand = rest[j % len(rest)] if len(set(rest) - set(row)) else next(e for e in pool if e not in row)
+            j += 1
+            if cand not in row:
+                row.append(cand)
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.int64)

@@ -1,0 +1,145 @@
+//! Gateway settings and their validation (pure).
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use super::admission::Limits;
+use crate::kit::schema::Kit;
+use crate::plan::Plan;
+
+/// Everything the gateway needs to run.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Where clients connect (`engine.host:engine.port`).
+    pub bind: SocketAddr,
+    /// The engine's base URL on loopback, e.g. `http://127.0.0.1:18000`.
+    pub upstream: String,
+    /// Accepted API keys (empty = no key required). Never logged.
+    pub keys: Vec<String>,
+    /// Largest request body accepted, bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Generation requests in flight at once (`engine.max_num_seqs`).
+    pub max_in_flight: usize,
+    /// Requests that may wait for a slot; one more gets 429.
+    pub queue_len: usize,
+    /// Longest wait in the queue before 429.
+    pub queue_wait: Duration,
+    /// `Retry-After` seconds on 429 and 503.
+    pub retry_after_s: u64,
+    /// Longest wait for in-flight requests when draining.
+    pub drain_timeout: Duration,
+    pub limits: Limits,
+}
+
+/// A setting the gateway refuses to run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "engine.host {0} is not loopback and engine.api_keys is empty: anyone who can reach the port could use \
+         the engine; set engine.api_keys.env (or engine.api_keys.file), or set engine.host to 127.0.0.1"
+    )]
+    OpenBind(IpAddr),
+    #[error("engine.host {0:?} is not an IP address: set engine.host to an address such as 127.0.0.1 or 0.0.0.0")]
+    BadHost(String),
+    #[error("engine.port {0} is not a TCP port: set engine.port to 1-65535")]
+    BadPort(u32),
+    #[error("engine.max_num_seqs is 0: set engine.max_num_seqs to 1 or more")]
+    NoSeqs,
+    #[error(
+        "the engine's internal address {0} is not loopback: the engine behind the gateway must listen on 127.0.0.1"
+    )]
+    UpstreamNotLoopback(String),
+}
+
+/// The client-facing address from `engine.host` / `engine.port`.
+pub fn bind_addr(host: &str, port: u32) -> Result<SocketAddr, ConfigError> {
+    let ip: IpAddr = host.parse().map_err(|_| ConfigError::BadHost(host.to_string()))?;
+    let port = u16::try_from(port).ok().filter(|p| *p != 0).ok_or(ConfigError::BadPort(port))?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+impl GatewayConfig {
+    /// Defaults for everything but the addresses, keys, slots and limits.
+    #[must_use]
+    pub fn new(bind: SocketAddr, upstream: String, keys: Vec<String>, max_in_flight: usize, limits: Limits) -> Self {
+        Self {
+            bind,
+            upstream,
+            keys,
+            max_body_bytes: 8 << 20,
+            max_in_flight,
+            queue_len: max_in_flight.saturating_mul(4),
+            queue_wait: Duration::from_secs(30),
+            retry_after_s: 5,
+            drain_timeout: Duration::from_secs(30),
+            limits,
+        }
+    }
+
+    /// The gateway of a kit: clients on `engine.host:engine.port`, the engine on
+    /// `127.0.0.1:engine_port`, `engine.max_num_seqs` slots, the plan's limits, `keys` as read
+    /// from `engine.api_keys`. Validated.
+    pub fn from_kit(kit: &Kit, plan: &Plan, keys: Vec<String>, engine_port: u16) -> Result<Self, ConfigError> {
+        let bind = bind_addr(&kit.engine.host, kit.engine.port)?;
+        let slots = usize::try_from(kit.engine.max_num_seqs).unwrap_or(usize::MAX);
+        let cfg = Self::new(bind, format!("http://127.0.0.1:{engine_port}"), keys, slots, Limits::from_plan(plan));
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Refuse settings that would expose the engine or cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.bind.ip().is_loopback() && self.keys.is_empty() {
+            return Err(ConfigError::OpenBind(self.bind.ip()));
+        }
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::NoSeqs);
+        }
+        let host = self.upstream.strip_prefix("http://").unwrap_or("").split(['/', ':']).next().unwrap_or("");
+        let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            return Err(ConfigError::UpstreamNotLoopback(self.upstream.clone()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: Limits = Limits { max_model_len: 4096, kv_pool_tokens: None, safe_max_prompt: None };
+
+    fn cfg(host: &str, keys: &[&str]) -> GatewayConfig {
+        let bind = bind_addr(host, 8000).unwrap();
+        GatewayConfig::new(bind, "http://127.0.0.1:18000".into(), keys.iter().map(|k| (*k).to_string()).collect(), 2, L)
+    }
+
+    #[test]
+    fn open_bind_without_keys_is_refused_with_the_fix() {
+        let e = cfg("0.0.0.0", &[]).validate().unwrap_err();
+        assert_eq!(e, ConfigError::OpenBind("0.0.0.0".parse().unwrap()));
+        assert!(e.to_string().contains("set engine.api_keys.env"), "{e}");
+        assert_eq!(cfg("0.0.0.0", &["k"]).validate(), Ok(()));
+        assert_eq!(cfg("127.0.0.1", &[]).validate(), Ok(()));
+        assert_eq!(cfg("::1", &[]).validate(), Ok(()));
+    }
+
+    #[test]
+    fn bad_host_and_port() {
+        assert_eq!(bind_addr("example.com", 80), Err(ConfigError::BadHost("example.com".into())));
+        assert_eq!(bind_addr("127.0.0.1", 70000), Err(ConfigError::BadPort(70000)));
+        assert_eq!(bind_addr("127.0.0.1", 0), Err(ConfigError::BadPort(0)));
+    }
+
+    #[test]
+    fn upstream_must_be_loopback_and_slots_nonzero() {
+        let mut c = cfg("127.0.0.1", &[]);
+        c.upstream = "http://10.0.0.2:8000".into();
+        assert!(matches!(c.validate(), Err(ConfigError::UpstreamNotLoopback(_))));
+        c.upstream = "http://localhost:8000".into();
+        assert_eq!(c.validate(), Ok(()));
+        c.max_in_flight = 0;
+        assert_eq!(c.validate(), Err(ConfigError::NoSeqs));
+    }
+}

@@ -1,0 +1,19 @@
+//! The front door: an OpenAI-compatible reverse proxy in front of the engine (vLLM on a
+//! loopback port). It checks API keys, refuses requests the memory plan cannot hold, queues
+//! beyond `max_num_seqs`, answers 503 while the engine is unavailable, passes SSE streams through
+//! event by event, ends cut streams with an error event, drains on stop and exports metrics.
+//! See docs/gateway.md.
+
+pub mod admission;
+pub mod config;
+pub mod framing;
+pub mod keys;
+pub mod metrics;
+mod proxy;
+mod serve;
+mod state;
+mod stream;
+
+pub use config::{ConfigError, GatewayConfig};
+pub use serve::{router, serve};
+pub use state::{DrainOutcome, EngineState, Gateway};

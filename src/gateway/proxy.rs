@@ -1,0 +1,291 @@
+//! Request handling: keys, availability, body cap, admission, slots, forwarding.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::Response;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::{json, Value};
+
+use super::admission::{admit, requested_max_tokens};
+use super::framing::error_body;
+use super::keys::authorized;
+use super::state::{EngineState, Gateway, InFlight, SlotRefusal};
+use super::stream::{plain_body, sse_body};
+
+/// Headers not forwarded in either direction (hop-by-hop, or the gateway's own).
+const DROP: [&str; 8] =
+    ["connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host", "authorization", "content-length"];
+
+pub(crate) fn error(status: StatusCode, message: &str, kind: &str, code: &str, retry_after: Option<u64>) -> Response {
+    let mut r = Response::new(Body::from(error_body(message, kind, code).to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(s) = retry_after {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
+}
+
+fn unavailable(gw: &Gateway, why: &str) -> Response {
+    let reason = if gw.engine_state() == EngineState::Draining { "draining" } else { "unavailable" };
+    gw.metrics.refused(reason);
+    let msg = if reason == "draining" {
+        "the gateway is stopping and admits no new requests: retry against the restarted deployment".to_string()
+    } else {
+        format!("the engine is not serving right now ({why}): retry after the Retry-After seconds")
+    };
+    error(StatusCode::SERVICE_UNAVAILABLE, &msg, "service_unavailable", reason, Some(gw.cfg.retry_after_s))
+}
+
+/// Which kind of route a path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Health,
+    Metrics,
+    /// Chat or text completion: admission + slot.
+    Generate {
+        chat: bool,
+    },
+    /// Embeddings: slot, no admission.
+    Embed,
+    /// Models, tokenize: forwarded as is.
+    Plain,
+}
+
+fn route(method: &Method, path: &str) -> Option<Route> {
+    Some(match (method.as_str(), path) {
+        ("GET", "/health") => Route::Health,
+        ("GET", "/metrics") => Route::Metrics,
+        ("POST", "/v1/chat/completions") => Route::Generate { chat: true },
+        ("POST", "/v1/completions") => Route::Generate { chat: false },
+        ("POST", "/v1/embeddings") => Route::Embed,
+        ("GET", "/v1/models") | ("POST", "/tokenize") | ("POST", "/detokenize") => Route::Plain,
+        _ => return None,
+    })
+}
+
+/// Entry point for every request.
+pub(crate) async fn handle(gw: Arc<Gateway>, req: Request) -> Response {
+    let resp = dispatch(&gw, req).await;
+    gw.metrics.status(resp.status().as_u16());
+    resp
+}
+
+async fn dispatch(gw: &Arc<Gateway>, req: Request) -> Response {
+    let started = Instant::now();
+    let path = req.uri().path().to_string();
+    let Some(route) = route(req.method(), &path) else {
+        let msg = format!("{} {path} is not served by this endpoint", req.method());
+        return error(StatusCode::NOT_FOUND, &msg, "invalid_request_error", "not_found", None);
+    };
+    if route != Route::Health {
+        let auth = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        if !authorized(&gw.cfg.keys, auth) {
+            gw.metrics.refused("unauthorized");
+            let msg = "missing or wrong API key: send the header Authorization: Bearer <key> with a key from \
+                       engine.api_keys";
+            return error(StatusCode::UNAUTHORIZED, msg, "invalid_request_error", "invalid_api_key", None);
+        }
+    }
+    if route == Route::Metrics {
+        return metrics(gw).await;
+    }
+    if gw.engine_state() != EngineState::Ready {
+        return unavailable(gw, "starting or restarting");
+    }
+    let (parts, body) = req.into_parts();
+    let body = match read_capped(gw, &parts.headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let slot = match route {
+        Route::Generate { chat } => {
+            if let Err(r) = admission(gw, chat, &body).await {
+                return r;
+            }
+            match take_slot(gw).await {
+                Ok(s) => Some(s),
+                Err(r) => return r,
+            }
+        }
+        Route::Embed => match take_slot(gw).await {
+            Ok(s) => Some(s),
+            Err(r) => return r,
+        },
+        Route::Health | Route::Metrics | Route::Plain => None,
+    };
+    let pq = parts.uri.path_and_query().map_or(path.as_str(), |p| p.as_str()).to_string();
+    forward(gw, parts.method, &pq, &parts.headers, body, started, slot).await
+}
+
+async fn read_capped(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    let cap = gw.cfg.max_body_bytes;
+    let too_large = |n: Option<u64>| {
+        gw.metrics.refused("body_too_large");
+        let fig = n.map_or_else(|| "more than the limit".to_string(), |n| format!("{n} bytes"));
+        let msg = format!("request body is {fig}; the gateway accepts at most {cap} bytes: send a smaller request");
+        error(StatusCode::PAYLOAD_TOO_LARGE, &msg, "invalid_request_error", "request_too_large", None)
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap as u64) {
+        return Err(too_large(declared));
+    }
+    match Limited::new(body, cap).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(None)),
+        Err(e) => {
+            let msg = format!("could not read the request body: {e}");
+            Err(error(StatusCode::BAD_REQUEST, &msg, "invalid_request_error", "bad_body", None))
+        }
+    }
+}
+
+fn bad_request(msg: &str, code: &str) -> Response {
+    error(StatusCode::BAD_REQUEST, msg, "invalid_request_error", code, None)
+}
+
+/// Count the prompt with the engine's own `/tokenize` and check it against the plan.
+async fn admission(gw: &Gateway, chat: bool, body: &Bytes) -> Result<(), Response> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| bad_request(&format!("request body is not JSON: {e}"), "invalid_json"))?;
+    let counts = prompt_counts(gw, chat, &v).await?;
+    let max_tokens = requested_max_tokens(&v);
+    for n in counts {
+        if let Err(r) = admit(&gw.cfg.limits, n, max_tokens) {
+            gw.metrics.refused(r.limit.name());
+            return Err(bad_request(&r.message(), r.limit.name()));
+        }
+    }
+    gw.metrics.admitted();
+    Ok(())
+}
+
+/// Prompt tokens of each sequence the request would start.
+async fn prompt_counts(gw: &Gateway, chat: bool, v: &Value) -> Result<Vec<u64>, Response> {
+    let model = v.get("model").cloned().unwrap_or(Value::Null);
+    if chat {
+        let mut req = json!({"model": model, "messages": v.get("messages").cloned().unwrap_or(Value::Null),
+                             "add_generation_prompt": v.get("add_generation_prompt").cloned().unwrap_or(json!(true))});
+        for k in ["continue_final_message", "add_special_tokens", "chat_template", "chat_template_kwargs", "tools"] {
+            if let Some(x) = v.get(k) {
+                req[k] = x.clone();
+            }
+        }
+        return Ok(vec![tokenize(gw, &req).await?]);
+    }
+    let prompt = v.get("prompt").cloned().unwrap_or(Value::Null);
+    let is_ids = |a: &[Value]| !a.is_empty() && a.iter().all(Value::is_u64);
+    match &prompt {
+        Value::String(_) => Ok(vec![tokenize(gw, &json!({"model": model, "prompt": prompt})).await?]),
+        Value::Array(a) if is_ids(a) => Ok(vec![a.len() as u64]),
+        Value::Array(a) => {
+            let mut out = Vec::with_capacity(a.len());
+            for p in a {
+                match p {
+                    Value::String(_) => out.push(tokenize(gw, &json!({"model": model, "prompt": p})).await?),
+                    Value::Array(ids) if is_ids(ids) => out.push(ids.len() as u64),
+                    _ => return Err(bad_request("prompt must be a string, a list of strings or token ids", "prompt")),
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(bad_request("prompt must be a string, a list of strings or token ids", "prompt")),
+    }
+}
+
+async fn tokenize(gw: &Gateway, req: &Value) -> Result<u64, Response> {
+    let url = format!("{}/tokenize", gw.cfg.upstream);
+    let resp =
+        gw.client.post(url).json(req).send().await.map_err(|_| unavailable(gw, "its /tokenize did not answer"))?;
+    let status = resp.status();
+    let bytes = resp.bytes().await.map_err(|_| unavailable(gw, "its /tokenize answer was cut"))?;
+    if !status.is_success() {
+        // The engine's own verdict on the request (bad model, bad messages): passed on as is.
+        let mut r = Response::new(Body::from(bytes));
+        *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return Err(r);
+    }
+    serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("count")?.as_u64())
+        .ok_or_else(|| unavailable(gw, "its /tokenize answer has no count"))
+}
+
+/// A slot, or 429; a request that got its slot from the queue after the drain began gets 503.
+async fn take_slot(gw: &Arc<Gateway>) -> Result<InFlight, Response> {
+    let slot = gw.slot().await.map_err(|why| {
+        gw.metrics.refused("queue_full");
+        let n = gw.cfg.max_in_flight;
+        let how = match why {
+            SlotRefusal::QueueFull => format!("all {n} engine slots are busy and the queue is full"),
+            SlotRefusal::QueueTimeout => format!("all {n} engine slots stayed busy for the queue's wait"),
+        };
+        let msg = format!("{how}: retry after the Retry-After seconds");
+        error(StatusCode::TOO_MANY_REQUESTS, &msg, "rate_limit_error", "queue_full", Some(gw.cfg.retry_after_s))
+    })?;
+    if gw.engine_state() != EngineState::Ready {
+        drop(slot);
+        return Err(unavailable(gw, "it stopped while the request was queued"));
+    }
+    Ok(slot)
+}
+
+async fn forward(
+    gw: &Arc<Gateway>,
+    method: Method,
+    path_query: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+    started: Instant,
+    slot: Option<InFlight>,
+) -> Response {
+    let url = format!("{}{path_query}", gw.cfg.upstream);
+    let mut req = gw.client.request(method, url).body(body);
+    for (k, v) in headers {
+        if !DROP.contains(&k.as_str()) {
+            req = req.header(k, v);
+        }
+    }
+    let resp = match req.send().await {
+        Ok(r) => r,
+        Err(_) => return unavailable(gw, "it did not answer"),
+    };
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut out_headers = HeaderMap::new();
+    for (k, v) in resp.headers() {
+        if !DROP.contains(&k.as_str()) {
+            out_headers.append(k.clone(), v.clone());
+        }
+    }
+    let sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/event-stream"));
+    let body = if sse { sse_body(gw.clone(), resp, started, slot) } else { plain_body(resp, slot) };
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    *r.headers_mut() = out_headers;
+    r
+}
+
+async fn metrics(gw: &Gateway) -> Response {
+    let mut text = gw.metrics_text();
+    let url = format!("{}/metrics", gw.cfg.upstream);
+    let upstream = match gw.client.get(url).send().await {
+        Ok(r) if r.status().is_success() => r.text().await.ok(),
+        _ => None,
+    };
+    match upstream {
+        Some(t) => text.push_str(&t),
+        None => text.push_str("# the engine's /metrics did not answer; only the gateway's series are shown\n"),
+    }
+    let mut r = Response::new(Body::from(text));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    r
+}

@@ -1,0 +1,184 @@
+//! Shared gateway state: engine availability, the slot semaphore and its bounded queue,
+//! in-flight accounting for the drain.
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+
+use super::config::GatewayConfig;
+use super::metrics::Metrics;
+
+/// What the gateway knows about the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineState {
+    /// Serving: requests are proxied.
+    Ready,
+    /// Starting or restarting: new requests get 503 + Retry-After.
+    Unavailable,
+    /// Stopping: new requests get 503, in-flight ones finish.
+    Draining,
+}
+
+impl EngineState {
+    const fn code(self) -> u8 {
+        match self {
+            EngineState::Ready => 0,
+            EngineState::Unavailable => 1,
+            EngineState::Draining => 2,
+        }
+    }
+    const fn of(code: u8) -> Self {
+        match code {
+            0 => EngineState::Ready,
+            1 => EngineState::Unavailable,
+            _ => EngineState::Draining,
+        }
+    }
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// Every in-flight request finished.
+    Idle,
+    /// The drain timeout passed; this many were still in flight (their streams are then cut).
+    TimedOut(usize),
+}
+
+/// Why no slot was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotRefusal {
+    QueueFull,
+    QueueTimeout,
+}
+
+/// One request's hold on the engine: a slot and the in-flight count, released on drop.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    _permit: OwnedSemaphorePermit,
+    gw: Arc<Gateway>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gw.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.gw.idle.notify_waiters();
+    }
+}
+
+/// The gateway: configuration, HTTP client to the engine, and live state.
+#[derive(Debug)]
+pub struct Gateway {
+    pub(crate) cfg: GatewayConfig,
+    pub(crate) client: reqwest::Client,
+    pub(crate) metrics: Metrics,
+    state: AtomicU8,
+    slots: Arc<Semaphore>,
+    queued: AtomicUsize,
+    in_flight: AtomicUsize,
+    idle: Notify,
+    /// Set when the drain timed out: open streams end with the error event.
+    pub(crate) cut: watch::Sender<bool>,
+}
+
+impl Gateway {
+    /// A gateway in state `initial`.
+    pub fn new(cfg: GatewayConfig, initial: EngineState) -> Result<Arc<Self>, reqwest::Error> {
+        // No overall timeout: streams last as long as generation does. Connecting is bounded.
+        let client = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).no_proxy().build()?;
+        Ok(Arc::new(Self {
+            slots: Arc::new(Semaphore::new(cfg.max_in_flight)),
+            cfg,
+            client,
+            metrics: Metrics::default(),
+            state: AtomicU8::new(initial.code()),
+            queued: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            cut: watch::channel(false).0,
+        }))
+    }
+
+    #[must_use]
+    pub fn config(&self) -> &GatewayConfig {
+        &self.cfg
+    }
+
+    /// Tell the gateway the engine's state (the supervisor calls this on every change).
+    /// Draining is sticky: once draining, only [`Gateway::drain`] ends it.
+    pub fn set_engine_state(&self, s: EngineState) {
+        let _ = self.state.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+            (EngineState::of(cur) != EngineState::Draining).then_some(s.code())
+        });
+    }
+
+    #[must_use]
+    pub fn engine_state(&self) -> EngineState {
+        EngineState::of(self.state.load(Ordering::SeqCst))
+    }
+
+    /// Requests holding an engine slot.
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Requests waiting for a slot.
+    #[must_use]
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// Prometheus text of the gateway's own series.
+    #[must_use]
+    pub fn metrics_text(&self) -> String {
+        super::metrics::render(&self.metrics.snapshot(self.queued() as u64, self.in_flight() as u64))
+    }
+
+    /// Take a slot, waiting in the bounded queue when all are busy.
+    pub(crate) async fn slot(self: &Arc<Self>) -> Result<InFlight, SlotRefusal> {
+        let permit = match self.slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let q = self.queued.fetch_add(1, Ordering::SeqCst);
+                if q >= self.cfg.queue_len {
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                    return Err(SlotRefusal::QueueFull);
+                }
+                let got = tokio::time::timeout(self.cfg.queue_wait, self.slots.clone().acquire_owned()).await;
+                self.queued.fetch_sub(1, Ordering::SeqCst);
+                match got {
+                    Ok(Ok(p)) => p,
+                    // The semaphore is never closed; a closed one reads as a queue timeout.
+                    Ok(Err(_)) | Err(_) => return Err(SlotRefusal::QueueTimeout),
+                }
+            }
+        };
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Ok(InFlight { _permit: permit, gw: self.clone() })
+    }
+
+    /// Stop admitting (503 from now on) and wait up to the drain timeout for in-flight requests.
+    /// On timeout, open streams are ended with the terminal error event.
+    pub async fn drain(&self) -> DrainOutcome {
+        self.state.store(EngineState::Draining.code(), Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + self.cfg.drain_timeout;
+        loop {
+            let notified = self.idle.notified();
+            let n = self.in_flight();
+            if n == 0 {
+                return DrainOutcome::Idle;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                let n = self.in_flight();
+                if n == 0 {
+                    return DrainOutcome::Idle;
+                }
+                let _ = self.cut.send(true);
+                return DrainOutcome::TimedOut(n);
+            }
+        }
+    }
+}

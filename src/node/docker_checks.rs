@@ -1,0 +1,179 @@
+//! Preflight verdicts for kits with `engine.runtime: docker` (pure, over [`DockerFacts`]):
+//! the daemon answers, `engine.docker_image` is on the node, no container of this deployment
+//! survives from an earlier run, and every node has the same image id.
+
+use super::checks::{Check, Verdict};
+use super::facts::DockerFacts;
+use super::probe::ProbeError;
+use crate::engine::dockerctl::{classify, parse_ps, DockerError};
+
+fn check(node: &str, id: &'static str, verdict: Verdict, message: String, fix: Option<String>) -> Check {
+    Check { node: node.to_string(), id, verdict, message, fix }
+}
+
+/// What a failed probe of the docker CLI means.
+fn error_of(e: &ProbeError, what: &str, image: Option<&str>) -> DockerError {
+    match e {
+        ProbeError::NotFound(_) => DockerError::NotInstalled,
+        // `exit status: 1: <first stderr line>`: the stderr line is what docker said.
+        ProbeError::Failed { why, .. } => {
+            let said =
+                why.strip_prefix("exit status: ").and_then(|r| r.split_once(": ")).map_or(why.as_str(), |(_, s)| s);
+            classify(what, said, image)
+        }
+    }
+}
+
+/// The image id on this node, when the facts have one.
+#[must_use]
+pub fn image_id(f: &DockerFacts) -> Option<&str> {
+    f.image_id.as_ref().ok().map(|s| s.trim()).filter(|s| !s.is_empty())
+}
+
+/// Checks of one node.
+#[must_use]
+pub fn node_checks(node: &str, f: &DockerFacts) -> Vec<Check> {
+    let mut out = Vec::new();
+    if let Err(e) = &f.info {
+        let e = error_of(e, "info", None);
+        out.push(check(node, "docker", Verdict::Fail, e.to_string(), Some(e.fix())));
+        return out;
+    }
+    let version = f.info.as_ref().map(|v| v.trim().to_string()).unwrap_or_default();
+    out.push(check(node, "docker", Verdict::Pass, format!("Docker daemon {version} answers"), None));
+    match (&f.image_id, image_id(f)) {
+        (Ok(_), Some(id)) => {
+            out.push(check(node, "image", Verdict::Pass, format!("image {} is here ({})", f.image, short(id)), None));
+        }
+        (Ok(_), None) => {
+            let e = DockerError::NoImage(f.image.clone());
+            out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(e.fix())));
+        }
+        (Err(e), _) => {
+            let e = error_of(e, "image inspect", Some(&f.image));
+            out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(e.fix())));
+        }
+    }
+    match &f.containers {
+        Ok(text) => {
+            let left = parse_ps(text);
+            if left.is_empty() {
+                out.push(check(node, "containers", Verdict::Pass, "no container of this deployment".into(), None));
+            } else {
+                let names: Vec<String> =
+                    left.iter().map(|c| format!("{} ({}, {})", c.name, short(&c.id), c.state)).collect();
+                out.push(check(
+                    node,
+                    "containers",
+                    Verdict::Fail,
+                    format!("containers of this deployment from an earlier run: {}", names.join(", ")),
+                    Some("stop them with `spark-kit down`, or start over them with `spark-kit up --replace`".into()),
+                ));
+            }
+        }
+        Err(e) => {
+            let e = error_of(e, "ps", None);
+            out.push(check(node, "containers", Verdict::Fail, e.to_string(), Some(e.fix())));
+        }
+    }
+    out
+}
+
+/// Every node that has the image has the same image id (a mismatch names both ids).
+#[must_use]
+pub fn cross_checks(nodes: &[(&str, &DockerFacts)]) -> Vec<Check> {
+    let ids: Vec<(&str, &str)> = nodes.iter().filter_map(|(n, f)| image_id(f).map(|id| (*n, id))).collect();
+    if ids.len() < 2 {
+        return Vec::new();
+    }
+    let (first_node, first) = ids[0];
+    if let Some((other_node, other)) = ids.iter().find(|(_, id)| *id != first) {
+        let image = &nodes[0].1.image;
+        return vec![check(
+            "all",
+            "image-id",
+            Verdict::Fail,
+            format!("image {image} differs between nodes: {first_node} has {first}, {other_node} has {other}"),
+            Some(format!(
+                "run `spark-kit image sync` to copy the head's image to the workers (or `docker load` the same image on {other_node})"
+            )),
+        )];
+    }
+    vec![check("all", "image-id", Verdict::Pass, format!("same image id on every node ({})", short(first)), None)]
+}
+
+fn short(id: &str) -> &str {
+    let id = id.strip_prefix("sha256:").unwrap_or(id);
+    &id[..id.len().min(12)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(id: Result<&str, ProbeError>, ps: &str) -> DockerFacts {
+        DockerFacts {
+            info: Ok("20.10.24\n".into()),
+            image_id: id.map(str::to_string),
+            image: "vllm/x:1".into(),
+            containers: Ok(ps.into()),
+        }
+    }
+
+    const ID_A: &str = "sha256:62d68dee0229b98c0f560677b0ded94ddc0f860a6d6123b7b3ea461b1a698bdd";
+    const ID_B: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+    #[test]
+    fn a_healthy_node_passes() {
+        let c = node_checks("spark-1", &facts(Ok(ID_A), ""));
+        assert!(c.iter().all(|c| c.verdict == Verdict::Pass), "{c:?}");
+        assert!(c[1].message.contains("62d68dee0229"));
+    }
+
+    #[test]
+    fn daemon_problems_are_one_line_with_the_fix() {
+        let mut f = facts(Ok(ID_A), "");
+        f.info = Err(ProbeError::Failed {
+            what: "docker info".into(),
+            why: "exit status: 1: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?".into(),
+        });
+        let c = node_checks("spark-2", &f);
+        assert_eq!((c.len(), c[0].verdict), (1, Verdict::Fail));
+        assert!(
+            c[0].message.contains("not running") && c[0].fix.as_deref().unwrap().contains("systemctl start docker")
+        );
+        f.info = Err(ProbeError::NotFound("docker".into()));
+        assert!(node_checks("n", &f)[0].fix.as_deref().unwrap().contains("apt-get install docker.io"));
+    }
+
+    #[test]
+    fn missing_image_and_leftovers_fail() {
+        let missing = Err(ProbeError::Failed {
+            what: "docker image inspect".into(),
+            why: "exit status: 1: Error: No such image: vllm/x:1".into(),
+        });
+        let c = node_checks("spark-2", &facts(missing, "abc123\tspark-kit-k-spark-2\trunning\n"));
+        let image = c.iter().find(|c| c.id == "image").unwrap();
+        assert_eq!(image.verdict, Verdict::Fail);
+        assert!(
+            image.message.contains("`vllm/x:1` is not on this node")
+                && image.fix.as_deref().unwrap().contains("image sync")
+        );
+        let left = c.iter().find(|c| c.id == "containers").unwrap();
+        assert_eq!(left.verdict, Verdict::Fail);
+        assert!(
+            left.message.contains("spark-kit-k-spark-2 (abc123, running)")
+                && left.fix.as_deref().unwrap().contains("--replace")
+        );
+    }
+
+    #[test]
+    fn image_ids_are_compared_across_nodes() {
+        let (a, b) = (facts(Ok(ID_A), ""), facts(Ok(ID_B), ""));
+        let c = cross_checks(&[("spark-1", &a), ("spark-2", &b)]);
+        assert_eq!(c[0].verdict, Verdict::Fail);
+        assert!(c[0].message.contains(&format!("spark-1 has {ID_A}, spark-2 has {ID_B}")), "{}", c[0].message);
+        assert_eq!(cross_checks(&[("spark-1", &a), ("spark-2", &a.clone())])[0].verdict, Verdict::Pass);
+        assert!(cross_checks(&[("spark-1", &a)]).is_empty());
+    }
+}

@@ -1,0 +1,391 @@
+//! The gateway in front of a real HTTP upstream on loopback (a small axum server standing in for
+//! vLLM's OpenAI server: /tokenize, streamed chat, /health, /metrics), driven by a real client.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use spark_kit::gateway::admission::Limits;
+use spark_kit::gateway::{serve, DrainOutcome, EngineState, Gateway, GatewayConfig};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+#[derive(Default)]
+struct Seen {
+    tokenize: AtomicUsize,
+    chat: AtomicUsize,
+    /// Streams whose body was dropped before it ended (the client went away).
+    dropped: AtomicUsize,
+}
+
+struct DropGuard(Arc<Seen>, bool);
+impl DropGuard {
+    fn ended(mut self) {
+        self.1 = true;
+    }
+}
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn words(v: &Value) -> u64 {
+    let text = match v.get("messages").and_then(Value::as_array) {
+        Some(m) => m.iter().filter_map(|x| x["content"].as_str()).collect::<Vec<_>>().join(" "),
+        None => v["prompt"].as_str().unwrap_or_default().to_string(),
+    };
+    text.split_whitespace().count() as u64
+}
+
+fn json_resp(v: &Value) -> Response {
+    Response::builder().header(header::CONTENT_TYPE, "application/json").body(Body::from(v.to_string())).unwrap()
+}
+
+async fn tokenize(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
+    seen.tokenize.fetch_add(1, Ordering::SeqCst);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    json_resp(&json!({"count": words(&v), "max_model_len": 4096, "tokens": []}))
+}
+
+fn event(content: &str) -> String {
+    let c = json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": content}}]});
+    format!("data: {c}\n\n")
+}
+
+/// `max_tokens` events of one word, `interval_ms` apart, then `[DONE]`; `cut_after`: after that
+/// many events, half an event and then a broken connection.
+async fn chat(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    seen.chat.fetch_add(1, Ordering::SeqCst);
+    let n = v["max_tokens"].as_u64().unwrap_or(4);
+    let interval = Duration::from_millis(v["interval_ms"].as_u64().unwrap_or(20));
+    let cut = v["cut_after"].as_u64();
+    let stream = futures_util::stream::unfold((0u64, DropGuard(seen, false)), move |(i, mut g)| async move {
+        if i > n || g.1 {
+            g.ended();
+            return None;
+        }
+        tokio::time::sleep(interval).await;
+        if cut == Some(i) {
+            g.1 = true;
+            let half = Ok::<_, std::io::Error>(Bytes::from("data: {\"choices\": [{\"delta\""));
+            return Some((half, (n + 1, g)));
+        }
+        if cut.is_some_and(|c| i > c) {
+            g.1 = true;
+            return Some((Err(std::io::Error::other("engine died")), (i + 1, g)));
+        }
+        let item = if i == n { "data: [DONE]\n\n".to_string() } else { event(&format!("w{i} ")) };
+        Some((Ok(Bytes::from(item)), (i + 1, g)))
+    });
+    // After the half event, the next poll yields the error.
+    let stream = stream.chain(futures_util::stream::iter(cut.map(|_| Err(std::io::Error::other("engine died")))));
+    Response::builder().header(header::CONTENT_TYPE, "text/event-stream").body(Body::from_stream(stream)).unwrap()
+}
+
+async fn upstream_on(listener: TcpListener) -> Arc<Seen> {
+    let seen = Arc::new(Seen::default());
+    let app = Router::new()
+        .route("/tokenize", post(tokenize))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(|| async { json_resp(&json!({"object": "list", "data": [{"id": "m"}]})) }))
+        .route("/health", get(|| async { "" }))
+        .route("/metrics", get(|| async { "vllm:num_requests_running 0\n" }))
+        .with_state(seen.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    seen
+}
+
+async fn upstream() -> (String, Arc<Seen>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    (url, upstream_on(l).await)
+}
+
+const LIMITS: Limits = Limits { max_model_len: 100, kv_pool_tokens: Some(80), safe_max_prompt: Some(60) };
+
+struct Gw {
+    url: String,
+    gw: Arc<Gateway>,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<std::io::Result<DrainOutcome>>,
+}
+
+async fn gateway(upstream: &str, tweak: impl FnOnce(&mut GatewayConfig)) -> Gw {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = l.local_addr().unwrap();
+    let mut cfg = GatewayConfig::new(addr, upstream.to_string(), vec![], 4, LIMITS);
+    tweak(&mut cfg);
+    cfg.validate().unwrap();
+    let gw = Gateway::new(cfg, EngineState::Ready).unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let done = tokio::spawn(serve(l, gw.clone(), async move {
+        let _ = rx.await;
+    }));
+    Gw { url: format!("http://{addr}"), gw, stop: Some(tx), done }
+}
+
+/// Wait (up to 10 s) until `f` holds: the tests order requests by the gateway's own counts.
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+fn chat_body(prompt_words: usize, max_tokens: u64) -> Value {
+    json!({"model": "m", "stream": true, "max_tokens": max_tokens,
+           "messages": [{"role": "user", "content": vec!["x"; prompt_words].join(" ")}]})
+}
+
+async fn send_chat(url: &str, body: &Value) -> reqwest::Response {
+    client().post(format!("{url}/v1/chat/completions")).json(body).send().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_passes_through_event_by_event() {
+    let (up, _seen) = upstream().await;
+    let g = gateway(&up, |_| {}).await;
+    let mut body = chat_body(3, 5);
+    body["interval_ms"] = json!(150);
+    let t0 = Instant::now();
+    let resp = send_chat(&g.url, &body).await;
+    assert_eq!(resp.status(), 200);
+    let mut s = resp.bytes_stream();
+    let first = s.next().await.unwrap().unwrap();
+    let first_at = t0.elapsed();
+    assert_eq!(first, Bytes::from(event("w0 ")), "the first event arrives alone");
+    let mut all = first.to_vec();
+    while let Some(c) = s.next().await {
+        all.extend_from_slice(&c.unwrap());
+    }
+    let total = t0.elapsed();
+    // Six 150 ms steps upstream: the first event must not wait for the rest.
+    assert!(total - first_at >= Duration::from_millis(600), "first {first_at:?}, total {total:?}");
+    let text = String::from_utf8(all).unwrap();
+    let expect: String = (0..5).map(|i| event(&format!("w{i} "))).collect::<String>() + "data: [DONE]\n\n";
+    assert_eq!(text, expect);
+    let m = client().get(format!("{}/metrics", g.url)).send().await.unwrap().text().await.unwrap();
+    assert!(m.contains("spark_gateway_ttft_seconds_count 1\n"), "{m}");
+    assert!(m.contains("spark_gateway_inter_token_seconds_count 4\n"), "{m}");
+    assert!(m.contains("spark_gateway_admitted_total 1\n"), "{m}");
+    assert!(m.contains("vllm:num_requests_running 0\n"), "engine series passed through: {m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_plan_is_400_and_the_engine_never_sees_it() {
+    let (up, seen) = upstream().await;
+    let g = gateway(&up, |_| {}).await;
+    // 50 prompt + 40 = 90 > the KV pool's 80.
+    let resp = send_chat(&g.url, &chat_body(50, 40)).await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("prompt 50 + max_tokens 40 = 90 tokens; the KV pool holds 80 tokens"), "{msg}");
+    assert!(msg.contains("lower max_tokens to at most 30"), "{msg}");
+    assert_eq!(v["error"]["code"], "kv_pool");
+    // 61 prompt > the prefill budget of 60.
+    let v: Value = send_chat(&g.url, &chat_body(61, 1)).await.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "prefill_budget", "{v}");
+    assert_eq!(seen.chat.load(Ordering::SeqCst), 0, "the engine got a refused request");
+    assert_eq!(seen.tokenize.load(Ordering::SeqCst), 2, "prompts counted by the engine's /tokenize");
+    let ok = send_chat(&g.url, &chat_body(50, 30)).await;
+    assert_eq!(ok.status(), 200);
+    assert!(ok.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    assert_eq!(seen.chat.load(Ordering::SeqCst), 1);
+    let m = g.gw.metrics_text();
+    assert!(m.contains("spark_gateway_refused_total{reason=\"kv_pool\"} 1\n"), "{m}");
+    assert!(m.contains("spark_gateway_refused_total{reason=\"prefill_budget\"} 1\n"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_slots_and_queue_is_429_with_retry_after() {
+    let (up, _seen) = upstream().await;
+    let g = gateway(&up, |c| {
+        c.max_in_flight = 1;
+        c.queue_len = 1;
+    })
+    .await;
+    let mut body = chat_body(2, 4);
+    body["interval_ms"] = json!(100);
+    let (u, b) = (g.url.clone(), body.clone());
+    let first = tokio::spawn(async move { send_chat(&u, &b).await.text().await.unwrap() });
+    until("the first request holds the slot", || g.gw.in_flight() == 1).await;
+    let (u, b) = (g.url.clone(), body.clone());
+    let second = tokio::spawn(async move { send_chat(&u, &b).await.text().await.unwrap() });
+    until("the second request is queued", || g.gw.queued() == 1).await;
+    assert_eq!((g.gw.in_flight(), g.gw.queued()), (1, 1));
+    let third = send_chat(&g.url, &body).await;
+    assert_eq!(third.status(), 429);
+    assert_eq!(third.headers()["retry-after"], "5");
+    let v: Value = third.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("all 1 engine slots are busy"), "{v}");
+    assert!(first.await.unwrap().ends_with("data: [DONE]\n\n"));
+    assert!(second.await.unwrap().ends_with("data: [DONE]\n\n"), "the queued request ran after the first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_down_is_503_with_retry_after_then_serves() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    let g = gateway(&format!("http://{addr}"), |_| {}).await;
+    for path in ["/v1/models", "/health"] {
+        let r = client().get(format!("{}{path}", g.url)).send().await.unwrap();
+        assert_eq!(r.status(), 503, "{path}");
+        assert_eq!(r.headers()["retry-after"], "5");
+    }
+    let r = send_chat(&g.url, &chat_body(2, 2)).await;
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "service_unavailable");
+    // The supervisor says restarting: 503 even though the engine is back.
+    let _seen = upstream_on(TcpListener::bind(addr).await.unwrap()).await;
+    g.gw.set_engine_state(EngineState::Unavailable);
+    assert_eq!(client().get(format!("{}/v1/models", g.url)).send().await.unwrap().status(), 503);
+    g.gw.set_engine_state(EngineState::Ready);
+    assert_eq!(client().get(format!("{}/health", g.url)).send().await.unwrap().status(), 200);
+    assert_eq!(send_chat(&g.url, &chat_body(2, 2)).await.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_stream_ends_with_an_error_event_and_done() {
+    let (up, _seen) = upstream().await;
+    let g = gateway(&up, |_| {}).await;
+    let mut body = chat_body(2, 10);
+    body["cut_after"] = json!(3);
+    let resp = send_chat(&g.url, &body).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let events: Vec<&str> = text.split_terminator("\n\n").collect();
+    assert_eq!(events.len(), 5, "three events, the error, [DONE]; the half event dropped: {text}");
+    assert_eq!(format!("{}\n\n", events[2]), event("w2 "));
+    let err: Value = serde_json::from_str(events[3].strip_prefix("data: ").unwrap()).unwrap();
+    assert!(err["error"]["message"].as_str().unwrap().contains("ended before [DONE]"), "{err}");
+    assert_eq!(events[4], "data: [DONE]");
+    assert!(g.gw.metrics_text().contains("spark_gateway_streams_cut_total 1\n"));
+    assert_eq!(g.gw.in_flight(), 0, "the slot was released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_drops_the_engine_request() {
+    let (up, seen) = upstream().await;
+    let g = gateway(&up, |_| {}).await;
+    let mut body = chat_body(2, 50);
+    body["interval_ms"] = json!(50);
+    let resp = send_chat(&g.url, &body).await;
+    let mut s = resp.bytes_stream();
+    s.next().await.unwrap().unwrap();
+    drop(s);
+    let t0 = Instant::now();
+    while seen.dropped.load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.dropped.load(Ordering::SeqCst), 1, "the engine's stream was not dropped");
+    assert_eq!(g.gw.in_flight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_finishes_in_flight_and_refuses_new() {
+    let (up, _seen) = upstream().await;
+    let mut g = gateway(&up, |_| {}).await;
+    let mut body = chat_body(2, 8);
+    body["interval_ms"] = json!(100);
+    let resp = send_chat(&g.url, &body).await;
+    let long = tokio::spawn(async move { resp.text().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    g.stop.take().unwrap().send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = send_chat(&g.url, &chat_body(2, 2)).await;
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "draining");
+    assert!(long.await.unwrap().ends_with(&format!("{}data: [DONE]\n\n", event("w7 "))), "the stream completed");
+    assert_eq!(g.done.await.unwrap().unwrap(), DrainOutcome::Idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_timeout_ends_open_streams_with_the_error_event() {
+    let (up, _seen) = upstream().await;
+    let mut g = gateway(&up, |c| c.drain_timeout = Duration::from_millis(200)).await;
+    let mut body = chat_body(2, 40);
+    body["interval_ms"] = json!(100);
+    let resp = send_chat(&g.url, &body).await;
+    let long = tokio::spawn(async move { resp.text().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    g.stop.take().unwrap().send(()).unwrap();
+    let text = long.await.unwrap();
+    assert!(text.contains("the drain timeout passed"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(g.done.await.unwrap().unwrap(), DrainOutcome::TimedOut(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_body_cap_and_open_health() {
+    let (up, seen) = upstream().await;
+    let g = gateway(&up, |c| {
+        c.keys = vec!["sk-right".into()];
+        c.max_body_bytes = 1000;
+    })
+    .await;
+    let c = client();
+    let r = c.get(format!("{}/v1/models", g.url)).bearer_auth("sk-wrong").send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    assert!(!v.to_string().contains("sk-right") && !v.to_string().contains("sk-wrong"));
+    assert_eq!(c.get(format!("{}/metrics", g.url)).send().await.unwrap().status(), 401);
+    assert_eq!(c.get(format!("{}/health", g.url)).send().await.unwrap().status(), 200, "/health is open");
+    let r = c.get(format!("{}/v1/models", g.url)).bearer_auth("sk-right").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let big = chat_body(600, 1);
+    let r = c.post(format!("{}/v1/chat/completions", g.url)).bearer_auth("sk-right").json(&big).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("at most 1000 bytes"), "{v}");
+    assert_eq!(seen.tokenize.load(Ordering::SeqCst), 0);
+    let r = c.post(format!("{}/v1/nope", g.url)).bearer_auth("sk-right").send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_when_the_drain_begins_gets_503_not_the_engine() {
+    let (up, seen) = upstream().await;
+    let mut g = gateway(&up, |c| {
+        c.max_in_flight = 1;
+        c.queue_len = 1;
+    })
+    .await;
+    let mut body = chat_body(2, 4);
+    body["interval_ms"] = json!(100);
+    let (u, b) = (g.url.clone(), body.clone());
+    let first = tokio::spawn(async move { send_chat(&u, &b).await.text().await.unwrap() });
+    until("the first request holds the slot", || g.gw.in_flight() == 1).await;
+    let (u, b) = (g.url.clone(), body.clone());
+    let queued = tokio::spawn(async move { send_chat(&u, &b).await });
+    until("the second request is queued", || g.gw.queued() == 1).await;
+    g.stop.take().unwrap().send(()).unwrap();
+    assert!(first.await.unwrap().ends_with("data: [DONE]\n\n"), "the in-flight stream completed");
+    let r = queued.await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(seen.chat.load(Ordering::SeqCst), 1, "the queued request reached the engine");
+    assert_eq!(g.done.await.unwrap().unwrap(), DrainOutcome::Idle);
+}
