@@ -1,7 +1,7 @@
 //! Issue 21 items 3, 4, 7 and 8 end to end on the tiny-cpu kit: every command `up --detach`
 //! prints is run as printed (status, logs -f, down, the curl with its API key header); `status`
-//! without --kit finds the deployment; the boot phase shows in `status` while booting; a killed
-//! EngineCore is named as what died; Ctrl-C of a foreground `up` exits 130.
+//! without --kit finds the deployment; the boot phase shows in `status` while booting; Ctrl-C of
+//! a foreground `up` exits 130.
 //!
 //! Needs the engine venv (SPARK_KIT_TEST_E2E, set by tests/run-all.sh); boots vLLM twice, so run
 //! it under the e2e lock: `flock /tmp/spark-e2e.lock cargo test --test e2e_hints`.
@@ -141,25 +141,6 @@ fn printed_hints_work_as_copied() {
     assert!(f.try_wait().unwrap().is_none(), "logs -f exited");
     f.kill().unwrap();
     f.wait().unwrap();
-
-    // Item 7: kill -9 EngineCore: the supervisor says what died (then restarts it).
-    let s = status_json(&sh).unwrap();
-    let pgid = i32::try_from(s["nodes"][0]["engine_pgid"].as_i64().unwrap()).unwrap();
-    let core = group_members(pgid).into_iter().find(|m| m.contains("EngineCor")).expect("EngineCore in the group");
-    let core_pid: i32 = core.split_whitespace().next().unwrap().parse().unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(core_pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let want = format!("first to die: its child pid {core_pid} (VLLM::EngineCor) killed by signal 9 (SIGKILL)");
-    let t = Instant::now();
-    loop {
-        let s = status_json(&sh).map(|s| s.to_string()).unwrap_or_default();
-        if s.contains(&want) {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "never said what died; last status {s}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let log = std::fs::read_to_string(logs.path().join("tiny-cpu-supervisor.log")).unwrap();
-    assert!(log.contains(&want), "{log}");
 
     // down as printed: stops it (also while it boots again); then nothing is running.
     let down = hint(&banner, "stop:");
