@@ -71,8 +71,14 @@ fn the_engine_container_logs_tagged_lines_and_stops_to_nothing() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.lines().any(|l| l.contains("local/r0 out") && l.contains("vllm serve /model")), "{text}");
     assert!(engine.try_wait().is_none(), "the docker client runs as long as the container");
-    let t = Instant::now();
     std::env::set_var("DOCKER_HOST", &d.host);
+    // What the memory guard follows: the container's id and its main process on the host.
+    let r = spark_kit::engine::container::engine_ref(&name).unwrap().expect("running");
+    let spark_kit::memguard::EngineRef::Container { id, pid } = r else { panic!("{r:?}") };
+    assert_eq!(id.as_str(), d.ok(&["inspect", "--format", "{{.Id}}", &name]));
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(cg.contains(id.as_str()), "the main pid is in the container's cgroup: {cg}");
+    let t = Instant::now();
     spark_kit::engine::container::stop(&name, kit.engine.shutdown_timeout_s).unwrap();
     eprintln!("docker stop + rm: {:.2} s", t.elapsed().as_secs_f64());
     let until = Instant::now() + Duration::from_secs(10);

@@ -95,6 +95,15 @@ fn wait_gone(name: &str, limit: Duration) -> Result<bool, DockerError> {
     }
 }
 
+/// The running container `name` as the memory guard follows it (id and main pid on the host);
+/// None when it is not running.
+pub fn engine_ref(name: &str) -> Result<Option<crate::memguard::EngineRef>, DockerError> {
+    Ok(dockerctl::inspect(name)?.and_then(|(id, pid, running)| {
+        let id = crate::memguard::ContainerId::parse(&id)?;
+        (running && pid > 0).then_some(crate::memguard::EngineRef::Container { id, pid })
+    }))
+}
+
 /// Remove (`docker rm -f`) every container labelled as kit `kit`'s; their names.
 pub fn remove_deployment(kit: &str) -> Result<Vec<String>, DockerError> {
     let left = dockerctl::containers_labelled(LABEL_KIT, kit)?;
