@@ -1,6 +1,6 @@
 //! What died first inside an engine. vLLM's API server (the `__engine` process) exits 0 after
 //! its EngineCore child crashed or was killed, so the engine's own exit status says nothing.
-//! The engine process therefore watches its children: `waitid(WEXITED | WNOWAIT)` sees a child's
+//! The engine process therefore watches its children: `waitid(WNOWAIT)` sees a child's
 //! exit status without reaping it (vLLM's own `waitpid` still gets it), and each exit is written
 //! to the engine log as one line ([`ChildExit::line`]). The node agent reads those lines back
 //! ([`ChildExit::parse`]) and names the first abnormal one when the engine exits.
@@ -91,35 +91,41 @@ pub fn describe(status: &str, children: &[ChildExit]) -> String {
     }
 }
 
+/// This process's children (every thread's), from `/proc/self/task/*/children`.
+fn children() -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| s.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<i32>>())
+        .collect()
+}
+
 /// Watch this process's children on a thread for as long as the process lives, calling `report`
-/// once per child that exits (before it is reaped by whoever started it).
+/// once per child that exits (before it is reaped by whoever started it). Each child is polled
+/// on its own (`waitid(P_PID, WNOHANG | WNOWAIT)`, every 50 ms), so a zombie nobody reaps does
+/// not hide the exits after it.
 pub fn watch(report: impl Fn(&ChildExit) + Send + 'static) {
     use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
-    std::thread::spawn(move || loop {
-        match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
-            Ok(status) => {
-                let (pid, ending) = match status {
-                    WaitStatus::Exited(p, c) => (p, Ending::Code(c)),
-                    WaitStatus::Signaled(p, s, _) => (p, Ending::Signal(s as i32)),
-                    _ => {
-                        std::thread::sleep(std::time::Duration::from_millis(100));
-                        continue;
-                    }
+    std::thread::spawn(move || {
+        let mut reported: std::collections::BTreeSet<i32> = std::collections::BTreeSet::new();
+        loop {
+            let now = children();
+            reported.retain(|p| now.contains(p));
+            let fresh: Vec<i32> = now.into_iter().filter(|p| !reported.contains(p)).collect();
+            for pid in fresh {
+                let p = nix::unistd::Pid::from_raw(pid);
+                let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+                let ending = match waitid(Id::Pid(p), flags) {
+                    Ok(WaitStatus::Exited(_, c)) => Ending::Code(c),
+                    Ok(WaitStatus::Signaled(_, s, _)) => Ending::Signal(s as i32),
+                    _ => continue,
                 };
+                reported.insert(pid);
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                report(&ChildExit { pid: pid.as_raw(), comm: comm.trim().to_string(), ending });
-                // The zombie stays until its parent code reaps it; wait for that, or this same
-                // child would be reported again.
-                while std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .ok()
-                    .and_then(|s| super::pgroup::parse_stat(&s))
-                    .is_some_and(|s| s.state == 'Z')
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
+                report(&ChildExit { pid, comm: comm.trim().to_string(), ending });
             }
-            // No children yet (or an interrupted call).
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
     });
 }
