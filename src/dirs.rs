@@ -40,6 +40,12 @@ impl Dirs {
     }
 }
 
+/// The kit's log directory (`paths.logs`) resolved against this machine.
+#[must_use]
+pub fn logs_dir(kit: &crate::kit::schema::Kit, dirs: &Dirs) -> PathBuf {
+    dirs.expand(&kit.paths.logs)
+}
+
 /// This program's executable, usable to start copies of it even after the file was replaced
 /// on disk (an upgrade, a rebuild): then `/proc/self/exe` still names the running binary.
 pub fn self_exe() -> std::io::Result<PathBuf> {

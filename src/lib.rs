@@ -3,6 +3,7 @@
 //! The library never prints: commands write to the writer they are given, and long work
 //! reports through traits. `main.rs` owns the terminal and the exit code.
 
+pub mod agent;
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;

@@ -13,12 +13,12 @@ use serde::{Deserialize, Serialize};
 
 use std::time::Duration;
 
+use crate::dirs::logs_dir;
 use crate::dirs::Dirs;
 use crate::hints::KitRef;
 use crate::kit::schema::Kit;
-use crate::supervisor::cluster::Snapshot;
 use crate::supervisor::control::{request, socket_path};
-use crate::supervisor::local::logs_dir;
+use crate::supervisor::Snapshot;
 
 /// One running supervisor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

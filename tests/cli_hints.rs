@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use common::spark_kit;
 use spark_kit::live::{self, Record};
-use spark_kit::supervisor::cluster::{initial_snapshot, Handles};
 use spark_kit::supervisor::control::serve;
+use spark_kit::supervisor::snapshot::{initial_snapshot, Handles};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

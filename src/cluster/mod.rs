@@ -1,7 +1,9 @@
-//! Several nodes as one deployment: the node agent and its protocol, transports (local, ssh,
-//! exec), pushing the binary to nodes.
+//! The wire between the head and its nodes: the agent protocol (JSON lines), transports
+//! (local, ssh, exec prefix), pushing the binary to nodes, and the head's client of an agent.
+//!
+//! Imports: the kit and the node facts the protocol carries. Never the supervisor (head side)
+//! nor the agent (node side): both import this module, it imports neither.
 
-pub mod agent;
 pub mod client;
 pub mod protocol;
 pub mod push;

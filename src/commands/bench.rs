@@ -12,8 +12,8 @@ use crate::bench::run::{self, BenchReporter, Lengths, Plan};
 use crate::bench::{compare, plot, sizes, table};
 use crate::cli::{BenchArgs, BenchCommand, BenchRunArgs};
 use crate::dirs::Dirs;
+use crate::engine::endpoint::{base_url, probe_host};
 use crate::error::Failure;
-use crate::supervisor::health::{base_url, probe_host};
 
 pub fn run(args: &BenchArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     match &args.command {
@@ -68,7 +68,7 @@ fn api_key(args: &BenchRunArgs, kit: Option<&crate::kit::Kit>, ctx: &Context<'_>
         };
     }
     match kit {
-        Some(k) => crate::supervisor::local::api_key(k, &ctx.env, &Dirs::from_env(&ctx.env))
+        Some(k) => crate::engine::endpoint::api_key(k, &ctx.env, &Dirs::from_env(&ctx.env))
             .map(|k| k.map(|k| first_key(&k)))
             .map_err(|e| Failure::usage(e).with_hint("fix the kit's engine.api_keys, or pass --api-key-env NAME")),
         None => Ok(None),

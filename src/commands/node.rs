@@ -1,8 +1,8 @@
 //! `spark-kit node --rank N` (hidden): the node agent. Events on stdout, commands on stdin.
 
 use super::Context;
+use crate::agent::{self, JsonLines};
 use crate::cli::NodeArgs;
-use crate::cluster::agent::{self, JsonLines};
 use crate::error::{ExitCode, Failure};
 
 pub fn run(args: &NodeArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {

@@ -15,6 +15,7 @@ use crate::cli::PreflightArgs;
 use crate::cluster::client::{self, AgentProc};
 use crate::cluster::protocol::{Command, Event};
 use crate::cluster::push;
+use crate::dirs::logs_dir;
 use crate::dirs::Dirs;
 use crate::engine::argv::node_ranks;
 use crate::engine::{model, recipe::Recipe, venv};
@@ -25,7 +26,6 @@ use crate::node::facts::{gather, NodeFacts};
 use crate::node::preflight::{request_for, PreflightInput, Report};
 use crate::node::probe::LocalProbe;
 use crate::supervisor::bringup::{evaluate, FACTS_TIMEOUT_S};
-use crate::supervisor::local::logs_dir;
 
 /// Weights per rank and on disk, when the kit's checkpoint can be measured (a local
 /// `model.path`, or the modelled DeepSeek V4.1 Flash for the kit that serves it).

@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::sync::Mutex;
 
+use crate::agent::runtime::UpReporter;
 use crate::engine::venv::SetupReporter;
-use crate::supervisor::local::UpReporter;
 
 /// Writes `[i/n] label …` and `done in X s` lines to stderr.
 pub struct Lines {

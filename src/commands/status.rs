@@ -5,8 +5,8 @@ use std::time::Duration;
 use super::{io_failure, Context};
 use crate::cli::{ControlArgs, StatusArgs};
 use crate::error::Failure;
-use crate::supervisor::cluster::Snapshot;
 use crate::supervisor::control::request;
+use crate::supervisor::Snapshot;
 
 fn gib(b: Option<u64>) -> String {
     #[allow(clippy::cast_precision_loss)] // display only

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{io_failure, load, Context};
+use crate::agent::runtime::{check_port, UpError};
 use crate::cli::UpArgs;
+use crate::dirs::logs_dir;
 use crate::dirs::Dirs;
 use crate::engine::boot_phase::{progress_line, Pacer, CLEAR_LINE};
 use crate::error::Failure;
@@ -17,10 +19,9 @@ use crate::hints::{curl_example, KeySource, KitRef};
 use crate::kit::schema::{Kit, Role, Transport};
 use crate::kit::{Origin, Override};
 use crate::live;
-use crate::supervisor::cluster::{self, ClusterReporter, Gates, Handles, Snapshot};
 use crate::supervisor::control::{pid_path, request, serve, socket_path};
-use crate::supervisor::local::{check_port, logs_dir, UpError};
 use crate::supervisor::state::{Policy, State};
+use crate::supervisor::{self, ClusterReporter, Gates, Handles, Snapshot};
 use crate::weights::listing::{weight_trees, WeightTree};
 
 /// The signal (SIGINT or SIGTERM) that asked the foreground `up` to stop; 0 = none.
@@ -189,10 +190,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if args.detach {
         return detach(&kit, ctx, &logs, &Hints { kit_ref, key });
     }
-    let handles = Handles {
-        snapshot: Arc::new(Mutex::new(cluster::initial_snapshot(&kit))),
-        stop: Arc::new(AtomicBool::new(false)),
-    };
+    let handles = Handles::new(&kit);
     install_signals(Arc::clone(&handles.stop))?;
     serve(&sock, handles.clone())
         .map_err(|e| Failure::runtime(format!("cannot open the control socket {}: {e}", sock.display())))?;
@@ -203,7 +201,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         kit_arg: live::recorded_arg(args.kit.kit.as_deref()),
         socket: sock.clone(),
         pid: std::process::id(),
-        endpoint: cluster::initial_snapshot(&kit).endpoint,
+        endpoint: supervisor::snapshot::initial_snapshot(&kit).endpoint,
         kit: kit.clone(),
     };
     let registered = live::register(&live::run_dir(&dirs), &record)
@@ -231,7 +229,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             .collect(),
         home: dirs.home.clone(),
     };
-    let result = cluster::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), &gates);
+    let result = supervisor::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), &gates);
     // `down` is answered with the final snapshot before the process (and its socket) goes.
     crate::supervisor::control::wait_answered(Duration::from_secs(5));
     let _ = std::fs::remove_file(&sock);

@@ -8,6 +8,7 @@ pub mod container;
 pub mod docker;
 pub mod dockerctl;
 pub mod embed;
+pub mod endpoint;
 pub mod image_sync;
 pub mod log_watch;
 pub mod model;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::cluster::{Handles, Snapshot};
+use super::snapshot::{Handles, Snapshot};
 use super::state::State;
 
 /// `down` requests still waiting for their answer; the supervisor lets them finish before it

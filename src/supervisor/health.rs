@@ -36,35 +36,9 @@ pub async fn wait_healthy(url: &str, limit: Duration, every: Duration, mut abort
     }
 }
 
-/// The address clients on this machine use for a bind address (`0.0.0.0` → loopback).
-#[must_use]
-pub fn probe_host(bind: &str) -> &str {
-    match bind {
-        "0.0.0.0" => "127.0.0.1",
-        "::" => "::1",
-        other => other,
-    }
-}
-
-/// `http://host:port` with IPv6 hosts bracketed.
-#[must_use]
-pub fn base_url(host: &str, port: u32) -> String {
-    if host.contains(':') {
-        format!("http://[{host}]:{port}")
-    } else {
-        format!("http://{host}:{port}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls() {
-        assert_eq!(base_url(probe_host("0.0.0.0"), 8000), "http://127.0.0.1:8000");
-        assert_eq!(base_url("::1", 8000), "http://[::1]:8000");
-    }
 
     #[tokio::test]
     async fn refused_port_times_out_and_abort_stops() {

@@ -1,9 +1,18 @@
-//! Bringing a deployment up and keeping it alive.
+//! The head side: bringing a deployment up and keeping it alive. Bring-up gates (preflight and
+//! weights on every node), the supervisor loop, the pure restart/health state machine, the
+//! status snapshot and the control socket `status` / `down` talk to.
+//!
+//! Imports: the wire (`cluster`) to talk to node agents, the kit, node checks, weights, engine
+//! argv helpers. Never the agent (node side): the two meet only on the wire.
 
 pub mod bringup;
-pub mod cluster;
 pub mod control;
-pub mod hang;
+mod events;
 pub mod health;
-pub mod local;
+pub mod run;
+pub mod snapshot;
 pub mod state;
+pub mod watch;
+
+pub use run::{run, ClusterError, ClusterReporter, Gates};
+pub use snapshot::{Handles, Snapshot};

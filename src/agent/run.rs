@@ -3,22 +3,24 @@
 //! gone, or ssh dropped) the agent stops its engine and exits: no orphans.
 
 use std::io::{BufRead, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::protocol::{decode, encode, Command, Event, VERSION};
+use super::guard::{self, HostedGuard};
+use super::hang;
+use super::probe::{http_get, one_token, parse_progress};
+use super::runtime::{self, check_port, LaunchEnv, UpReporter};
+use crate::cluster::protocol::{decode, encode, Command, Event, VERSION};
 use crate::dirs::Dirs;
+use crate::engine::endpoint::{api_key, probe_host};
 use crate::engine::log_watch::LogWatch;
 use crate::engine::process::{Engine, LineSink};
 use crate::engine::venv::SetupReporter;
 use crate::kit::schema::{Kit, Role};
 use crate::node::facts::gather;
 use crate::node::probe::LocalProbe;
-use crate::supervisor::health::probe_host;
-use crate::supervisor::{hang, local};
 
 /// Where events go (stdout in production, a buffer in tests).
 pub trait Emit {
@@ -48,75 +50,13 @@ impl SetupReporter for PhaseEvents<'_> {
     }
     fn step_done(&self, _: &str, _: f64) {}
 }
-impl local::UpReporter for PhaseEvents<'_> {
+impl UpReporter for PhaseEvents<'_> {
     fn phase(&self, name: &str, detail: &str) {
         if let Ok(mut o) = self.out.lock() {
             o.emit(&Event::Phase { name: name.into(), detail: detail.into() });
         }
     }
     fn phase_done(&self, _: &str, _: f64) {}
-}
-
-/// `HTTP/1.x 200 …` → 200.
-#[must_use]
-pub fn status_code(status_line: &str) -> Option<u16> {
-    let mut parts = status_line.split_whitespace();
-    let proto = parts.next()?;
-    if !proto.starts_with("HTTP/") {
-        return None;
-    }
-    parts.next()?.parse().ok()
-}
-
-/// A small HTTP/1.0 GET with short timeouts: (status, body). Used on the node itself only.
-#[must_use]
-pub fn http_get(host: &str, port: u32, path: &str) -> Option<(u16, String)> {
-    http(host, port, &format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n"), Duration::from_secs(3))
-}
-
-/// One-token completion: the engine really generates (readiness is more than `/health`).
-#[must_use]
-pub fn one_token(host: &str, port: u32, model: &str, api_key: Option<&str>) -> bool {
-    let body = serde_json::json!({"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}).to_string();
-    let auth = api_key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
-    let req = format!(
-        "POST /v1/completions HTTP/1.0\r\nHost: {host}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    http(host, port, &req, Duration::from_secs(60)).is_some_and(|(c, _)| c == 200)
-}
-
-fn http(host: &str, port: u32, request: &str, read_timeout: Duration) -> Option<(u16, String)> {
-    let addr = (host, u16::try_from(port).ok()?).to_socket_addrs().ok()?.next()?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(read_timeout)).ok()?;
-    s.write_all(request.as_bytes()).ok()?;
-    let mut buf = Vec::new();
-    let _ = s.take(4 << 20).read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = status_code(text.lines().next()?)?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((code, body))
-}
-
-/// (requests running, generated tokens so far) from vLLM's Prometheus text, summed over labels.
-#[must_use]
-pub fn parse_progress(metrics: &str) -> Option<(f64, f64)> {
-    let sum = |name: &str| -> Option<f64> {
-        let mut found = false;
-        let mut total = 0.0;
-        for line in metrics.lines().filter(|l| !l.starts_with('#')) {
-            let key = line.split(['{', ' ']).next().unwrap_or_default();
-            if key == name {
-                if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-                    total += v;
-                    found = true;
-                }
-            }
-        }
-        found.then_some(total)
-    };
-    Some((sum("vllm:num_requests_running")?, sum("vllm:generation_tokens_total")?))
 }
 
 struct Running {
@@ -129,46 +69,6 @@ struct Running {
     started: Instant,
     exited_reported: bool,
     ready_reported: bool,
-}
-
-/// The node's memory guard, hosted by the agent on its own thread; it follows the engine's
-/// process group across restarts (`pgid` 0 = no engine).
-struct HostedGuard {
-    pgid: Arc<AtomicI32>,
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-/// Guard events go to the supervisor through the agent's event channel.
-struct GuardToEvents(std::sync::mpsc::Sender<Event>);
-impl crate::memguard::GuardReporter for GuardToEvents {
-    fn event(&self, event: &crate::memguard::GuardEvent) {
-        if let Ok(v) = serde_json::to_value(event) {
-            let _ = self.0.send(Event::Guard { event: v });
-        }
-    }
-}
-
-fn start_guard(
-    kit: &Kit,
-    node: usize,
-    dirs: &Dirs,
-    events: std::sync::mpsc::Sender<Event>,
-) -> Result<HostedGuard, String> {
-    let cfg = crate::memguard::GuardConfig::from_kit(kit, &kit.nodes[node].name);
-    let pgid = Arc::new(AtomicI32::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let p = Arc::clone(&pgid);
-    let provider = move || Some(p.load(Ordering::Relaxed)).filter(|g| *g > 0);
-    let receipts = dirs.expand(&kit.paths.logs).join("receipts");
-    let mut guard = crate::memguard::Guard::new(cfg, Box::new(provider), &receipts, Arc::new(GuardToEvents(events)))
-        .map_err(|e| format!("memory guard: {e}"))?;
-    let s = Arc::clone(&stop);
-    let thread = std::thread::Builder::new()
-        .name("memguard".into())
-        .spawn(move || guard.run(&s))
-        .map_err(|e| format!("memory guard thread: {e}"))?;
-    Ok(HostedGuard { pgid, stop, thread })
 }
 
 /// Run the agent until stdin closes. `env` is the process environment.
@@ -223,12 +123,12 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                     }
                     last_line.store(ms(clock), Ordering::Relaxed);
                     if guard.is_none() && kit.memory.guard.policy != crate::kit::schema::GuardPolicy::Off {
-                        match start_guard(&kit, node, &dirs, guard_tx.clone()) {
+                        match guard::start(&kit, node, &dirs, guard_tx.clone()) {
                             Ok(g) => guard = Some(g),
                             Err(message) => out.emit(&Event::Error { message, fatal: false }),
                         }
                     }
-                    let api_key = local::api_key(&kit, env, &dirs).ok().flatten();
+                    let api_key = api_key(&kit, env, &dirs).ok().flatten();
                     let watch = Arc::new(Mutex::new(LogWatch::default()));
                     match start(&kit, node, &dirs, env, (&last_line, &watch), clock, out) {
                         Ok(engine) => {
@@ -264,9 +164,7 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                 let drain = running.as_ref().map_or(0, |r| u64::from(r.kit.engine.shutdown_timeout_s) + 5);
                 stop(&mut running, drain, out);
                 if let Some(g) = guard.take() {
-                    g.pgid.store(0, Ordering::Relaxed);
-                    g.stop.store(true, Ordering::SeqCst);
-                    let _ = g.thread.join();
+                    g.shut_down();
                 }
                 return 0;
             }
@@ -291,12 +189,13 @@ fn start(
     if node >= kit.nodes.len() {
         return Err(format!("node index {node} is not in the kit ({} nodes)", kit.nodes.len()));
     }
+    let runtime = runtime::for_kit(kit).map_err(|e| e.to_string())?;
     let prep = {
         let rep = PhaseEvents { out: std::sync::Mutex::new(out) };
-        local::prepare(kit, dirs, env, &rep).map_err(|e| e.to_string())?
+        runtime.prepare(kit, dirs, env, &rep).map_err(|e| e.to_string())?
     };
     if kit.nodes[node].role == Role::Head {
-        local::check_port(&kit.engine.host, kit.engine.port).map_err(|e| e.to_string())?;
+        check_port(&kit.engine.host, kit.engine.port).map_err(|e| e.to_string())?;
     }
     let ll = Arc::clone(last_line);
     let w = Arc::clone(watch);
@@ -308,9 +207,11 @@ fn start(
             w.observe(line);
         }
     });
-    let key = local::api_key(kit, env, dirs)?;
+    let key = api_key(kit, env, dirs)?;
     let extra: Vec<(String, String)> = key.into_iter().map(|k| ("VLLM_API_KEY".to_string(), k)).collect();
-    local::launch(kit, node, &prep, env, &extra, Some(sink)).map_err(|e| e.to_string())
+    runtime
+        .launch(kit, node, &prep, &LaunchEnv { base: env, extra: &extra, sink: Some(sink) })
+        .map_err(|e| e.to_string())
 }
 
 fn stop(running: &mut Option<Running>, drain_s: u64, out: &mut dyn Emit) {
@@ -378,20 +279,6 @@ fn check_files(root: &std::path::Path, files: &[String]) -> Event {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn metrics_progress() {
-        let m = "# HELP x\nvllm:num_requests_running{model_name=\"t\"} 2.0\nvllm:generation_tokens_total{model_name=\"t\"} 1234.0\nvllm:generation_tokens_created 5\n";
-        assert_eq!(parse_progress(m), Some((2.0, 1234.0)));
-        assert_eq!(parse_progress("vllm:num_requests_running 1\n"), None);
-    }
-
-    #[test]
-    fn status_lines() {
-        assert_eq!(status_code("HTTP/1.1 200 OK"), Some(200));
-        assert_eq!(status_code("HTTP/1.0 503 Service Unavailable"), Some(503));
-        assert_eq!(status_code("garbage"), None);
-    }
 
     struct Buf(Vec<Event>);
     impl Emit for Buf {

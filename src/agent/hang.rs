@@ -1,5 +1,7 @@
-//! Hang detection: an engine that writes no log line for `hang_timeout_s` is hung. vLLM's
-//! periodic shared-memory broadcast complaint does not count as progress. Pure.
+//! Hang detection on the node: which engine log lines count as progress. The agent reports
+//! how long its engine has been quiet in every heartbeat; the supervisor decides when quiet
+//! means hung (`hang_timeout_s`). vLLM's periodic shared-memory broadcast complaint does not
+//! count as progress. Pure.
 
 /// Lines that vLLM prints periodically while a rank is stuck; they are not progress.
 const NOT_PROGRESS: &[&str] = &["No available shared memory broadcast block"];
@@ -8,12 +10,6 @@ const NOT_PROGRESS: &[&str] = &["No available shared memory broadcast block"];
 #[must_use]
 pub fn counts_as_progress(line: &str) -> bool {
     !line.trim().is_empty() && !NOT_PROGRESS.iter().any(|p| line.contains(p))
-}
-
-/// Is an engine quiet for `quiet_s` seconds hung under a `limit_s` threshold?
-#[must_use]
-pub fn is_hung(quiet_s: f64, limit_s: u32) -> bool {
-    quiet_s >= f64::from(limit_s)
 }
 
 #[cfg(test)]
@@ -27,6 +23,5 @@ mod tests {
             "(EngineCore pid=1) WARNING [shm_broadcast.py:466] No available shared memory broadcast block found in 60 seconds."
         ));
         assert!(!counts_as_progress("   "));
-        assert!(is_hung(420.0, 420) && !is_hung(419.9, 420));
     }
 }

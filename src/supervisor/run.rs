@@ -1,20 +1,23 @@
 //! The supervisor of a deployment: one node agent per node (local, ssh or exec), bring-up in
-//! order (workers first, then the head), health, dead ranks, hangs, restarts through the pure
-//! state machine, and a status snapshot for `status` / `down` over the control socket.
+//! order (workers first, then the head), restarts through the pure state machine, and the
+//! status snapshot `status` / `down` read over the control socket.
+//!
+//! The trace of `up`: `commands/up.rs` calls [`run`]; [`run`] starts one agent per node
+//! (`cluster::client::spawn`) and sends each `Command::Start`, which `agent::run` answers by
+//! starting the engine through its runtime. Agent events become state-machine inputs in
+//! `events.rs`; heartbeats are judged in `watch.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
-use super::health::{base_url, probe_host};
+use super::bringup;
+use super::snapshot::{memory_recovered, Handles, NodeStatus};
 use super::state::{Action, Input, Machine, Policy, State};
-use super::{bringup, hang};
+use super::watch::Watch;
 use crate::cluster::client::{self, AgentProc, Msg};
 use crate::cluster::protocol::{Command, Event};
 use crate::cluster::{push, transport};
@@ -26,43 +29,6 @@ use crate::weights::listing::WeightTree;
 /// Human progress of the supervisor (the front end prints it).
 pub trait ClusterReporter: Send + Sync {
     fn line(&self, text: &str);
-}
-
-/// One node in the status snapshot (`status --json`, schema in docs/operations.md).
-#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
-pub struct NodeStatus {
-    pub name: String,
-    pub rank: usize,
-    pub role: String,
-    pub agent_pid: Option<u32>,
-    pub agent_connected: bool,
-    pub engine_pgid: Option<i32>,
-    pub engine_alive: bool,
-    pub engine_log: Option<String>,
-    pub uptime_s: Option<f64>,
-    pub mem_available: Option<u64>,
-    pub quiet_s: f64,
-    pub healthy: Option<bool>,
-    pub tokens_per_s: Option<f64>,
-    /// While booting: the engine's phase, from its log (`loading weights: shard 3/39`).
-    #[serde(default)]
-    pub phase: Option<String>,
-    pub last_error: Option<String>,
-}
-
-/// The whole deployment as `status` shows it.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct Snapshot {
-    pub schema: u32,
-    pub kit: String,
-    pub state: State,
-    pub reason: Option<String>,
-    pub supervisor_pid: u32,
-    pub uptime_s: f64,
-    pub restarts: usize,
-    pub endpoint: String,
-    pub model: String,
-    pub nodes: Vec<NodeStatus>,
 }
 
 /// Why the supervisor could not run.
@@ -80,32 +46,23 @@ pub enum ClusterError {
     NoHello { node: String, secs: u64, log: String },
 }
 
-/// Shared handles: the snapshot others read, and the stop flag others set.
-#[derive(Clone)]
-pub struct Handles {
-    pub snapshot: Arc<Mutex<Snapshot>>,
-    pub stop: Arc<AtomicBool>,
-}
-
-struct Sup<'a> {
-    kit: &'a Kit,
+pub(super) struct Sup<'a> {
+    pub(super) kit: &'a Kit,
     exe: PathBuf,
     sha: String,
     logs: PathBuf,
-    rep: &'a dyn ClusterReporter,
-    agents: Vec<Option<AgentProc>>,
+    pub(super) rep: &'a dyn ClusterReporter,
+    pub(super) agents: Vec<Option<AgentProc>>,
     tx: Sender<Msg>,
-    h: Handles,
+    pub(super) h: Handles,
     clock: Instant,
-    /// Per node: consecutive heartbeats with the engine gone.
-    dead_checks: Vec<u32>,
-    started_at: Vec<Option<Instant>>,
-    baseline: Vec<Option<u64>>,
-    /// Per node: when progress was last seen (health ok and tokens moving, or idle).
-    stalled_since: Vec<Option<Instant>>,
-    last_tokens: Vec<Option<(Instant, f64)>>,
-    stopping: BTreeMap<usize, bool>,
-    engines_started: bool,
+    /// Per node: what its heartbeats showed so far.
+    pub(super) watch: Vec<Watch>,
+    /// Per node: available memory when idle (a restart waits for it to come back).
+    pub(super) baseline: Vec<Option<u64>>,
+    /// Nodes told to stop, and whether they reported stopped.
+    pub(super) stopping: BTreeMap<usize, bool>,
+    pub(super) engines_started: bool,
 }
 
 /// What runs through the agents before any engine starts.
@@ -141,11 +98,8 @@ pub fn run(
         tx,
         h,
         clock: Instant::now(),
-        dead_checks: vec![0; n],
-        started_at: vec![None; n],
+        watch: vec![Watch::default(); n],
         baseline: vec![None; n],
-        stalled_since: vec![None; n],
-        last_tokens: vec![None; n],
         stopping: BTreeMap::new(),
         engines_started: false,
     };
@@ -366,9 +320,7 @@ impl Sup<'_> {
             (0..self.kit.nodes.len()).filter(|i| self.kit.nodes[*i].role != Role::Head).collect();
         order.extend((0..self.kit.nodes.len()).filter(|i| self.kit.nodes[*i].role == Role::Head));
         for (k, i) in order.iter().copied().enumerate() {
-            self.dead_checks[i] = 0;
-            self.stalled_since[i] = None;
-            self.last_tokens[i] = None;
+            self.watch[i].restart();
             self.rep.line(&format!("==> node {}: starting its engine", self.kit.nodes[i].name));
             let cmd = Command::Start { kit: Box::new(self.kit.clone()), node: i };
             if !self.send(i, &cmd) {
@@ -425,11 +377,8 @@ impl Sup<'_> {
     }
 
     fn memory_recovered(&self) -> bool {
-        let snap = self.h.snapshot.lock().map(|s| s.nodes.clone()).unwrap_or_default();
-        snap.iter().enumerate().all(|(i, n)| match (self.baseline.get(i).copied().flatten(), n.mem_available) {
-            (Some(base), Some(now)) => now + (base / 10).max(2 << 30) >= base,
-            _ => true,
-        })
+        let nodes = self.h.snapshot.lock().map(|s| s.nodes.clone()).unwrap_or_default();
+        memory_recovered(&self.baseline, &nodes)
     }
 
     fn dump_stacks(&mut self) {
@@ -449,7 +398,7 @@ impl Sup<'_> {
         }
     }
 
-    fn with_node(&self, i: usize, f: impl FnOnce(&mut NodeStatus)) {
+    pub(super) fn with_node(&self, i: usize, f: impl FnOnce(&mut NodeStatus)) {
         if let Ok(mut s) = self.h.snapshot.lock() {
             if let Some(n) = s.nodes.get_mut(i) {
                 f(n);
@@ -464,244 +413,12 @@ impl Sup<'_> {
             s.restarts = m.restarts.len();
             s.uptime_s = self.clock.elapsed().as_secs_f64();
             for (i, n) in s.nodes.iter_mut().enumerate() {
-                n.uptime_s = self.started_at[i].map(|t| t.elapsed().as_secs_f64());
+                n.uptime_s = self.watch[i].started_at.map(|t| t.elapsed().as_secs_f64());
             }
         }
     }
-
-    /// Turn an agent message into state-machine inputs.
-    fn on_msg(&mut self, msg: Msg, state: State) -> Vec<Input> {
-        let (i, ev) = match msg {
-            Msg::Lost(i) => {
-                let name = self.kit.nodes[i].name.clone();
-                if let Some(mut a) = self.agents[i].take() {
-                    let _ = a.child.try_wait();
-                }
-                self.with_node(i, |n| {
-                    n.agent_connected = false;
-                    n.engine_alive = false;
-                    n.last_error = Some("agent connection lost".into());
-                });
-                if let Some(done) = self.stopping.get_mut(&i) {
-                    *done = true;
-                    return Vec::new();
-                }
-                return vec![Input::RankDead { node: name, why: "agent connection lost".into() }];
-            }
-            Msg::Event(i, ev) => (i, ev),
-        };
-        let name = self.kit.nodes[i].name.clone();
-        let head = self.kit.nodes[i].role == Role::Head;
-        match ev {
-            Event::Hello { pid, .. } => self.with_node(i, |n| {
-                n.agent_pid = Some(pid);
-                n.agent_connected = true;
-            }),
-            Event::Phase { name: p, detail } => self.rep.line(&format!("    {name}: {p}: {detail}")),
-            Event::Started { pgid, log } => {
-                self.started_at[i] = Some(Instant::now());
-                self.rep.line(&format!("    {name}: engine started (process group {pgid}, log {log})"));
-                self.with_node(i, |n| {
-                    n.engine_pgid = Some(pgid);
-                    n.engine_alive = true;
-                    n.engine_log = Some(log);
-                    n.last_error = None;
-                    n.phase = None;
-                });
-            }
-            Event::Ready { seconds } => {
-                self.rep.line(&format!("    {name}: /health answered 200 after {seconds:.1} s"));
-                if let Ok(mut s) = self.h.snapshot.lock() {
-                    s.nodes.iter_mut().for_each(|n| n.phase = None);
-                }
-                return vec![Input::HeadReady];
-            }
-            Event::Exited { status, log_tail } => {
-                self.rep.line(&format!("    {name}: engine exited ({status})"));
-                self.with_node(i, |n| {
-                    n.last_error = Some(format!("engine exited ({status}): {}", last_line(&log_tail)))
-                });
-                if head && self.engines_started {
-                    let why = if matches!(state, State::Starting) {
-                        format!("vLLM exited during start ({status})")
-                    } else {
-                        format!("engine exited ({status})")
-                    };
-                    return vec![Input::RankDead { node: name, why }];
-                }
-            }
-            Event::Stopped { survivors, .. } => {
-                if !survivors.is_empty() {
-                    self.rep.line(&format!("error: on {name}, processes survived the stop: {}", survivors.join(", ")));
-                }
-                self.with_node(i, |n| {
-                    n.engine_alive = false;
-                    n.engine_pgid = None;
-                });
-                self.started_at[i] = None;
-                if let Some(done) = self.stopping.get_mut(&i) {
-                    *done = true;
-                }
-            }
-            Event::Error { message, .. } => {
-                self.rep.line(&format!("error: {name}: {message}"));
-                self.with_node(i, |n| n.last_error = Some(message.clone()));
-                if self.engines_started && matches!(state, State::Starting) {
-                    return vec![Input::StartFailed { node: name, why: message }];
-                }
-            }
-            Event::Boot { phase } => {
-                if !self.h.snapshot.lock().is_ok_and(|s| matches!(s.state, State::Ready | State::Degraded)) {
-                    self.with_node(i, |n| n.phase = Some(phase));
-                }
-            }
-            Event::Files { .. } | Event::Facts { .. } => {}
-            Event::Guard { event } => {
-                let kind = event.get("event").and_then(serde_json::Value::as_str).unwrap_or_default();
-                // Actions and floor crossings matter to the operator; samples and notes go to the log.
-                if matches!(kind, "soft-floor" | "acting" | "acted" | "no-action" | "restart-gate") {
-                    self.rep.line(&format!("    {name}: memory guard: {event}"));
-                }
-            }
-            Event::Heartbeat { engine_alive, quiet_s, mem_available, healthy, progress } => {
-                if self.baseline[i].is_none() && !self.engines_started {
-                    self.baseline[i] = mem_available;
-                }
-                let tps = self.tokens_per_s(i, progress);
-                self.with_node(i, |n| {
-                    n.engine_alive = engine_alive;
-                    n.quiet_s = quiet_s;
-                    n.mem_available = mem_available;
-                    n.healthy = healthy;
-                    if tps.is_some() {
-                        n.tokens_per_s = tps;
-                    }
-                });
-                return self.judge(i, &name, state, engine_alive, quiet_s, healthy, progress);
-            }
-        }
-        Vec::new()
-    }
-
-    fn tokens_per_s(&mut self, i: usize, progress: Option<(f64, f64)>) -> Option<f64> {
-        let (_, tokens) = progress?;
-        let now = Instant::now();
-        let prev = self.last_tokens[i].replace((now, tokens));
-        let (t0, k0) = prev?;
-        let dt = now.duration_since(t0).as_secs_f64();
-        (dt > 0.0).then(|| ((tokens - k0) / dt).max(0.0))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn judge(
-        &mut self,
-        i: usize,
-        name: &str,
-        state: State,
-        alive: bool,
-        quiet_s: f64,
-        healthy: Option<bool>,
-        progress: Option<(f64, f64)>,
-    ) -> Vec<Input> {
-        if !self.engines_started || self.started_at[i].is_none() {
-            return Vec::new();
-        }
-        let limit = self.kit.engine.hang_timeout_s;
-        let mut out = Vec::new();
-        // Dead rank: gone for three consecutive checks.
-        if alive {
-            self.dead_checks[i] = 0;
-        } else {
-            self.dead_checks[i] += 1;
-            if self.dead_checks[i] == 3 {
-                out.push(Input::RankDead {
-                    node: name.into(),
-                    why: "engine not running for 3 consecutive checks".into(),
-                });
-            }
-            return out;
-        }
-        match state {
-            // While booting, progress is log output from any rank: a headless worker legitimately
-            // waits in silence while the head loads (the reference kit watched the head's log).
-            State::Starting => {
-                let quietest = self.job_quiet_s(i, quiet_s);
-                if hang::is_hung(quietest, limit) {
-                    out.push(Input::Hung { node: "every rank".into(), quiet_s: quietest });
-                }
-            }
-            State::Ready | State::Degraded => {
-                if let Some(h) = healthy {
-                    out.push(Input::Health(h));
-                }
-                // Serving: a failing probe, or requests in flight with no new tokens, is a stall.
-                let stalled = healthy == Some(false)
-                    || progress.is_some_and(|(running, _)| running > 0.0) && self.tokens_frozen(i);
-                if stalled {
-                    let since = *self.stalled_since[i].get_or_insert_with(Instant::now);
-                    let secs = since.elapsed().as_secs_f64();
-                    if hang::is_hung(secs, limit) {
-                        out.push(Input::Hung { node: name.into(), quiet_s: secs });
-                    }
-                } else if healthy.is_some() {
-                    self.stalled_since[i] = None;
-                }
-            }
-            _ => {}
-        }
-        out
-    }
-
-    /// Seconds since the last log line of any rank, `quiet_s` being node `i`'s fresh reading.
-    fn job_quiet_s(&self, i: usize, quiet_s: f64) -> f64 {
-        let others = self.h.snapshot.lock().map(|s| {
-            s.nodes
-                .iter()
-                .enumerate()
-                .filter(|(j, n)| *j != i && n.engine_alive)
-                .map(|(_, n)| n.quiet_s)
-                .collect::<Vec<_>>()
-        });
-        others.unwrap_or_default().into_iter().fold(quiet_s, f64::min)
-    }
-
-    fn tokens_frozen(&self, i: usize) -> bool {
-        self.h.snapshot.lock().ok().and_then(|s| s.nodes.get(i).and_then(|n| n.tokens_per_s)).is_some_and(|t| t == 0.0)
-    }
-}
-
-fn last_line(text: &str) -> String {
-    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_string()
 }
 
 fn unix_time() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// A fresh snapshot for `kit` before anything runs.
-#[must_use]
-pub fn initial_snapshot(kit: &Kit) -> Snapshot {
-    let ranks = node_ranks(kit);
-    Snapshot {
-        schema: 1,
-        kit: kit.name.clone(),
-        state: State::Starting,
-        reason: None,
-        supervisor_pid: std::process::id(),
-        uptime_s: 0.0,
-        restarts: 0,
-        endpoint: format!("{}/v1", base_url(probe_host(&kit.engine.host), kit.engine.port)),
-        model: kit.engine.served_model_name.clone(),
-        nodes: kit
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| NodeStatus {
-                name: n.name.clone(),
-                rank: ranks[i],
-                role: if n.role == Role::Head { "head".into() } else { "worker".into() },
-                ..NodeStatus::default()
-            })
-            .collect(),
-    }
 }

@@ -1,0 +1,77 @@
+//! The venv runtime: the engine venv (built from the kit's requirements, or `engine.venv`), the
+//! materialised overlay and the model on this machine; the engine is this binary's hidden
+//! `__engine`, which embeds the venv's CPython and runs `vllm serve` on its main thread.
+
+use std::time::Instant;
+
+use super::runtime::{LaunchEnv, Prepared, Runtime, UpError, UpReporter};
+use crate::dirs::{logs_dir, Dirs};
+use crate::engine::process::{self, Engine, Launch};
+use crate::engine::{argv, model, overlay, recipe::Recipe, venv};
+use crate::kit::schema::Kit;
+
+/// `engine.runtime: venv`.
+pub struct Venv;
+
+impl Runtime for Venv {
+    /// Ensure the venv (or use `engine.venv`), the overlay and the model.
+    fn prepare(
+        &self,
+        kit: &Kit,
+        dirs: &Dirs,
+        env: &[(String, String)],
+        rep: &dyn UpReporter,
+    ) -> Result<Prepared, UpError> {
+        let logs = logs_dir(kit, dirs);
+        let t = Instant::now();
+        rep.phase("setup", &format!("engine venv ({})", kit.engine.requirements));
+        let venv = match &kit.engine.venv {
+            Some(p) => dirs.expand(p),
+            None => venv::ensure(&dirs.cache, &Recipe::load(&kit.engine.requirements)?, rep)?.path,
+        };
+        let overlay = overlay::materialise(&dirs.cache)?;
+        rep.phase_done("setup", t.elapsed().as_secs_f64());
+
+        let t = Instant::now();
+        rep.phase("model", &format!("{:?}", kit.model.source).to_lowercase());
+        let hf = model::hf_cache(kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p)).as_deref(), env, &dirs.home);
+        let model = model::ensure(
+            kit,
+            &dirs.expand(&kit.paths.data_dir),
+            &hf,
+            &venv.join("bin/python"),
+            &overlay,
+            &logs.join(format!("{}-model-maker.log", kit.name)),
+        )?;
+        rep.phase_done("model", t.elapsed().as_secs_f64());
+        let engram_env = crate::engram::engine_env(kit, dirs);
+        Ok(Prepared { venv, overlay, model, logs, engram_env })
+    }
+
+    /// Start node `node`'s engine (this binary's hidden `__engine`), logging to the kit's logs dir.
+    fn launch(&self, kit: &Kit, node: usize, prep: &Prepared, env: &LaunchEnv<'_>) -> Result<Engine, UpError> {
+        let spec = argv::build(kit, node, &prep.model.to_string_lossy(), &prep.overlay.to_string_lossy());
+        let exe = crate::dirs::self_exe().map_err(UpError::SelfExe)?;
+        let grace = kit.engine.shutdown_timeout_s + 5;
+        let mut args = vec![
+            "__engine".to_string(),
+            "--venv".into(),
+            prep.venv.to_string_lossy().into_owned(),
+            "--grace".into(),
+            grace.to_string(),
+            "--".into(),
+        ];
+        args.extend(spec.vllm_args);
+        let mut child_env = spec.env;
+        // The kit's own settings (extra_env, the node's env) win over the defaults for Engram.
+        for (k, v) in &prep.engram_env {
+            child_env.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        child_env.extend(env.extra.iter().cloned());
+        let log = process::log_path(&prep.logs, &kit.name, &kit.nodes[node].name);
+        let ranks = argv::node_ranks(kit);
+        let tag = format!("{}/r{}", kit.nodes[node].name, ranks.get(node).copied().unwrap_or(0));
+        let launch = Launch { program: exe, args, env: child_env, log, tag, sink: env.sink.clone() };
+        Ok(process::spawn(&launch, env.base)?)
+    }
+}

@@ -1,0 +1,163 @@
+//! What `status` shows: the deployment snapshot the supervisor publishes (schema in
+//! docs/operations.md), the handles others share with the supervisor, and the pure readings
+//! taken from a snapshot (memory back near the baseline, the quietest rank).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use super::state::State;
+use crate::engine::argv::node_ranks;
+use crate::engine::endpoint::{base_url, probe_host};
+use crate::kit::schema::{Kit, Role};
+
+/// One node in the status snapshot (`status --json`, schema in docs/operations.md).
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
+pub struct NodeStatus {
+    pub name: String,
+    pub rank: usize,
+    pub role: String,
+    pub agent_pid: Option<u32>,
+    pub agent_connected: bool,
+    pub engine_pgid: Option<i32>,
+    pub engine_alive: bool,
+    pub engine_log: Option<String>,
+    pub uptime_s: Option<f64>,
+    pub mem_available: Option<u64>,
+    pub quiet_s: f64,
+    pub healthy: Option<bool>,
+    pub tokens_per_s: Option<f64>,
+    /// While booting: the engine's phase, from its log (`loading weights: shard 3/39`).
+    #[serde(default)]
+    pub phase: Option<String>,
+    pub last_error: Option<String>,
+}
+
+/// The whole deployment as `status` shows it.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    pub schema: u32,
+    pub kit: String,
+    pub state: State,
+    pub reason: Option<String>,
+    pub supervisor_pid: u32,
+    pub uptime_s: f64,
+    pub restarts: usize,
+    pub endpoint: String,
+    pub model: String,
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// Shared handles: the snapshot others read, and the stop flag others set.
+#[derive(Clone)]
+pub struct Handles {
+    pub snapshot: Arc<Mutex<Snapshot>>,
+    pub stop: Arc<AtomicBool>,
+}
+
+impl Handles {
+    /// Fresh handles for `kit` before anything runs.
+    #[must_use]
+    pub fn new(kit: &Kit) -> Self {
+        Self { snapshot: Arc::new(Mutex::new(initial_snapshot(kit))), stop: Arc::new(AtomicBool::new(false)) }
+    }
+}
+
+/// A fresh snapshot for `kit` before anything runs.
+#[must_use]
+pub fn initial_snapshot(kit: &Kit) -> Snapshot {
+    let ranks = node_ranks(kit);
+    Snapshot {
+        schema: 1,
+        kit: kit.name.clone(),
+        state: State::Starting,
+        reason: None,
+        supervisor_pid: std::process::id(),
+        uptime_s: 0.0,
+        restarts: 0,
+        endpoint: format!("{}/v1", base_url(probe_host(&kit.engine.host), kit.engine.port)),
+        model: kit.engine.served_model_name.clone(),
+        nodes: kit
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeStatus {
+                name: n.name.clone(),
+                rank: ranks[i],
+                role: if n.role == Role::Head { "head".into() } else { "worker".into() },
+                ..NodeStatus::default()
+            })
+            .collect(),
+    }
+}
+
+/// Is every node's available memory back within 10 % (at least 2 GiB) of its idle baseline?
+/// Nodes without both readings do not hold a restart back.
+#[must_use]
+pub fn memory_recovered(baseline: &[Option<u64>], nodes: &[NodeStatus]) -> bool {
+    nodes.iter().enumerate().all(|(i, n)| match (baseline.get(i).copied().flatten(), n.mem_available) {
+        (Some(base), Some(now)) => now + (base / 10).max(2 << 30) >= base,
+        _ => true,
+    })
+}
+
+/// Seconds since the last log line of any live rank: node `i`'s fresh reading `quiet_s`
+/// against the other live nodes' last readings.
+#[must_use]
+pub fn quietest(nodes: &[NodeStatus], i: usize, quiet_s: f64) -> f64 {
+    nodes.iter().enumerate().filter(|(j, n)| *j != i && n.engine_alive).map(|(_, n)| n.quiet_s).fold(quiet_s, f64::min)
+}
+
+/// The last non-blank line of a log tail.
+#[must_use]
+pub fn last_line(text: &str) -> String {
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(mem: Option<u64>, alive: bool, quiet_s: f64) -> NodeStatus {
+        NodeStatus { mem_available: mem, engine_alive: alive, quiet_s, ..NodeStatus::default() }
+    }
+
+    #[test]
+    fn memory_is_back_within_a_tenth_or_two_gib() {
+        let gib = 1u64 << 30;
+        let base = [Some(100 * gib), Some(10 * gib)];
+        assert!(memory_recovered(&base, &[node(Some(91 * gib), true, 0.0), node(Some(8 * gib), true, 0.0)]));
+        assert!(!memory_recovered(&base, &[node(Some(89 * gib), true, 0.0), node(Some(8 * gib), true, 0.0)]));
+        // 2 GiB is the least slack, whatever the baseline.
+        assert!(!memory_recovered(&base, &[node(Some(100 * gib), true, 0.0), node(Some(7 * gib), true, 0.0)]));
+        // A node without a reading does not hold the restart back.
+        assert!(memory_recovered(&[None, Some(gib)], &[node(Some(0), true, 0.0), node(None, true, 0.0)]));
+    }
+
+    #[test]
+    fn the_quietest_rank_is_the_least_quiet_live_one() {
+        let nodes = [node(None, true, 50.0), node(None, true, 5.0), node(None, false, 1.0)];
+        // Node 0's fresh reading against node 1 (live); node 2 is dead and does not count.
+        assert!((quietest(&nodes, 0, 30.0) - 5.0).abs() < 1e-9);
+        assert!((quietest(&nodes, 1, 2.0) - 2.0).abs() < 1e-9);
+        assert!((quietest(&nodes[..1], 0, 7.0) - 7.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn last_line_skips_blank_lines() {
+        assert_eq!(last_line("a\nb\n\n  \n"), "b");
+        assert_eq!(last_line(""), "");
+    }
+
+    #[test]
+    fn initial_snapshot_names_every_node_and_the_endpoint() {
+        let kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu-2node")).unwrap(), &[], &[]).unwrap().kit;
+        let s = initial_snapshot(&kit);
+        assert_eq!(s.state, State::Starting);
+        assert_eq!(s.nodes.len(), kit.nodes.len());
+        assert_eq!(s.nodes.iter().filter(|n| n.role == "head").count(), 1);
+        assert!(s.endpoint.starts_with("http://") && s.endpoint.ends_with(&format!(":{}/v1", kit.engine.port)));
+        assert_eq!(s.model, kit.engine.served_model_name);
+    }
+}
