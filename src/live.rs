@@ -77,7 +77,7 @@ fn pid_alive(pid: u32) -> bool {
     matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None), Ok(()) | Err(nix::errno::Errno::EPERM))
 }
 
-/// Every record whose supervisor process is alive, oldest pid first; stale records are removed.
+/// Every record whose supervisor process is alive, by pid then kit name; stale records are removed.
 #[must_use]
 pub fn list(dir: &Path) -> Vec<Record> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
@@ -97,7 +97,7 @@ pub fn list(dir: &Path) -> Vec<Record> {
             unregister(&path);
         }
     }
-    out.sort_by_key(|r| r.pid);
+    out.sort_by(|a, b| (a.pid, &a.kit_name).cmp(&(b.pid, &b.kit_name)));
     out
 }
 
