@@ -17,7 +17,7 @@ use crate::plan::{input_from_kit, kv, kv_tokens, parse_meminfo, plan, Assumption
 
 /// The band of a weight figure from modelled shapes: ±0.5 % (per mille), the tolerance the
 /// modelled DeepSeek V4.1 Flash is held to against the reference's measured 99.5 GiB/rank.
-const MODELLED_BAND_PER_MILLE: u64 = 5;
+pub(super) const MODELLED_BAND_PER_MILLE: u64 = 5;
 
 #[allow(clippy::cast_precision_loss)]
 fn gib(bytes: u64) -> f64 {
@@ -103,7 +103,7 @@ pub fn run(args: &PlanArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 
 /// For the DeepSeek V4.1 Flash kit without a kit value: KV bytes per token from the model's
 /// shapes, with the reference's measured figure as the check. Returns the assumption lines.
-fn derive_kv(kit: &crate::kit::schema::Kit, input: &mut PlanInput) -> Vec<Assumption> {
+pub(super) fn derive_kv(kit: &crate::kit::schema::Kit, input: &mut PlanInput) -> Vec<Assumption> {
     if !is_dsv41_flash_exl3(kit) {
         return Vec::new();
     }
