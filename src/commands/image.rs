@@ -7,8 +7,8 @@ use super::{io_failure, load, Context};
 use crate::cli::ImageSyncArgs;
 use crate::cluster::push;
 use crate::dirs::Dirs;
-use crate::engine::image_sync::{self, SyncReporter};
 use crate::error::Failure;
+use crate::image_sync::{self, SyncReporter};
 use crate::kit::schema::Runtime;
 
 struct Lines<'a>(Mutex<&'a mut dyn Write>);

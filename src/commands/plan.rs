@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::verify::{checkpoint_in, is_dsv41_flash_exl3, size};
+use super::checkpoint_source::{checkpoint_in, is_dsv41_flash_exl3};
 use super::{io_failure, load, Context};
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
@@ -10,6 +10,7 @@ use crate::checkpoint::virtual_ckpt::DeepSeekV41Dims;
 use crate::checkpoint::Origin;
 use crate::cli::PlanArgs;
 use crate::error::Failure;
+use crate::kit::bytes::human_size as size;
 use crate::kit::bytes::GIB;
 use crate::kit::schema::Transport;
 use crate::plan::reference::{self as measured, KV_TOKENS_IN_POOL};
@@ -17,7 +18,7 @@ use crate::plan::{input_from_kit, kv, kv_tokens, parse_meminfo, plan, Assumption
 
 /// The band of a weight figure from modelled shapes: ±0.5 % (per mille), the tolerance the
 /// modelled DeepSeek V4.1 Flash is held to against the reference's measured 99.5 GiB/rank.
-pub(super) const MODELLED_BAND_PER_MILLE: u64 = 5;
+const MODELLED_BAND_PER_MILLE: u64 = 5;
 
 #[allow(clippy::cast_precision_loss)]
 fn gib(bytes: u64) -> f64 {
@@ -103,7 +104,7 @@ pub fn run(args: &PlanArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 
 /// For the DeepSeek V4.1 Flash kit without a kit value: KV bytes per token from the model's
 /// shapes, with the reference's measured figure as the check. Returns the assumption lines.
-pub(super) fn derive_kv(kit: &crate::kit::schema::Kit, input: &mut PlanInput) -> Vec<Assumption> {
+fn derive_kv(kit: &crate::kit::schema::Kit, input: &mut PlanInput) -> Vec<Assumption> {
     if !is_dsv41_flash_exl3(kit) {
         return Vec::new();
     }

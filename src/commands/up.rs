@@ -230,7 +230,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let gates = Gates {
         preflight: (!args.skip_preflight).then(|| crate::node::preflight::PreflightInput {
             gateway_holds_api_port: true,
-            ..super::preflight::input(&kit, &ctx.env)
+            ..super::preflight_input::input(&kit, &ctx.env)
         }),
         weight_trees: weight_trees(&kit, &hf, &dirs.expand(&kit.paths.engram_dir))
             .into_iter()

@@ -1,17 +1,20 @@
 //! `up`'s gateway: its settings from the kit, `engine.api_keys` and the memory plan (the same
 //! plan `spark-kit plan` prints), checked before anything starts.
 
-use super::plan::{derive_kv, MODELLED_BAND_PER_MILLE};
-use super::verify::checkpoint_in;
+use super::checkpoint_source::{checkpoint_in, is_dsv41_flash_exl3};
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
+use crate::checkpoint::virtual_ckpt::DeepSeekV41Dims;
 use crate::checkpoint::Origin;
 use crate::dirs::Dirs;
 use crate::engine::endpoint::{api_keys, internal_port};
 use crate::error::Failure;
 use crate::gateway::GatewayConfig;
 use crate::kit::schema::{Kit, Role, Transport};
-use crate::plan::{input_from_kit, plan, Plan};
+use crate::plan::{input_from_kit, kv, plan, Plan};
+
+/// The band of a weight figure from modelled shapes, per mille (as `spark-kit plan`).
+const MODELLED_BAND_PER_MILLE: u64 = 5;
 
 /// The kit's plan as `spark-kit plan` computes it (kit memory, the checkpoint's weight budget).
 /// Without a checkpoint to read yet (a model the engine side makes on first start), the weights
@@ -38,7 +41,12 @@ fn plan_of(kit: &Kit, env: &[(String, String)]) -> (Plan, Option<String>) {
             (input, Some(format!("no prefill budget (the weights are unknown: {why})")))
         }
     };
-    let _ = derive_kv(kit, &mut input);
+    // KV bytes per token from the model's shapes where the kit leaves it 0 (as `spark-kit plan`).
+    if input.kv_bytes_per_token == 0.0 && is_dsv41_flash_exl3(kit) {
+        if let Some(d) = kv::derive(&DeepSeekV41Dims::default().kv_shape(kit.engine.block_size)) {
+            input.kv_bytes_per_token = d.bytes_per_token;
+        }
+    }
     (plan(&input), note)
 }
 
@@ -87,4 +95,50 @@ pub(super) fn summary(cfg: &GatewayConfig, note: Option<&str>) -> String {
         cfg.queue_len,
         parts.join(", ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kit(name: &str) -> Kit {
+        crate::kit::resolve(crate::kit::source(Some(name)).unwrap(), &[], &[]).unwrap().kit
+    }
+
+    #[test]
+    fn the_reference_kit_gets_the_plans_limits() {
+        let d = tempfile::tempdir().unwrap();
+        let env = vec![("HOME".to_string(), d.path().display().to_string()), ("VLLM_API_KEY".into(), "k".into())];
+        let k = kit("dgx-spark-2x-dsv41-exl3");
+        let (cfg, note) = config(&k, &env, &Dirs::from_env(&env)).unwrap();
+        assert_eq!(note, None);
+        assert!(cfg.limits.kv_pool_tokens.is_some() && cfg.limits.safe_max_prompt.is_some(), "{:?}", cfg.limits);
+        assert_eq!(cfg.upstream, format!("http://127.0.0.1:{}", k.engine.port + 10000));
+        assert!(summary(&cfg, None).contains("prefill budget"), "{}", summary(&cfg, None));
+    }
+
+    #[test]
+    fn tiny_cpu_has_no_prefill_budget_and_says_why() {
+        let d = tempfile::tempdir().unwrap();
+        let env = vec![("HOME".to_string(), d.path().display().to_string())];
+        let (cfg, note) = config(&kit("tiny-cpu"), &env, &Dirs::from_env(&env)).unwrap();
+        assert_eq!(cfg.limits.safe_max_prompt, None);
+        assert_eq!(cfg.limits.max_model_len, 512);
+        let line = summary(&cfg, note.as_deref());
+        assert!(line.contains("no prefill budget (the weights are unknown"), "{line}");
+        assert!(line.contains("KV pool 65536 tokens") && line.contains("no API keys"), "{line}");
+    }
+
+    #[test]
+    fn a_remote_head_and_a_missing_key_file_are_refused_with_the_key() {
+        let d = tempfile::tempdir().unwrap();
+        let env = vec![("HOME".to_string(), d.path().display().to_string())];
+        let mut k = kit("tiny-cpu");
+        k.engine.api_keys.file = Some(d.path().join("nope").display().to_string());
+        let e = config(&k, &env, &Dirs::from_env(&env)).unwrap_err();
+        assert!(e.to_string().starts_with("engine.api_keys.file "), "{e}");
+        k.nodes[0].transport = Transport::Ssh;
+        let e = config(&k, &env, &Dirs::from_env(&env)).unwrap_err();
+        assert!(e.to_string().contains("the head node `local` is not local"), "{e}");
+    }
 }

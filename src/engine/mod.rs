@@ -9,7 +9,6 @@ pub mod docker;
 pub mod dockerctl;
 pub mod embed;
 pub mod endpoint;
-pub mod image_sync;
 pub mod log_watch;
 pub mod model;
 pub mod overlay;
