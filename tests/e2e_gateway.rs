@@ -117,7 +117,7 @@ fn status_json(logs: &Path) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
-/// Every stream either completed (all its tokens, no error event, [DONE]) or got 429 with
+/// Every stream either completed (all its tokens by its usage chunk, no error event, [DONE]) or got 429 with
 /// Retry-After; returns (completed, refused).
 fn check_streams(rs: &[Value], max_tokens: u64) -> (usize, usize) {
     let (mut ok, mut refused) = (0, 0);
@@ -125,7 +125,7 @@ fn check_streams(rs: &[Value], max_tokens: u64) -> (usize, usize) {
         match r["status"].as_u64() {
             Some(200) => {
                 assert!(r["done"] == true && r["error"].is_null(), "stream did not complete: {r}");
-                assert_eq!(r["events"].as_u64(), Some(max_tokens), "{r}");
+                assert_eq!(r["tokens"].as_u64(), Some(max_tokens), "{r}");
                 assert_eq!(r["finish"], "length", "{r}");
                 ok += 1;
             }
@@ -291,7 +291,7 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     let r = result_of(&mut child, &rx, Duration::from_secs(180));
     assert_eq!(r["status"], 200, "{r}");
     assert!(r["done"] == true && r["error"].is_null() && r["finish"] == "length", "the stream was cut by down: {r}");
-    assert_eq!(r["events"], 490, "{r}");
+    assert_eq!(r["tokens"], 490, "{r}");
     let st = down.wait().unwrap();
     assert!(st.success(), "down: {st}");
     let t = Instant::now();

@@ -55,8 +55,9 @@ def over(base, key, seed, words):
 def one_stream(base, key, max_tokens, prompt):
     """A raw SSE completion stream: status, text events, the terminal error event, [DONE]."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
-    r = {"status": None, "events": 0, "done": False, "error": None, "finish": None, "retry_after": None}
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    r = {"status": None, "events": 0, "tokens": None, "done": False, "error": None, "finish": None,
+         "retry_after": None}
     t = time.time()
     try:
         with httpx.stream("POST", base + "/completions", json=body, headers={"Authorization": f"Bearer {key}"},
@@ -77,6 +78,8 @@ def one_stream(base, key, max_tokens, prompt):
                 if "error" in ev:
                     r["error"] = ev["error"]
                     continue
+                if ev.get("usage"):
+                    r["tokens"] = ev["usage"]["completion_tokens"]
                 if ev.get("choices"):
                     if r["events"] == 0:
                         print("first-token", flush=True)
