@@ -260,6 +260,41 @@ mod tests {
     }
 
     #[test]
+    fn a_stop_waits_for_the_gateways_drain() {
+        let kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+        let bare = Handles::new(&kit);
+        assert!(!bare.stop_due());
+        bare.stop.store(true, Ordering::SeqCst);
+        assert!(bare.stop_due(), "without a gateway the stop is due at once");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let limits =
+            crate::gateway::admission::Limits { max_model_len: 8, kv_pool_tokens: None, safe_max_prompt: None };
+        let cfg = crate::gateway::GatewayConfig::new(
+            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            "http://127.0.0.1:9".into(),
+            vec![],
+            1,
+            limits,
+        );
+        let h = Handles::new(&kit).with_front(Front::start(cfg).unwrap());
+        h.tell_gateway(State::Ready);
+        assert_eq!(h.current().unwrap().gateway.unwrap().state, "ready");
+        assert!(!h.stop_due());
+        h.stop.store(true, Ordering::SeqCst);
+        let t = std::time::Instant::now();
+        while !h.stop_due() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "the idle drain never finished");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let g = h.current().unwrap().gateway.unwrap();
+        assert_eq!((g.state.as_str(), g.in_flight, g.queued), ("draining", 0, 0));
+        assert_eq!(h.drained(), Some(Ok(DrainOutcome::Idle)));
+        // Draining stays: a later state change does not reopen the gateway.
+        h.tell_gateway(State::Ready);
+        assert_eq!(h.current().unwrap().gateway.unwrap().state, "draining");
+    }
+
+    #[test]
     fn the_gateway_serves_only_while_ready_or_degraded() {
         assert_eq!(gateway_state(State::Ready), EngineState::Ready);
         assert_eq!(gateway_state(State::Degraded), EngineState::Ready);
