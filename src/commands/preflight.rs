@@ -85,7 +85,8 @@ fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<
         let hello = started.and_then(|mut agent| {
             let said = client::wait_for(&rx, i, Duration::from_secs(60), &mut held, |ev| {
                 matches!(ev, Event::Hello { .. }).then_some(())
-            });
+            })
+            .map_err(|e| e.to_string());
             let request = request_for(kit, node, input);
             let asked = said.and_then(|()| {
                 if agent.send(&Command::Preflight { request }) {
@@ -102,6 +103,7 @@ fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<
                 Event::Facts { facts } => Some(*facts),
                 _ => None,
             })
+            .map_err(|e| e.to_string())
         });
         if let Err(why) = &facts[i] {
             facts[i] = Err(format!("{}'s node agent: {why}", node.name));

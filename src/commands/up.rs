@@ -268,7 +268,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             }
         },
         Ok(_) => Err(failure_from(&snap, &kit_ref)),
-        Err(e) => Err(Failure::runtime(e.to_string())),
+        Err(e) => Err(Failure::runtime_error(&e).with_hint_opt(e.hint())),
     }
 }
 

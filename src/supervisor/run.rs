@@ -33,16 +33,27 @@ pub trait ClusterReporter: Send + Sync {
 /// Why the supervisor could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("cannot find the spark-kit executable: {0}")]
-    SelfExe(std::io::Error),
+    #[error("cannot find the spark-kit executable")]
+    SelfExe(#[source] std::io::Error),
     #[error(transparent)]
     Agent(#[from] client::AgentError),
-    #[error("{0}")]
-    Preflight(String),
-    #[error("{0}")]
-    Weights(String),
+    #[error(transparent)]
+    Preflight(bringup::GateError),
+    #[error(transparent)]
+    Weights(bringup::GateError),
     #[error("node {node}'s agent did not answer within {secs} s (see {log})")]
     NoHello { node: String, secs: u64, log: String },
+}
+
+impl ClusterError {
+    /// A one-line fix, where there is one.
+    #[must_use]
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::Preflight(e) | Self::Weights(e) => e.hint(),
+            Self::SelfExe(_) | Self::Agent(_) | Self::NoHello { .. } => None,
+        }
+    }
 }
 
 pub(super) struct Sup<'a> {
