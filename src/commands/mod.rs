@@ -27,6 +27,7 @@ pub mod setup;
 pub mod status;
 pub mod target;
 pub mod up;
+mod up_gateway;
 pub mod verify;
 pub mod verify_decode;
 

@@ -51,5 +51,11 @@ pub fn input(kit: &Kit, env: &[(String, String)]) -> PreflightInput {
         .flatten()
         .and_then(|r| venv::find(&dirs.cache, &r))
         .map(|v| v.path.join("bin/python").display().to_string());
-    PreflightInput { weights_per_rank, weights_on_disk, disk_path: disk_path.display().to_string(), vllm_python }
+    PreflightInput {
+        weights_per_rank,
+        weights_on_disk,
+        disk_path: disk_path.display().to_string(),
+        vllm_python,
+        gateway_holds_api_port: false,
+    }
 }
