@@ -22,7 +22,7 @@ pub mod pack_engram;
 pub mod plan;
 pub mod preflight;
 pub mod preflight_input;
-pub mod progress;
+pub mod reporter;
 pub mod setup;
 pub mod status;
 pub mod target;

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use super::progress::PackLines;
+use super::reporter::PackLines;
 use super::{io_failure, load, Context};
 use crate::cli::PackEngramArgs;
 use crate::dirs::Dirs;
