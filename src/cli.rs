@@ -77,6 +77,8 @@ pub enum Command {
 pub enum ImageCommand {
     /// Copy the head's image to every worker whose image id differs (docker save → resumable rsync → docker load; no registry).
     Sync(ImageSyncArgs),
+    /// Make the engine image of a kit with engine.docker_mount_venv here, offline (a small rootfs; the venv is mounted).
+    Build(ImageSyncArgs),
 }
 
 #[derive(Debug, Args)]

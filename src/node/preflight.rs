@@ -133,7 +133,11 @@ pub fn run(
             Ok(f) => {
                 checks.extend(node_checks(&spec_for(kit, node, input), &f));
                 if let Some(d) = &f.docker {
-                    checks.extend(docker_checks::node_checks(&node.name, d));
+                    checks.extend(docker_checks::node_checks(
+                        &node.name,
+                        d,
+                        crate::engine::image_build::build_command(kit).as_deref(),
+                    ));
                 }
                 facts.push((node.name.clone(), f));
             }
