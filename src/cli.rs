@@ -146,6 +146,9 @@ pub struct UpArgs {
     /// Start without the preflight checks on every node (they stop the bring-up on a failure).
     #[arg(long)]
     pub skip_preflight: bool,
+    /// First remove what an earlier run of this kit left on the nodes (docker: its containers, found by label).
+    #[arg(long)]
+    pub replace: bool,
     #[command(flatten)]
     pub kit: KitArgs,
 }

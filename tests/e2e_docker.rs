@@ -164,7 +164,10 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     let out = env.up(&[]).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains("preflight failed") && text.contains(&format!("image `{IMAGE}` is not on this node")), "{text}");
+    assert!(
+        text.contains("preflight failed") && text.contains(&format!("image `{IMAGE}` is not on this node")),
+        "{text}"
+    );
     let build = format!("spark-kit image build --kit {KIT}");
     assert!(text.contains(&format!("fix: make it here, offline: `{build}`")), "{text}");
     assert!(!text.contains("starting its engine"), "an engine was started without an image: {text}");
@@ -247,10 +250,23 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     assert_eq!(status.code(), Some(130), "up exit status {status}");
     eprintln!("no container {secs:.1} s after SIGINT");
 
-    // 7. Detached `up`, then `down`: no container left.
-    let out = env.up(&["--detach"]).output().unwrap();
-    assert!(out.status.success(), "up --detach: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(env.containers().len(), 1);
+    // 7. A survivor of an earlier run: preflight names it and `up` refuses; `up --replace`
+    //    removes it first. Then `down`: no container left.
+    let name = "spark-kit-tiny-cpu-docker-local-r0";
+    let leftover = env.d.ok(&["create", "--name", name, "--label", "spark-kit.kit=tiny-cpu-docker", IMAGE, "/bin/sh"]);
+    let out = env.up(&[]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("from an earlier run: {name} ({}, created)", &leftover[..12])), "{text}");
+    assert!(text.contains(&format!("`docker rm -f {name}` on local), or add --replace")), "{text}");
+    assert_eq!(env.containers(), vec![leftover.clone()], "up touched the survivor without --replace");
+    let out = env.up(&["--detach", "--replace"]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "up --detach --replace: {text}");
+    let sup_log = std::fs::read_to_string(env.logs.path().join(format!("{KIT}-supervisor.log"))).unwrap();
+    assert!(sup_log.contains(&format!("local: removed {name}")), "{sup_log}");
+    let now = env.containers();
+    assert!(now.len() == 1 && now[0] != leftover, "{now:?}");
     let t = Instant::now();
     let out = env.spark(&["down"]).output().unwrap();
     assert!(out.status.success(), "down: {}", String::from_utf8_lossy(&out.stderr));

@@ -74,6 +74,12 @@ impl Runtime for Docker {
         container::engine_ref(&container_name(kit, node)).ok().flatten()
     }
 
+    /// Every container labelled as this kit's (`docker rm -f`).
+    fn remove_leftovers(&self, kit: &Kit) -> Result<Vec<String>, UpError> {
+        container::remove_deployment(&kit.name)
+            .map_err(docker_error(format!("removing the containers of kit {}", kit.name)))
+    }
+
     /// `docker stop -t <shutdown_timeout_s>`, then `docker rm -f` if it is still listed.
     fn stop(&self, kit: &Kit, node: usize) -> Result<(), UpError> {
         let name = container_name(kit, node);

@@ -159,6 +159,13 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                     }
                     stop(&mut running, drain_s, out);
                 }
+                Ok(Command::Clean { kit }) => {
+                    let removed = runtime::for_kit(&kit).and_then(|r| r.remove_leftovers(&kit));
+                    match removed {
+                        Ok(removed) => out.emit(&Event::Cleaned { removed }),
+                        Err(e) => out.emit(&Event::Error { message: one_line(&e), fatal: false }),
+                    }
+                }
                 Ok(Command::CheckFiles { root, files }) => out.emit(&check_files(&dirs.expand(&root), &files)),
                 Ok(Command::Preflight { request }) => {
                     let facts = gather(&LocalProbe { timeout_s: 10 }, &request);

@@ -71,6 +71,12 @@ pub trait Runtime {
     fn stop(&self, _kit: &Kit, _node: usize) -> Result<(), UpError> {
         Ok(())
     }
+
+    /// Remove what an earlier run of `kit` left on this node (`up --replace`); their names.
+    /// The venv runtime leaves nothing (an agent's engine group dies with it).
+    fn remove_leftovers(&self, _kit: &Kit) -> Result<Vec<String>, UpError> {
+        Ok(Vec::new())
+    }
 }
 
 /// The engine venv of `kit`: `engine.venv`, or the cache entry its requirements build.

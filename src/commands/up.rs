@@ -228,6 +228,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             .map(|t| WeightTree { path: dirs.expand(&t.path.to_string_lossy()), ..t })
             .collect(),
         home: dirs.home.clone(),
+        replace: args.replace,
     };
     let result = supervisor::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), &gates);
     // `down` is answered with the final snapshot before the process (and its socket) goes.
@@ -404,6 +405,7 @@ pub fn restart(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         detach: true,
         shutdown_timeout: args.shutdown_timeout.clone(),
         skip_preflight: args.skip_preflight,
+        replace: args.replace,
         kit: args.kit.clone(),
     };
     run(&detached, ctx)

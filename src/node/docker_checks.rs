@@ -53,7 +53,11 @@ pub fn node_checks(node: &str, f: &DockerFacts, make: Option<&str>) -> Vec<Check
         }
         (Err(e), _) => {
             let e = error_of(e, "image inspect", Some(&f.image));
-            out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(e.fix())));
+            let fix = match (&e, make) {
+                (DockerError::NoImage(_), Some(m)) => format!("make it here, offline: `{m}`"),
+                _ => e.fix(),
+            };
+            out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(fix)));
         }
     }
     match &f.containers {
@@ -69,7 +73,10 @@ pub fn node_checks(node: &str, f: &DockerFacts, make: Option<&str>) -> Vec<Check
                     "containers",
                     Verdict::Fail,
                     format!("containers of this deployment from an earlier run: {}", names.join(", ")),
-                    Some("stop them with `spark-kit down`, or start over them with `spark-kit up --replace`".into()),
+                    Some(format!(
+                        "remove them (`docker rm -f {}` on {node}), or add --replace to `spark-kit up`",
+                        left.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(" ")
+                    )),
                 ));
             }
         }
@@ -169,10 +176,12 @@ mod tests {
                 && image.fix.as_deref().unwrap().contains("image sync")
         );
         // A kit whose image spark-kit makes names that command.
-        let c = node_checks("local", &facts(Ok(""), ""), Some("spark-kit image build --kit k"));
-        let made = c.iter().find(|c| c.id == "image").unwrap();
-        assert_eq!(made.verdict, Verdict::Fail);
-        assert_eq!(made.fix.as_deref(), Some("make it here, offline: `spark-kit image build --kit k`"));
+        for f in [facts(Ok(""), ""), facts(missing_again(), "")] {
+            let c = node_checks("local", &f, Some("spark-kit image build --kit k"));
+            let made = c.iter().find(|c| c.id == "image").unwrap();
+            assert_eq!(made.verdict, Verdict::Fail);
+            assert_eq!(made.fix.as_deref(), Some("make it here, offline: `spark-kit image build --kit k`"));
+        }
         let c = node_checks("spark-2", &facts(missing_again(), "abc123\tspark-kit-k-spark-2\trunning\n"), None);
         let left = c.iter().find(|c| c.id == "containers").unwrap();
         assert_eq!(left.verdict, Verdict::Fail);

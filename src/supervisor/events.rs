@@ -98,7 +98,7 @@ impl Sup<'_> {
                     self.with_node(i, |n| n.phase = Some(phase));
                 }
             }
-            Event::Files { .. } | Event::Facts { .. } => {}
+            Event::Files { .. } | Event::Facts { .. } | Event::Cleaned { .. } => {}
             Event::Guard { event } => {
                 let kind = event.get("event").and_then(serde_json::Value::as_str).unwrap_or_default();
                 // Actions and floor crossings matter to the operator; samples and notes go to the log.
