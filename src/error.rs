@@ -21,32 +21,100 @@ pub enum ExitCode {
     Terminated = 143,
 }
 
-/// The error a command returns to `main`: one line of text, an optional fix, and the class.
+/// The error a command returns to `main`: what failed, the causes below it, an optional fix,
+/// and the class. `main` prints it once with [`Failure::render`].
 #[derive(Debug)]
 pub struct Failure {
     pub code: ExitCode,
     pub message: String,
+    /// The `#[source]` chain below `message`, outermost first.
+    pub causes: Vec<String>,
     pub hint: Option<String>,
 }
 
 impl Failure {
     pub fn usage(message: impl Into<String>) -> Self {
-        Self { code: ExitCode::Usage, message: message.into(), hint: None }
+        Self { code: ExitCode::Usage, message: message.into(), causes: Vec::new(), hint: None }
     }
     pub fn runtime(message: impl Into<String>) -> Self {
-        Self { code: ExitCode::Runtime, message: message.into(), hint: None }
+        Self { code: ExitCode::Runtime, message: message.into(), causes: Vec::new(), hint: None }
+    }
+    /// A runtime failure from a typed error: its message, and its `source()` chain as causes.
+    pub fn runtime_error(e: &(dyn std::error::Error + 'static)) -> Self {
+        Self::runtime(e.to_string()).caused_by_chain_of(e)
+    }
+    /// A usage / configuration failure from a typed error (see [`Failure::runtime_error`]).
+    pub fn usage_error(e: &(dyn std::error::Error + 'static)) -> Self {
+        Self::usage(e.to_string()).caused_by_chain_of(e)
     }
     /// The exit of a command that a signal stopped cleanly: nothing more to print.
     #[must_use]
     pub fn signalled(sig: i32) -> Self {
         let code = if sig == 15 { ExitCode::Terminated } else { ExitCode::Interrupted };
-        Self { code, message: String::new(), hint: None }
+        Self { code, message: String::new(), causes: Vec::new(), hint: None }
     }
     #[must_use]
     pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
         self
     }
+    /// `hint` if there is one (for the `hint()` methods of typed errors).
+    #[must_use]
+    pub fn with_hint_opt(mut self, hint: Option<String>) -> Self {
+        if hint.is_some() {
+            self.hint = hint;
+        }
+        self
+    }
+    /// Add the `source()` chain below `e` (not `e` itself) as causes.
+    #[must_use]
+    pub fn caused_by_chain_of(mut self, e: &(dyn std::error::Error + 'static)) -> Self {
+        self.causes.extend(chain(e));
+        self
+    }
+    /// The text `main` prints: one `error:` line per line of the message, one `caused by:` line
+    /// per cause (a cause whose text the lines above already say is left out: many messages name
+    /// their cause inline), then `hint:`. Empty for [`Failure::signalled`].
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for line in self.message.lines() {
+            out.push_str("error: ");
+            out.push_str(line);
+            out.push('\n');
+        }
+        let mut said = self.message.clone();
+        for cause in &self.causes {
+            if cause.is_empty() || said.contains(cause.as_str()) {
+                continue;
+            }
+            for line in cause.lines() {
+                out.push_str("caused by: ");
+                out.push_str(line);
+                out.push('\n');
+            }
+            said.push('\n');
+            said.push_str(cause);
+        }
+        if let Some(h) = &self.hint {
+            out.push_str("hint: ");
+            out.push_str(h);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// The messages of the errors below `e` (its `source()`, that one's source, …), outermost first.
+#[must_use]
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push(s.to_string());
+        next = s.source();
+    }
+    out
 }
 
 impl fmt::Display for Failure {
@@ -56,3 +124,44 @@ impl fmt::Display for Failure {
 }
 
 impl std::error::Error for Failure {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        #[error("cannot load the kit")]
+        Load(#[source] Middle),
+    }
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read kit.yaml")]
+    struct Middle(#[source] std::io::Error);
+
+    #[test]
+    fn renders_error_causes_and_hint_once() {
+        let e = Outer::Load(Middle(std::io::Error::other("permission denied")));
+        let f = Failure::usage_error(&e).with_hint("check the file's permissions");
+        assert_eq!(f.code, ExitCode::Usage);
+        assert_eq!(
+            f.render(),
+            "error: cannot load the kit\ncaused by: cannot read kit.yaml\ncaused by: permission denied\nhint: check the file's permissions\n"
+        );
+    }
+
+    #[test]
+    fn a_cause_the_message_already_names_is_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot read kit.yaml: {0}")]
+        struct Inline(#[source] std::io::Error);
+        let f = Failure::runtime_error(&Inline(std::io::Error::other("permission denied")));
+        assert_eq!(f.render(), "error: cannot read kit.yaml: permission denied\n");
+    }
+
+    #[test]
+    fn multi_line_messages_and_signals() {
+        assert_eq!(Failure::runtime("a\nb").render(), "error: a\nerror: b\n");
+        assert_eq!(Failure::signalled(2).render(), "");
+        assert_eq!(Failure::signalled(15).code, ExitCode::Terminated);
+    }
+}

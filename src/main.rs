@@ -21,13 +21,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            let mut err = std::io::stderr().lock();
-            for line in f.message.lines() {
-                let _ = writeln!(err, "error: {line}");
-            }
-            if let Some(h) = &f.hint {
-                let _ = writeln!(err, "hint: {h}");
-            }
+            // Rendered once, here: `error:` / `caused by:` (the `#[source]` chain) / `hint:`.
+            let _ = std::io::stderr().lock().write_all(f.render().as_bytes());
             ExitCode::from(f.code as u8)
         }
     }

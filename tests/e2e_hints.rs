@@ -1,5 +1,6 @@
 //! Issue 21 items 3, 4, 7 and 8 end to end on the tiny-cpu kit: every command `up --detach`
-//! prints is run as printed (status, logs -f, down, the curl with its API key header); `status`
+//! prints is run as printed (status, logs -f, down, the curl with its API key header); a killed
+//! EngineCore is named as what died first; `status`
 //! without --kit finds the deployment; the boot phase shows in `status` while booting; Ctrl-C of
 //! a foreground `up` exits 130.
 //!
@@ -120,6 +121,34 @@ fn printed_hints_work_as_copied() {
     let bare = curl.replace(&format!(" -H \"Authorization: Bearer ${KEY_VAR}\""), "");
     let o = sh.run(&bare);
     assert!(text(&o.stdout).contains("Unauthorized") || text(&o.stdout).contains("401"), "{}", text(&o.stdout));
+
+    // Item 7: a crash of EngineCore is said as what died first (vLLM itself exits 0 then), in
+    // status' reason, and the deployment restarts and answers again.
+    let s = status_json(&sh).unwrap();
+    let pgid = s["nodes"][0]["engine_pgid"].as_i64().unwrap() as i32;
+    let core = common::descendants(pgid)
+        .into_iter()
+        .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.starts_with("VLLM::EngineCor")))
+        .expect("no VLLM::EngineCore under the engine");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(core), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let want = format!("first to die: its child pid {core} (VLLM::EngineCor) killed by signal 9 (SIGKILL)");
+    let t = Instant::now();
+    let s = loop {
+        let s = status_json(&sh).unwrap_or_default();
+        if s["restarts"].as_u64().unwrap_or(0) >= 1 {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "EngineCore's death not seen: {s}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(s["reason"].as_str().unwrap_or_default().contains(&want), "want `{want}` in the reason: {s}");
+    let t = Instant::now();
+    while status_json(&sh).unwrap_or_default()["state"] != "ready" {
+        assert!(t.elapsed() < Duration::from_secs(600), "not ready again after the restart");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let o = sh.run(curl);
+    assert!(o.status.success(), "the curl after the restart");
 
     // Item 3: status as printed, and with no --kit at all.
     let status = hint(&banner, "status:");

@@ -273,9 +273,11 @@ fn bringup_checks_weights_through_the_agent_and_rsyncs_them() {
     };
     kit.model.sync = WeightSync::Shared;
     let (r, _) = check(&kit);
-    let e = r.unwrap_err();
+    let err = r.unwrap_err();
+    let e = err.to_string();
     assert!(e.starts_with(&format!("node-b: the weights under ~/{unique}/models--o--w differ from the head's: 2 file(s) differ: blobs/a missing; blobs/b missing")), "{e}");
-    assert!(e.contains("fix: mount the same weights"), "{e}");
+    // The fix is the error's hint (`main` prints it on its own `hint:` line).
+    assert!(err.hint().is_some_and(|h| h.starts_with("mount the same weights")), "{err:?}");
 
     kit.model.sync = WeightSync::Rsync;
     let (r, lines) = check(&kit);

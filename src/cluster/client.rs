@@ -28,6 +28,18 @@ pub enum AgentError {
     Start { node: String, why: String },
 }
 
+/// Why an answer from an agent did not come.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    /// The agent reported an error instead (its own words).
+    #[error("{0}")]
+    Agent(String),
+    #[error("the agent's connection closed")]
+    Closed,
+    #[error("no answer within {0} s")]
+    Timeout(u64),
+}
+
 /// A running agent process (local, or the ssh / exec client that carries it).
 pub struct AgentProc {
     pub child: Child,
@@ -115,23 +127,23 @@ pub fn wait_for<T>(
     limit: Duration,
     held: &mut Vec<Msg>,
     want: impl Fn(Event) -> Option<T>,
-) -> Result<T, String> {
+) -> Result<T, WaitError> {
     let deadline = Instant::now() + limit;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(Msg::Event(j, ev)) if j == i => {
                 if let Event::Error { message, .. } = &ev {
-                    return Err(message.clone());
+                    return Err(WaitError::Agent(message.clone()));
                 }
                 if let Some(t) = want(ev) {
                     return Ok(t);
                 }
             }
-            Ok(Msg::Lost(j)) if j == i => return Err("the agent's connection closed".into()),
+            Ok(Msg::Lost(j)) if j == i => return Err(WaitError::Closed),
             Ok(other) => held.push(other),
-            Err(RecvTimeoutError::Timeout) => return Err(format!("no answer within {} s", limit.as_secs())),
-            Err(RecvTimeoutError::Disconnected) => return Err("the agent's connection closed".into()),
+            Err(RecvTimeoutError::Timeout) => return Err(WaitError::Timeout(limit.as_secs())),
+            Err(RecvTimeoutError::Disconnected) => return Err(WaitError::Closed),
         }
     }
 }

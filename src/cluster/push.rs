@@ -9,7 +9,7 @@ use std::process::Stdio;
 use sha2::{Digest, Sha256};
 
 use super::transport::shell;
-use crate::engine::overlay::hex;
+use crate::hex::encode as hex;
 use crate::kit::schema::{Node, Transport};
 
 /// Why a push failed.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::Context;
 use crate::cli::EngineArgs;
 use crate::engine::embed;
-use crate::error::{ExitCode, Failure};
+use crate::error::Failure;
 
 pub fn run(args: &EngineArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if let Err(e) = embed::set_oom_score_adj(1000) {
@@ -23,6 +23,6 @@ pub fn run(args: &EngineArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if code == 0 {
         Ok(())
     } else {
-        Err(Failure { code: ExitCode::Runtime, message: format!("vLLM exited with status {code}"), hint: None })
+        Err(Failure::runtime(format!("vLLM exited with status {code}")))
     }
 }

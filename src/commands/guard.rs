@@ -75,7 +75,7 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
     if args.model.is_empty() {
         // The kit's checkpoint (locally made tiny models have no shards worth dropping).
         if kit.model.path.is_some() || !kit.model.repo.is_empty() {
-            cfg.model_paths = vec![super::preflight::model_dir(kit, &ctx.env)];
+            cfg.model_paths = vec![super::preflight_input::model_dir(kit, &ctx.env)];
         }
     } else {
         cfg.model_paths.clone_from(&args.model);

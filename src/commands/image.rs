@@ -8,9 +8,9 @@ use super::{io_failure, load, Context};
 use crate::cli::ImageSyncArgs;
 use crate::cluster::push;
 use crate::dirs::Dirs;
-use crate::engine::image_build;
-use crate::engine::image_sync::{self, SyncReporter};
+use crate::engine::image_build::{self, BuildReporter};
 use crate::error::Failure;
+use crate::image_sync::{self, SyncReporter};
 use crate::kit::schema::Runtime;
 
 struct Lines<'a>(Mutex<&'a mut dyn Write>);
@@ -52,11 +52,17 @@ pub fn sync(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure> 
     Ok(())
 }
 
+impl BuildReporter for Lines<'_> {
+    fn line(&self, text: &str) {
+        SyncReporter::line(self, text);
+    }
+}
+
 /// The reporter of the venv build (when `image build` has to make the venv first).
 struct SetupLines<'a>(&'a Lines<'a>);
 impl crate::engine::venv::SetupReporter for SetupLines<'_> {
     fn step(&self, index: usize, total: usize, label: &str) {
-        self.0.line(&format!("setup [{index}/{total}] {label}"));
+        SyncReporter::line(self.0, &format!("setup [{index}/{total}] {label}"));
     }
     fn step_done(&self, _: &str, _: f64) {}
 }

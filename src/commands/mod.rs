@@ -6,6 +6,7 @@
 pub mod audit_text;
 pub mod bench;
 pub mod cache_capped;
+pub mod checkpoint_source;
 pub mod completions;
 pub mod config;
 pub mod download;
@@ -20,6 +21,7 @@ pub mod node;
 pub mod pack_engram;
 pub mod plan;
 pub mod preflight;
+pub mod preflight_input;
 pub mod progress;
 pub mod setup;
 pub mod status;

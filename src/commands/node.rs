@@ -3,7 +3,7 @@
 use super::Context;
 use crate::agent::{self, JsonLines};
 use crate::cli::NodeArgs;
-use crate::error::{ExitCode, Failure};
+use crate::error::Failure;
 
 pub fn run(args: &NodeArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     // A Ctrl-C in the terminal reaches the whole foreground group, agents included; the agent
@@ -13,6 +13,6 @@ pub fn run(args: &NodeArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let mut out = JsonLines(std::io::stdout());
     match agent::run(args.rank, &ctx.env, std::io::stdin(), &mut out) {
         0 => Ok(()),
-        code => Err(Failure { code: ExitCode::Runtime, message: format!("node agent ended with {code}"), hint: None }),
+        code => Err(Failure::runtime(format!("node agent ended with {code}"))),
     }
 }

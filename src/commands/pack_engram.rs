@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::progress::PackLines;
-use super::verify::size;
 use super::{io_failure, load, Context};
 use crate::cli::PackEngramArgs;
 use crate::dirs::Dirs;
@@ -13,6 +12,7 @@ use crate::engram::pack::{pack, Outcome, PackJob, Packed};
 use crate::engram::table::{checkpoint_table, open_source};
 use crate::engram::EngramError;
 use crate::error::Failure;
+use crate::kit::bytes::human_size as size;
 
 fn failure(e: &EngramError) -> Failure {
     let f = if e.is_config() { Failure::usage(e.to_string()) } else { Failure::runtime(e.to_string()) };

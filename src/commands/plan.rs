@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::verify::{checkpoint_in, is_dsv41_flash_exl3, size};
+use super::checkpoint_source::{checkpoint_in, is_dsv41_flash_exl3};
 use super::{io_failure, load, Context};
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
@@ -10,6 +10,7 @@ use crate::checkpoint::virtual_ckpt::DeepSeekV41Dims;
 use crate::checkpoint::Origin;
 use crate::cli::PlanArgs;
 use crate::error::Failure;
+use crate::kit::bytes::human_size as size;
 use crate::kit::bytes::GIB;
 use crate::kit::schema::Transport;
 use crate::plan::reference::{self as measured, KV_TOKENS_IN_POOL};

@@ -3,14 +3,12 @@
 //! them for the purpose. A node that cannot be reached is "not checked" — never a pass.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::verify::checkpoint_for;
+use super::preflight_input::input;
 use super::{io_failure, load, Context};
-use crate::checkpoint::budget::weight_budget;
-use crate::checkpoint::exl3_audit::num_hidden_layers;
 use crate::cli::PreflightArgs;
 use crate::cluster::client::{self, AgentProc};
 use crate::cluster::protocol::{Command, Event};
@@ -18,57 +16,13 @@ use crate::cluster::push;
 use crate::dirs::logs_dir;
 use crate::dirs::Dirs;
 use crate::engine::argv::node_ranks;
-use crate::engine::{model, recipe::Recipe, venv};
 use crate::error::Failure;
-use crate::kit::schema::{Kit, Runtime, Transport};
+use crate::kit::schema::{Kit, Transport};
 use crate::node::checks::Verdict;
 use crate::node::facts::{gather, NodeFacts};
 use crate::node::preflight::{request_for, PreflightInput, Report};
 use crate::node::probe::LocalProbe;
 use crate::supervisor::bringup::{evaluate, FACTS_TIMEOUT_S};
-
-/// Weights per rank and on disk, when the kit's checkpoint can be measured (a local
-/// `model.path`, or the modelled DeepSeek V4.1 Flash for the kit that serves it).
-fn weights(kit: &Kit) -> (Option<u64>, Option<u64>) {
-    let Ok((ckpt, _)) = checkpoint_for(kit, None, false, true) else { return (None, None) };
-    match weight_budget(&ckpt, kit.tensor_parallel_size, num_hidden_layers(&kit.model.k_map)) {
-        Ok(b) => (Some(b.per_rank_bytes), Some(b.total_bytes + b.excluded_bytes)),
-        Err(_) => (None, None),
-    }
-}
-
-/// Where the kit's weights live on this machine: `model.path`, else the model repo's directory in
-/// the Hugging Face cache (or the cache itself for locally made models).
-#[must_use]
-pub fn model_dir(kit: &Kit, env: &[(String, String)]) -> PathBuf {
-    let dirs = Dirs::from_env(env);
-    match &kit.model.path {
-        Some(p) => dirs.expand(p),
-        None => {
-            let hf = model::hf_cache(kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p)).as_deref(), env, &dirs.home);
-            if kit.model.repo.is_empty() {
-                hf
-            } else {
-                model::repo_dir(&hf, &kit.model.repo)
-            }
-        }
-    }
-}
-
-/// The input preflight needs besides the kit, from this machine.
-#[must_use]
-pub fn input(kit: &Kit, env: &[(String, String)]) -> PreflightInput {
-    let dirs = Dirs::from_env(env);
-    let (weights_per_rank, weights_on_disk) = weights(kit);
-    let disk_path = model_dir(kit, env);
-
-    let vllm_python = (kit.engine.runtime == Runtime::Venv)
-        .then(|| Recipe::load(&kit.engine.requirements).ok())
-        .flatten()
-        .and_then(|r| venv::find(&dirs.cache, &r))
-        .map(|v| v.path.join("bin/python").display().to_string());
-    PreflightInput { weights_per_rank, weights_on_disk, disk_path: disk_path.display().to_string(), vllm_python }
-}
 
 pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let resolved = load::resolve(&args.kit, &ctx.env)?;
@@ -131,7 +85,8 @@ fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<
         let hello = started.and_then(|mut agent| {
             let said = client::wait_for(&rx, i, Duration::from_secs(60), &mut held, |ev| {
                 matches!(ev, Event::Hello { .. }).then_some(())
-            });
+            })
+            .map_err(|e| e.to_string());
             let request = request_for(kit, node, input);
             let asked = said.and_then(|()| {
                 if agent.send(&Command::Preflight { request }) {
@@ -148,6 +103,7 @@ fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<
                 Event::Facts { facts } => Some(*facts),
                 _ => None,
             })
+            .map_err(|e| e.to_string())
         });
         if let Err(why) = &facts[i] {
             facts[i] = Err(format!("{}'s node agent: {why}", node.name));

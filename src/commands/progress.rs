@@ -64,7 +64,11 @@ impl crate::engram::pack::PackReporter for PackLines {
         if let Ok(mut s) = self.state.lock() {
             *s = (std::time::Instant::now(), 0, bytes);
         }
-        self.lines.line(&format!("  pack-engram: writing {} ({})", path.display(), super::verify::size(bytes)));
+        self.lines.line(&format!(
+            "  pack-engram: writing {} ({})",
+            path.display(),
+            crate::kit::bytes::human_size(bytes)
+        ));
     }
     fn bytes(&self, n: u64) {
         let Ok(mut s) = self.state.lock() else { return };
@@ -75,8 +79,8 @@ impl crate::engram::pack::PackReporter for PackLines {
             let pct = if s.2 == 0 { 100.0 } else { s.1 as f64 * 100.0 / s.2 as f64 };
             self.lines.line(&format!(
                 "  pack-engram: {} of {} ({pct:.0}%)",
-                super::verify::size(s.1),
-                super::verify::size(s.2)
+                crate::kit::bytes::human_size(s.1),
+                crate::kit::bytes::human_size(s.2)
             ));
         }
     }

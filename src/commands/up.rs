@@ -222,7 +222,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         &dirs.home,
     );
     let gates = Gates {
-        preflight: (!args.skip_preflight).then(|| super::preflight::input(&kit, &ctx.env)),
+        preflight: (!args.skip_preflight).then(|| super::preflight_input::input(&kit, &ctx.env)),
         weight_trees: weight_trees(&kit, &hf, &dirs.expand(&kit.paths.engram_dir))
             .into_iter()
             .map(|t| WeightTree { path: dirs.expand(&t.path.to_string_lossy()), ..t })
@@ -251,7 +251,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             }
         },
         Ok(_) => Err(failure_from(&snap, &kit_ref)),
-        Err(e) => Err(Failure::runtime(e.to_string())),
+        Err(e) => Err(Failure::runtime_error(&e).with_hint_opt(e.hint())),
     }
 }
 

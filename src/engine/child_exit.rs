@@ -101,31 +101,57 @@ fn children() -> Vec<i32> {
         .collect()
 }
 
-/// Watch this process's children on a thread for as long as the process lives, calling `report`
-/// once per child that exits (before it is reaped by whoever started it). Each child is polled
-/// on its own (`waitid(P_PID, WNOHANG | WNOWAIT)`, every 50 ms), so a zombie nobody reaps does
-/// not hide the exits after it.
-pub fn watch(report: impl Fn(&ChildExit) + Send + 'static) {
+/// How child `pid` ended, if it has (its zombie is left for whoever started it to reap).
+fn peek(pid: i32) -> Option<Ending> {
     use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(nix::unistd::Pid::from_raw(pid)), flags) {
+        Ok(WaitStatus::Exited(_, c)) => Some(Ending::Code(c)),
+        Ok(WaitStatus::Signaled(_, s, _)) => Some(Ending::Signal(s as i32)),
+        _ => None,
+    }
+}
+
+/// Watch this process's children on a thread for as long as the process lives, calling `report`
+/// once per child that exits (before it is reaped by whoever started it).
+///
+/// The thread blocks in `waitid(P_ALL, WEXITED | WNOWAIT)`, so it wakes the moment a child
+/// dies, before vLLM's own monitor (a Python thread behind the GIL) can reap it. While an
+/// already-reported zombie waits to be reaped, that call returns it again at once; the thread
+/// then polls each child on its own (`waitid(P_PID, WNOHANG | WNOWAIT)`, every 20 ms), so a
+/// zombie nobody reaps does not hide the exits after it.
+pub fn watch(report: impl Fn(&ChildExit) + Send + 'static) {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
     std::thread::spawn(move || {
         let mut reported: std::collections::BTreeSet<i32> = std::collections::BTreeSet::new();
-        loop {
-            let now = children();
-            reported.retain(|p| now.contains(p));
-            let fresh: Vec<i32> = now.into_iter().filter(|p| !reported.contains(p)).collect();
-            for pid in fresh {
-                let p = nix::unistd::Pid::from_raw(pid);
-                let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-                let ending = match waitid(Id::Pid(p), flags) {
-                    Ok(WaitStatus::Exited(_, c)) => Ending::Code(c),
-                    Ok(WaitStatus::Signaled(_, s, _)) => Ending::Signal(s as i32),
-                    _ => continue,
-                };
-                reported.insert(pid);
+        let seen = |pid: i32, ending: Ending, reported: &mut std::collections::BTreeSet<i32>| {
+            if reported.insert(pid) {
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
                 report(&ChildExit { pid, comm: comm.trim().to_string(), ending });
             }
-            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        loop {
+            let fresh = match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Ok(st) => {
+                    st.pid().map(|p| p.as_raw()).filter(|p| !reported.contains(p)).and_then(|p| peek(p).map(|e| (p, e)))
+                }
+                Err(_) => None,
+            };
+            match fresh {
+                Some((pid, ending)) => seen(pid, ending, &mut reported),
+                None => {
+                    // No child, or the next exited one is a reported zombie: poll each child.
+                    let now = children();
+                    reported.retain(|p| now.contains(p));
+                    let fresh: Vec<i32> = now.into_iter().filter(|p| !reported.contains(p)).collect();
+                    for pid in fresh {
+                        if let Some(ending) = peek(pid) {
+                            seen(pid, ending, &mut reported);
+                        }
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
         }
     });
 }

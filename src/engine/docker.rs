@@ -54,7 +54,7 @@ pub fn run_argv(kit: &Kit, node: usize, spec: &EngineSpec, mounts: &Mounts) -> V
     a.push(format!("--label={LABEL_RANK}={rank}"));
     let host: &[&str] = &["--network=host", "--ipc=host", "--ulimit=stack=67108864", "--oom-score-adj=1000"];
     a.extend(host.iter().map(|s| (*s).to_string()));
-    if crate::node::preflight::kit_needs_gpu(kit) {
+    if kit.needs_gpu() {
         // GPUs and RoCE (NCCL's verbs need unlimited memlock): a CPU kit's host has neither, docker
         // refuses --gpus without the NVIDIA runtime, and an unlimited memlock fails where the
         // daemon's own hard limit is lower (seen on the test VM: "error setting rlimit type 8").

@@ -17,7 +17,6 @@ use std::process::{Command, Stdio};
 use sha2::{Digest, Sha256};
 
 use super::dockerctl::{self, DockerError};
-use super::image_sync::SyncReporter;
 use crate::kit::schema::Kit;
 
 /// The label that records the inputs' hash on the imported image.
@@ -134,6 +133,11 @@ pub fn venv_mounts(venv: &Path) -> Result<Vec<String>, ImageError> {
     Ok(out)
 }
 
+/// Where progress goes.
+pub trait BuildReporter {
+    fn line(&self, text: &str);
+}
+
 /// What `build` did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Built {
@@ -148,7 +152,7 @@ pub struct Built {
 }
 
 /// Make `kit`'s engine image from `venv` (cached under `cache`) and import it into the daemon.
-pub fn build(kit: &Kit, venv: &Path, cache: &Path, rep: &dyn SyncReporter) -> Result<Built, ImageError> {
+pub fn build(kit: &Kit, venv: &Path, cache: &Path, rep: &dyn BuildReporter) -> Result<Built, ImageError> {
     if !kit.engine.docker_mount_venv {
         return Err(ImageError::NotBuildable { kit: kit.name.clone() });
     }
@@ -322,7 +326,7 @@ mod tests {
     }
 
     struct Quiet;
-    impl SyncReporter for Quiet {
+    impl BuildReporter for Quiet {
         fn line(&self, _: &str) {}
     }
 

@@ -10,7 +10,6 @@ pub mod dockerctl;
 pub mod embed;
 pub mod endpoint;
 pub mod image_build;
-pub mod image_sync;
 pub mod log_watch;
 pub mod model;
 pub mod overlay;

@@ -42,16 +42,7 @@ pub fn content_hash() -> String {
         h.update((b.len() as u64).to_le_bytes());
         h.update(b);
     }
-    hex(&h.finalize())[..12].to_string()
-}
-
-#[must_use]
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        use std::fmt::Write as _;
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    crate::hex::encode(&h.finalize())[..12].to_string()
 }
 
 /// Errors writing the overlay.

@@ -39,6 +39,8 @@ pub struct Engine {
     pub pgid: i32,
     pub log: PathBuf,
     pumps: Vec<thread::JoinHandle<()>>,
+    /// The pumps were given their time to finish after the exit (once).
+    drained: bool,
 }
 
 /// Errors starting the engine.
@@ -88,7 +90,7 @@ pub fn spawn(launch: &Launch, base_env: &[(String, String)]) -> Result<Engine, S
     if let Some(err) = child.stderr.take() {
         pumps.push(pump(err, format!("{} err", launch.tag), Arc::clone(&log), launch.sink.clone()));
     }
-    Ok(Engine { child, pgid, log: launch.log.clone(), pumps })
+    Ok(Engine { child, pgid, log: launch.log.clone(), pumps, drained: false })
 }
 
 /// Engine logs rotate at this size…
@@ -195,9 +197,17 @@ pub struct StopReport {
 }
 
 impl Engine {
-    /// The engine's exit status, if it has exited.
+    /// The engine's exit status, if it has exited. Its last output lines are read first (up to
+    /// 2 s for the log pumps to reach the end of the pipes), so whatever looks at the log or the
+    /// sink next sees everything the engine wrote before it died (e.g. which child died first).
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        let status = self.child.try_wait().ok().flatten()?;
+        let until = Instant::now() + Duration::from_secs(2);
+        while !self.drained && self.pumps.iter().any(|p| !p.is_finished()) && Instant::now() < until {
+            thread::sleep(Duration::from_millis(10));
+        }
+        self.drained = true;
+        Some(status)
     }
 
     /// The process id of the engine (the group leader).

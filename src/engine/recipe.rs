@@ -3,7 +3,8 @@
 
 use sha2::{Digest, Sha256};
 
-use super::overlay::{file, hex};
+use super::overlay::file;
+use crate::hex::encode as hex;
 
 /// Bump when the install steps change meaning, so old cache entries are not trusted.
 pub const RECIPE_VERSION: u32 = 2;

@@ -5,15 +5,7 @@ use std::os::unix::fs::FileExt;
 
 use sha1::Digest as _;
 
-/// Lower-case hex of a digest.
-#[must_use]
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
+use crate::hex::encode as hex;
 
 /// `sha1(b"blob <len>\0" + content)`: the id git (and the Hub's tree `oid`) gives a regular file.
 #[must_use]

@@ -65,6 +65,14 @@ impl KitError {
     }
 }
 
+impl Kit {
+    /// Whether the kit needs GB10 GPUs (the CPU kits install the CPU build of vLLM).
+    #[must_use]
+    pub fn needs_gpu(&self) -> bool {
+        !self.engine.requirements.contains("cpu")
+    }
+}
+
 /// Find a kit by built-in name or file path.
 pub fn source(kit: Option<&str>) -> Result<KitSource, KitError> {
     let name = kit.unwrap_or(builtin::DEFAULT_KIT);

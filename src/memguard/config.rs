@@ -65,7 +65,7 @@ impl GuardConfig {
             sacrificable: g.sacrificable.clone(),
             model_paths: kit.model.path.iter().map(PathBuf::from).collect(),
             drain: Duration::from_secs(u64::from(kit.engine.shutdown_timeout_s.clamp(1, 10))),
-            engine_on_gpu: crate::node::preflight::kit_needs_gpu(kit),
+            engine_on_gpu: kit.needs_gpu(),
             ..Self::default()
         }
     }

@@ -6,9 +6,10 @@ use std::net::Ipv4Addr;
 
 use serde::Serialize;
 
-use super::checks::{cross_checks, node_checks, Check, NodeSpec, Verdict};
+use super::checks::{node_checks, Check, NodeSpec, Verdict};
 use super::docker_checks;
 use super::facts::{DockerRequest, FactRequest, NodeFacts};
+use super::parity::cross_checks;
 use crate::kit::schema::{Kit, Node, Role, Runtime, Transport};
 
 /// What preflight knows besides the kit.
@@ -42,12 +43,6 @@ impl Report {
     }
 }
 
-/// Whether the kit needs GB10 GPUs (the CPU kits install the CPU build of vLLM).
-#[must_use]
-pub fn kit_needs_gpu(kit: &Kit) -> bool {
-    !kit.engine.requirements.contains("cpu")
-}
-
 fn env_of<'a>(kit: &'a Kit, node: &'a Node, key: &str) -> Option<&'a String> {
     node.env.get(key).or_else(|| kit.engine.extra_env.get(key))
 }
@@ -59,7 +54,7 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
     NodeSpec {
         name: node.name.clone(),
         head: node.role == Role::Head,
-        gpu: kit_needs_gpu(kit),
+        gpu: kit.needs_gpu(),
         ranks: (kit.tensor_parallel_size / nodes).max(1),
         weights_per_rank: input.weights_per_rank,
         weights_on_disk: input.weights_on_disk,

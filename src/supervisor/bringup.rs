@@ -14,6 +14,41 @@ use crate::node::preflight::{self, PreflightInput, Report};
 use crate::weights::listing::{self, WeightTree};
 use crate::weights::rsync;
 
+/// Why a bring-up gate stopped the bring-up.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("preflight failed ({count} problem(s)): {problems}")]
+    Preflight { count: usize, problems: String },
+    #[error("the head's weights at {root} cannot be read")]
+    HeadUnreadable { root: String, fix: &'static str, source: std::io::Error },
+    #[error("no weight files under {root} on the head")]
+    NoWeights { root: String, fix: &'static str },
+    #[error(transparent)]
+    Push(#[from] push::PushError),
+    #[error(transparent)]
+    Rsync(#[from] rsync::SyncError),
+    #[error("{node} has no agent connection")]
+    NoAgent { node: String },
+    #[error("{node}: weights check")]
+    Check { node: String, source: client::WaitError },
+    #[error("{node}: the weights under {root} differ from the head's: {summary}")]
+    Differ { node: String, root: String, summary: String, fix: &'static str },
+}
+
+impl GateError {
+    /// A one-line fix, where there is one.
+    #[must_use]
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::Preflight { .. } => Some("run `spark-kit preflight` for every check and its fix".into()),
+            Self::HeadUnreadable { fix, .. } | Self::NoWeights { fix, .. } | Self::Differ { fix, .. } => {
+                Some((*fix).to_string())
+            }
+            Self::Check { .. } | Self::NoAgent { .. } | Self::Push(_) | Self::Rsync(_) => None,
+        }
+    }
+}
+
 /// Seconds a node may take to gather its facts (ssh probes time out after 5 s each).
 pub const FACTS_TIMEOUT_S: u64 = 120;
 
@@ -81,8 +116,8 @@ pub fn report_lines(r: &Report) -> Vec<String> {
     lines
 }
 
-/// `Err(one line)` when the report must stop the bring-up (a failure, or a node not checked).
-pub fn gate(r: &Report) -> Result<(), String> {
+/// `Err` when the report must stop the bring-up (a failure, or a node not checked).
+pub fn gate(r: &Report) -> Result<(), GateError> {
     if r.status == Verdict::Pass {
         return Ok(());
     }
@@ -92,7 +127,7 @@ pub fn gate(r: &Report) -> Result<(), String> {
         .filter(|c| matches!(c.verdict, Verdict::Fail | Verdict::NotChecked))
         .map(|c| format!("{} {}: {}", c.node, c.id, c.message))
         .collect();
-    Err(format!("preflight failed ({} problem(s)): {}", bad.len(), bad.join("; ")))
+    Err(GateError::Preflight { count: bad.len(), problems: bad.join("; ") })
 }
 
 /// What the weights step needs from the supervisor.
@@ -107,14 +142,14 @@ pub struct WeightsCtx<'a> {
 }
 
 /// Weights on every node: with `model.sync: rsync` copy the head's tree to each ssh worker, then
-/// ask every worker's agent for each file and its size. `Err(one line)` stops the bring-up.
+/// ask every worker's agent for each file and its size. `Err` stops the bring-up.
 pub fn weights(
     w: &WeightsCtx<'_>,
     rx: &Receiver<Msg>,
     send: &mut dyn FnMut(usize, &Command) -> bool,
     held: &mut Vec<Msg>,
     line: &dyn Fn(&str),
-) -> Result<(), String> {
+) -> Result<(), GateError> {
     let kit = w.kit;
     let workers: Vec<usize> = (0..kit.nodes.len()).filter(|i| kit.nodes[*i].role != Role::Head).collect();
     if workers.is_empty() {
@@ -140,17 +175,20 @@ fn one_tree(
     send: &mut dyn FnMut(usize, &Command) -> bool,
     held: &mut Vec<Msg>,
     line: &dyn Fn(&str),
-) -> Result<(), String> {
+) -> Result<(), GateError> {
     let kit = w.kit;
     let root = &tree.path;
     let fix = match (tree.what, kit.model.source) {
         ("model", ModelSource::Local) => "fix model.path (a directory on the head)",
         _ => "run `spark-kit download` first",
     };
-    let files = listing::list(root)
-        .map_err(|e| format!("the head's weights at {} cannot be read ({e}); {fix}", root.display()))?;
+    let files = listing::list(root).map_err(|source| GateError::HeadUnreadable {
+        root: root.display().to_string(),
+        fix,
+        source,
+    })?;
     if files.is_empty() {
-        return Err(format!("no weight files under {} on the head; {fix}", root.display()));
+        return Err(GateError::NoWeights { root: root.display().to_string(), fix });
     }
     let total: u64 = files.iter().map(|(_, s)| s).sum();
     let node_root = listing::node_path(root, &w.home);
@@ -163,7 +201,7 @@ fn one_tree(
     if kit.model.sync == WeightSync::Rsync {
         for &i in workers {
             let node = &kit.nodes[i];
-            let remote_bin = push::ensure(node, w.exe, w.sha).map_err(|e| e.to_string())?;
+            let remote_bin = push::ensure(node, w.exe, w.sha)?;
             let argv = rsync::argv(
                 node,
                 root,
@@ -177,7 +215,7 @@ fn one_tree(
                 node.name, kit.model.sync_page_cache
             ));
             let t = Instant::now();
-            rsync::run(node, &argv, &|l| line(&format!("    {}: {l}", node.name))).map_err(|e| e.to_string())?;
+            rsync::run(node, &argv, &|l| line(&format!("    {}: {l}", node.name)))?;
             line(&format!("    {}: rsync done in {:.1} s", node.name, t.elapsed().as_secs_f64()));
         }
     }
@@ -185,24 +223,25 @@ fn one_tree(
     for &i in workers {
         let node = &kit.nodes[i];
         if !send(i, &Command::CheckFiles { root: node_root.clone(), files: names.clone() }) {
-            return Err(format!("{} has no agent connection", node.name));
+            return Err(GateError::NoAgent { node: node.name.clone() });
         }
         let (present, missing) = client::wait_for(rx, i, Duration::from_secs(120), held, |ev| match ev {
             Event::Files { present, missing } => Some((present, missing)),
             _ => None,
         })
-        .map_err(|e| format!("{}: weights check: {e}", node.name))?;
+        .map_err(|source| GateError::Check { node: node.name.clone(), source })?;
         let diffs = listing::differences(&files, &present, &missing);
         if !diffs.is_empty() {
             let fix = match kit.model.sync {
                 WeightSync::Shared => "mount the same weights at that path on every node, or set model.sync: rsync",
                 WeightSync::Rsync => "run `spark-kit up` again (rsync resumes), and check free space on the node",
             };
-            return Err(format!(
-                "{}: the weights under {node_root} differ from the head's: {}; fix: {fix}",
-                node.name,
-                listing::summary(&diffs)
-            ));
+            return Err(GateError::Differ {
+                node: node.name.clone(),
+                root: node_root.clone(),
+                summary: listing::summary(&diffs),
+                fix,
+            });
         }
         line(&format!("    {}: all {} weight file(s) present with the head's sizes", node.name, files.len()));
     }
@@ -241,7 +280,7 @@ mod tests {
     #[test]
     fn gate_passes_warnings_and_stops_failures() {
         assert!(gate(&report(&[Verdict::Pass, Verdict::Warn])).is_ok());
-        let e = gate(&report(&[Verdict::Pass, Verdict::Fail, Verdict::NotChecked])).unwrap_err();
+        let e = gate(&report(&[Verdict::Pass, Verdict::Fail, Verdict::NotChecked])).unwrap_err().to_string();
         assert!(e.starts_with("preflight failed (2 problem(s)): n1 memory: m1; n2 memory: m2"), "{e}");
         let lines = report_lines(&report(&[Verdict::Pass, Verdict::Warn]));
         assert_eq!(lines.len(), 2, "{lines:?}");

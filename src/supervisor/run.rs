@@ -34,16 +34,33 @@ pub trait ClusterReporter: Send + Sync {
 /// Why the supervisor could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("cannot find the spark-kit executable: {0}")]
-    SelfExe(std::io::Error),
+    #[error("cannot find the spark-kit executable")]
+    SelfExe(#[source] std::io::Error),
     #[error(transparent)]
     Agent(#[from] client::AgentError),
-    #[error("{0}")]
-    Preflight(String),
-    #[error("{0}")]
-    Weights(String),
+    #[error(transparent)]
+    Preflight(bringup::GateError),
+    #[error(transparent)]
+    Weights(bringup::GateError),
     #[error("node {node}'s agent did not answer within {secs} s (see {log})")]
     NoHello { node: String, secs: u64, log: String },
+    /// `up --replace` could not remove what an earlier run left.
+    #[error("{0}")]
+    Replace(String),
+}
+
+impl ClusterError {
+    /// A one-line fix, where there is one.
+    #[must_use]
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::Preflight(e) | Self::Weights(e) => e.hint(),
+            Self::SelfExe(_) | Self::Agent(_) | Self::NoHello { .. } => None,
+            Self::Replace(_) => {
+                Some("remove them by hand (`docker rm -f <name>` on that node), then run up again".into())
+            }
+        }
+    }
 }
 
 pub(super) struct Sup<'a> {
@@ -292,7 +309,7 @@ impl Sup<'_> {
         match failed {
             Some(why) => {
                 self.close_agents();
-                Err(ClusterError::Preflight(why))
+                Err(ClusterError::Replace(why))
             }
             None => Ok(()),
         }

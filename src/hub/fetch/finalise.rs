@@ -11,10 +11,11 @@ use std::time::Duration;
 use sha2::Digest as _;
 
 use super::super::error::HubError;
-use super::super::hashing::{drop_cached, hex};
+use super::super::hashing::drop_cached;
 use super::super::journal::RangeSet;
 use super::state::{lock, FileState, Progress, Shared};
 use super::Fetched;
+use crate::hex::encode as hex;
 
 /// Read size of the trailing hasher.
 const HASH_READ: usize = 4 << 20;

@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use super::dockerctl::{self, classify, DockerError};
 use crate::cluster::push;
 use crate::cluster::transport::{shell, shell_quote};
+use crate::engine::dockerctl::{self, classify, DockerError};
 use crate::kit::schema::{Kit, Node, Role, Transport};
 use crate::weights::rsync;
 
