@@ -200,6 +200,10 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     let (id, pid) = env.running();
     let inspect = env.d.ok(&["inspect", "--format", "{{.Config.Image}} {{.HostConfig.NetworkMode}}", &id]);
     assert_eq!(inspect, format!("{IMAGE} host"));
+    // `status --json` names the container and its image per rank.
+    let s = env.status();
+    assert_eq!(s["nodes"][0]["container_id"].as_str(), Some(id.as_str()), "{s}");
+    assert_eq!(s["nodes"][0]["image_id"].as_str(), env.d.image_id(IMAGE).as_deref(), "{s}");
 
     // 4. kill -9 of the container's main process: detected, restarted, same greedy answer.
     signal(pid, nix::sys::signal::Signal::SIGKILL);

@@ -9,14 +9,14 @@ use super::runtime::{makes_model, prepare_files, LaunchEnv, Prepared, Runtime, U
 use crate::dirs::Dirs;
 use crate::engine::docker::{container_name, run_argv, Mounts};
 use crate::engine::process::{self, Engine};
-use crate::engine::{argv, container, image_build};
+use crate::engine::{argv, container, dockerctl, image_build};
 use crate::kit::schema::Kit;
 use crate::memguard::EngineRef;
 
 /// `engine.runtime: docker`.
 pub struct Docker;
 
-fn docker_error(what: String) -> impl FnOnce(crate::engine::dockerctl::DockerError) -> UpError {
+fn docker_error(what: String) -> impl FnOnce(dockerctl::DockerError) -> UpError {
     move |source| UpError::Docker { what, source }
 }
 
@@ -72,6 +72,19 @@ impl Runtime for Docker {
     /// The running container (its cgroup), once the daemon reports it running.
     fn guard_target(&self, kit: &Kit, node: usize, _engine: &Engine) -> Option<EngineRef> {
         container::engine_ref(&container_name(kit, node)).ok().flatten()
+    }
+
+    /// The running container's id and its image's id.
+    fn engine_ids(&self, kit: &Kit, node: usize) -> Option<(String, String)> {
+        let name = container_name(kit, node);
+        let text = dockerctl::docker(
+            &["container", "inspect", "--format", "{{.Id}} {{.Image}} {{.State.Running}}", &name],
+            None,
+        )
+        .ok()?;
+        let mut p = text.split_whitespace();
+        let (id, image) = (p.next()?.to_string(), p.next()?.to_string());
+        (p.next()? == "true").then_some((id, image))
     }
 
     /// Every container labelled as this kit's (`docker rm -f`).

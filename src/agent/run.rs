@@ -74,6 +74,7 @@ struct Running {
     started: Instant,
     exited_reported: bool,
     ready_reported: bool,
+    ids_reported: bool,
 }
 
 /// Run the agent until stdin closes. `env` is the process environment.
@@ -148,6 +149,7 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                                 started: Instant::now(),
                                 exited_reported: false,
                                 ready_reported: false,
+                                ids_reported: false,
                             });
                         }
                         Err(message) => out.emit(&Event::Error { message, fatal: false }),
@@ -284,6 +286,12 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
         }
         out.emit(&Event::Heartbeat { engine_alive: false, quiet_s, mem_available, healthy: None, progress: None });
         return;
+    }
+    if !r.ids_reported {
+        if let Some((container_id, image_id)) = r.runtime.engine_ids(&r.kit, r.node) {
+            r.ids_reported = true;
+            out.emit(&Event::EngineIds { container_id, image_id });
+        }
     }
     if !r.ready_reported {
         if let Some(phase) = r.watch.lock().ok().and_then(|mut w| w.phase_update()) {

@@ -72,6 +72,12 @@ pub trait Runtime {
         Ok(())
     }
 
+    /// What the running engine runs in, for `status`: (container id, image id). None for a
+    /// plain process (the venv runtime), or while not known yet (asked again later).
+    fn engine_ids(&self, _kit: &Kit, _node: usize) -> Option<(String, String)> {
+        None
+    }
+
     /// Remove what an earlier run of `kit` left on this node (`up --replace`); their names.
     /// The venv runtime leaves nothing (an agent's engine group dies with it).
     fn remove_leftovers(&self, _kit: &Kit) -> Result<Vec<String>, UpError> {

@@ -63,6 +63,8 @@ pub enum Event {
     Stopped { graceful: bool, seconds: f64, survivors: Vec<String> },
     /// What [`Command::Clean`] removed (names).
     Cleaned { removed: Vec<String> },
+    /// What the engine runs in, once the runtime knows (docker: the container and image ids).
+    EngineIds { container_id: String, image_id: String },
     /// Answer to `CheckFiles`: (path, size) for present files, and the missing ones.
     Files { present: Vec<(String, u64)>, missing: Vec<String> },
     /// Answer to `Preflight`: the node's raw facts; the verdicts are computed by the asker.

@@ -222,7 +222,8 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         &dirs.home,
     );
     let gates = Gates {
-        preflight: (!args.skip_preflight).then(|| super::preflight_input::input(&kit, &ctx.env)),
+        preflight: (!args.skip_preflight)
+            .then(|| super::preflight_input::input(&kit, &ctx.env, args.kit.kit.as_deref())),
         weight_trees: weight_trees(&kit, &hf, &dirs.expand(&kit.paths.engram_dir))
             .into_iter()
             .map(|t| WeightTree { path: dirs.expand(&t.path.to_string_lossy()), ..t })

@@ -68,12 +68,6 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ImageEr
     move |source| ImageError::Io { what, path, source }
 }
 
-/// The command that makes `kit`'s image, when spark-kit can make it.
-#[must_use]
-pub fn build_command(kit: &Kit) -> Option<String> {
-    kit.engine.docker_mount_venv.then(|| format!("spark-kit image build --kit {}", kit.name))
-}
-
 /// The venv's interpreter as the container needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PythonLayout {
@@ -317,9 +311,7 @@ mod tests {
     #[test]
     fn only_kits_that_mount_their_venv_are_built() {
         let mut kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu-docker")).unwrap(), &[], &[]).unwrap().kit;
-        assert_eq!(build_command(&kit).as_deref(), Some("spark-kit image build --kit tiny-cpu-docker"));
         kit.engine.docker_mount_venv = false;
-        assert_eq!(build_command(&kit), None);
         let e = build(&kit, Path::new("/nonexistent"), Path::new("/nonexistent"), &Quiet).unwrap_err();
         assert!(matches!(e, ImageError::NotBuildable { .. }), "{e}");
         assert!(e.fix().contains("image sync"));

@@ -48,6 +48,8 @@ impl Sup<'_> {
                     n.engine_pgid = Some(pgid);
                     n.engine_alive = true;
                     n.engine_log = Some(log);
+                    n.container_id = None;
+                    n.image_id = None;
                     n.last_error = None;
                     n.phase = None;
                 });
@@ -97,6 +99,12 @@ impl Sup<'_> {
                 if !self.h.snapshot.lock().is_ok_and(|s| matches!(s.state, State::Ready | State::Degraded)) {
                     self.with_node(i, |n| n.phase = Some(phase));
                 }
+            }
+            Event::EngineIds { container_id, image_id } => {
+                self.with_node(i, |n| {
+                    n.container_id = Some(container_id);
+                    n.image_id = Some(image_id);
+                });
             }
             Event::Files { .. } | Event::Facts { .. } | Event::Cleaned { .. } => {}
             Event::Guard { event } => {
