@@ -51,6 +51,9 @@ for a in "${argv[@]}"; do
   if [ "$seen" = 1 ]; then vllm_args+=("$a"); fi
   [ "$a" = "--" ] && seen=1
 done
+# spark-kit's vLLM listens on engine.internal_port behind the gateway; by hand it takes the
+# public port itself.
+for i in "${!vllm_args[@]}"; do [ "${vllm_args[$i]}" = "--port" ] && vllm_args[$((i+1))]=$port; done
 echo "by hand: env -i <engine env> $venv/bin/vllm ${vllm_args[*]}" >&2
 
 a=(); b=()

@@ -56,6 +56,8 @@ pub fn shell_quote(s: &str) -> String {
 pub enum KeySource {
     /// `engine.api_keys.env`: the variable's name.
     Env(String),
+    /// `engine.api_keys.env` holding several comma-separated keys: the header takes the first.
+    EnvList(String),
     /// `engine.api_keys.file`: the file (its first non-blank line is the key).
     File(String),
 }
@@ -66,7 +68,11 @@ impl KeySource {
     #[must_use]
     pub fn of(keys: &ApiKeys, env: &[(String, String)]) -> Option<Self> {
         if let Some(name) = &keys.env {
-            if env.iter().rev().find(|(k, _)| k == name).is_some_and(|(_, v)| !v.is_empty()) || keys.file.is_none() {
+            let value = env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).unwrap_or_default();
+            if value.contains(',') {
+                return Some(Self::EnvList(name.clone()));
+            }
+            if !value.is_empty() || keys.file.is_none() {
                 return Some(Self::Env(name.clone()));
             }
         }
@@ -78,6 +84,8 @@ impl KeySource {
     pub fn header(&self) -> String {
         match self {
             Self::Env(name) => format!("-H \"Authorization: Bearer ${name}\""),
+            // The first of the comma-separated keys (`${VAR%%,*}`), each of which the gateway takes.
+            Self::EnvList(name) => format!("-H \"Authorization: Bearer ${{{name}%%,*}}\""),
             // awk: the first field of the first non-blank line, as `engine.api_keys.file` is read.
             Self::File(path) => {
                 let p = match path.strip_prefix("~/") {
@@ -137,6 +145,11 @@ mod tests {
         // Expanded by the shell, the header carries the key.
         let echoed = run_sh(&format!("printf '%s\\n' {}", k.header()), &[("SPARK_TOKEN", "s3cret")]);
         assert_eq!(echoed, "-H\nAuthorization: Bearer s3cret\n");
+        // Several keys in the variable: the header sends the first one.
+        let k = KeySource::of(&keys, &[("SPARK_TOKEN".into(), "k-a,k-b".into())]).unwrap();
+        assert_eq!(k, KeySource::EnvList("SPARK_TOKEN".into()));
+        let echoed = run_sh(&format!("printf '%s\\n' {}", k.header()), &[("SPARK_TOKEN", "k-a,k-b")]);
+        assert_eq!(echoed, "-H\nAuthorization: Bearer k-a\n");
 
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("key file");

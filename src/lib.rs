@@ -13,6 +13,7 @@ pub mod commands;
 pub mod dirs;
 pub mod engine;
 pub mod engram;
+pub mod envvars;
 pub mod error;
 pub mod gateway;
 pub mod hex;

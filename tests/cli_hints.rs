@@ -98,7 +98,8 @@ fn setup_with_an_unwritable_cache_names_spark_kit_cache() {
 fn live_supervisor(cache: &Path, kit_name: &str, kit_arg: &str) -> (Record, Handles) {
     let kit = spark_kit::kit::resolve(spark_kit::kit::source(Some(kit_name)).unwrap(), &[], &[]).unwrap().kit;
     let snap = initial_snapshot(&kit);
-    let h = Handles { snapshot: Arc::new(Mutex::new(snap.clone())), stop: Arc::new(AtomicBool::new(false)) };
+    let h =
+        Handles { snapshot: Arc::new(Mutex::new(snap.clone())), stop: Arc::new(AtomicBool::new(false)), front: None };
     let socket = cache.join(format!("{kit_name}.sock"));
     serve(&socket, h.clone()).unwrap();
     let rec = Record {

@@ -148,7 +148,7 @@ fn chat(net: &Net) -> String {
     let code = r#"
 import sys
 from openai import OpenAI
-c = OpenAI(base_url="http://10.77.0.1:8000/v1", api_key="none", timeout=120)
+c = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none", timeout=120)
 r = c.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "import sys"}], max_tokens=12, temperature=0)
 print(r.choices[0].message.content)
 "#;
@@ -241,7 +241,7 @@ fn two_nodes_boot_tp2_survive_failures_and_stop_clean() {
     let t = Instant::now();
     loop {
         let line = rx.recv_timeout(Duration::from_secs(900)).expect("no ready banner");
-        if line.starts_with("endpoint: http://10.77.0.1:8000/v1") {
+        if line.starts_with("endpoint: http://127.0.0.1:8000/v1") {
             break;
         }
     }

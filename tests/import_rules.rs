@@ -1,16 +1,16 @@
 //! The whiteboard in docs/architecture.md, enforced: who may import whom among the modules of
-//! `src/`, no cycle among the top-level modules, and no source file over 600 lines.
+//! `src/` and no cycle among the top-level modules.
 //!
 //! Every `use crate::…` / `use super::…` tree and every inline `crate::x::…` / `super::x::…` path
 //! in `src/**/*.rs` (comments and string literals removed first) becomes an arrow from the file's
 //! module to the module it names. The rules are checked on those arrows; each failure names the
-//! file and line of the import.
+//! file and line of the import. (tests/source_rules.rs: file sizes and terminal writes.)
+
+mod source_scan;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
-/// Longest a source file may be.
-const MAX_LINES: usize = 600;
+use source_scan::{is_ident, sources, strip};
 
 /// One import: the file's module path, the imported path (absolute, from the crate root), where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,104 +29,6 @@ fn module_of(rel: &str) -> Vec<String> {
         parts.pop();
     }
     parts
-}
-
-/// The source with comments and string / char literals blanked (newlines kept, so lines still count).
-fn strip(src: &str) -> String {
-    let b: Vec<char> = src.chars().collect();
-    let mut out = String::with_capacity(src.len());
-    let mut i = 0;
-    let blank = |c: char| if c == '\n' { '\n' } else { ' ' };
-    while i < b.len() {
-        let c = b[i];
-        let next = b.get(i + 1).copied();
-        if c == '/' && next == Some('/') {
-            while i < b.len() && b[i] != '\n' {
-                out.push(' ');
-                i += 1;
-            }
-        } else if c == '/' && next == Some('*') {
-            let mut depth = 0;
-            while i < b.len() {
-                if b[i] == '/' && b.get(i + 1) == Some(&'*') {
-                    depth += 1;
-                    out.push_str("  ");
-                    i += 2;
-                } else if b[i] == '*' && b.get(i + 1) == Some(&'/') {
-                    depth -= 1;
-                    out.push_str("  ");
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    out.push(blank(b[i]));
-                    i += 1;
-                }
-            }
-        } else if c == 'r' && (next == Some('"') || (next == Some('#') && !prev_is_ident(&b, i))) {
-            // Raw string r"…" / r#"…"#.
-            let mut j = i + 1;
-            let mut hashes = 0;
-            while b.get(j) == Some(&'#') {
-                hashes += 1;
-                j += 1;
-            }
-            if b.get(j) != Some(&'"') || prev_is_ident(&b, i) {
-                out.push(c);
-                i += 1;
-                continue;
-            }
-            let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
-            let rest: String = b[j + 1..].iter().collect();
-            let end = rest.find(&close).map_or(b.len(), |k| j + 1 + rest[..k].chars().count() + close.len());
-            for &ch in &b[i..end.min(b.len())] {
-                out.push(blank(ch));
-            }
-            i = end;
-        } else if c == '"' {
-            out.push(' ');
-            i += 1;
-            while i < b.len() && b[i] != '"' {
-                if b[i] == '\\' {
-                    out.push(' ');
-                    i += 1;
-                }
-                if i < b.len() {
-                    out.push(blank(b[i]));
-                    i += 1;
-                }
-            }
-            out.push(' ');
-            i += 1;
-        } else if c == '\'' && is_char_literal(&b, i) {
-            let mut j = i + 1;
-            if b.get(j) == Some(&'\\') {
-                j += 1;
-            }
-            j += 1;
-            while j < b.len() && b[j] != '\'' {
-                j += 1;
-            }
-            for _ in i..=j.min(b.len() - 1) {
-                out.push(' ');
-            }
-            i = j + 1;
-        } else {
-            out.push(c);
-            i += 1;
-        }
-    }
-    out
-}
-
-fn prev_is_ident(b: &[char], i: usize) -> bool {
-    i > 0 && (b[i - 1].is_alphanumeric() || b[i - 1] == '_')
-}
-
-/// `'x'` or `'\n'` rather than a lifetime `'a`.
-fn is_char_literal(b: &[char], i: usize) -> bool {
-    matches!((b.get(i + 1), b.get(i + 2)), (Some('\\'), _) | (Some(_), Some('\'')))
 }
 
 /// The paths a `use` tree names: `a::{b, c::{d as e, self}}` → `[a,b]`, `[a,c,d]`, `[a,c]`.
@@ -246,10 +148,6 @@ fn inline_mods(code: &str) -> Vec<(usize, usize, String)> {
     spans
 }
 
-fn is_ident(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
-}
-
 /// Every arrow out of one file (already stripped of comments and strings).
 fn arrows_of(rel: &str, code: &str) -> Vec<Arrow> {
     let file_module = module_of(rel);
@@ -309,37 +207,6 @@ fn arrows_of(rel: &str, code: &str) -> Vec<Arrow> {
         }
     }
     out
-}
-
-fn rs_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// `(relative path, source)` of every file under `src/` (the binary's `main.rs` left out: it is the
-/// program's edge, not a module of the library).
-fn sources() -> Vec<(String, String)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    rs_files(&root)
-        .into_iter()
-        .filter_map(|p| {
-            let rel = p.strip_prefix(&root).ok()?.to_string_lossy().replace('\\', "/");
-            (rel != "main.rs").then(|| Some((rel, std::fs::read_to_string(&p).ok()?)))?
-        })
-        .collect()
 }
 
 /// The command files: the modules `commands::run` dispatches to (`… => name::fn(…)`).
@@ -452,22 +319,6 @@ fn imports_follow_the_architecture_rules() {
     assert!(commands.len() > 10, "found only {} command files in commands/mod.rs: {commands:?}", commands.len());
     let bad = check(&arrows, &commands);
     assert!(bad.is_empty(), "forbidden imports (docs/architecture.md, \"Who may import whom\"):\n{}", bad.join("\n"));
-}
-
-#[test]
-fn no_source_file_is_longer_than_600_lines() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = rs_files(&root.join("src"));
-    files.extend(rs_files(&root.join("tests")));
-    assert!(files.len() > 100);
-    let long: Vec<String> = files
-        .iter()
-        .filter_map(|p| {
-            let n = std::fs::read_to_string(p).ok()?.lines().count();
-            (n > MAX_LINES).then(|| format!("{} ({n} lines)", p.strip_prefix(root).unwrap_or(p).display()))
-        })
-        .collect();
-    assert!(long.is_empty(), "files over {MAX_LINES} lines (split them by concern): {}", long.join(", "));
 }
 
 // The checker itself, on made-up files: each rule fires on its violation.

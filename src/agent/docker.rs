@@ -42,7 +42,7 @@ impl Runtime for Docker {
         // The kit's own settings (extra_env, the node's env) win over the defaults for Engram;
         // the Engram directories themselves are mounts (run_argv sets their variables).
         for (k, v) in &prep.engram_env {
-            if !k.starts_with("SPARK_ENGRAM_") {
+            if !matches!(k.as_str(), "SPARK_ENGRAM_DIR" | "SPARK_ENGRAM_PACKED_DIR") {
                 spec.env.entry(k.clone()).or_insert_with(|| v.clone());
             }
         }

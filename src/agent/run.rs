@@ -14,7 +14,7 @@ use super::probe::{http_get, one_token, parse_progress};
 use super::runtime::{self, check_port, LaunchEnv, Runtime, UpReporter};
 use crate::cluster::protocol::{decode, encode, Command, Event, VERSION};
 use crate::dirs::Dirs;
-use crate::engine::endpoint::{api_key, probe_host};
+use crate::engine::endpoint::{api_key, engine_addr};
 use crate::engine::log_watch::LogWatch;
 use crate::engine::process::{Engine, LineSink};
 use crate::engine::venv::SetupReporter;
@@ -210,7 +210,9 @@ fn start(
         runtime.prepare(kit, dirs, env, &rep).map_err(|e| e.to_string())?
     };
     if kit.nodes[node].role == Role::Head {
-        check_port(&kit.engine.host, kit.engine.port).map_err(|e| e.to_string())?;
+        let (host, port) = engine_addr(kit);
+        check_port(host, port)
+            .map_err(|e| format!("engine.internal_port: {e}: set engine.internal_port to a free port"))?;
     }
     let ll = Arc::clone(last_line);
     let w = Arc::clone(watch);
@@ -299,16 +301,17 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
         }
     }
     let head = r.kit.nodes[r.node].role == Role::Head;
-    let (host, port) = (probe_host(&r.kit.engine.host).to_string(), r.kit.engine.port);
-    let healthy = head.then(|| http_get(&host, port, "/health").is_some_and(|(c, _)| c == 200));
+    // The engine's own API behind the gateway (loopback, engine.internal_port).
+    let (host, port) = engine_addr(&r.kit);
+    let healthy = head.then(|| http_get(host, port, "/health").is_some_and(|(c, _)| c == 200));
     let progress = if healthy == Some(true) {
-        http_get(&host, port, "/metrics").and_then(|(c, body)| (c == 200).then(|| parse_progress(&body)).flatten())
+        http_get(host, port, "/metrics").and_then(|(c, body)| (c == 200).then(|| parse_progress(&body)).flatten())
     } else {
         None
     };
     if healthy == Some(true)
         && !r.ready_reported
-        && one_token(&host, port, &r.kit.engine.served_model_name, r.api_key.as_deref())
+        && one_token(host, port, &r.kit.engine.served_model_name, r.api_key.as_deref())
     {
         r.ready_reported = true;
         out.emit(&Event::Ready { seconds: r.started.elapsed().as_secs_f64() });

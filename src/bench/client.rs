@@ -29,8 +29,8 @@ pub enum BenchError {
     SeveralModels { url: String, served: String },
     #[error("the stream has no usage block, so tokens cannot be counted (stream_options.include_usage was ignored)")]
     NoUsage,
-    #[error("{0}")]
-    TooLong(String),
+    #[error(transparent)]
+    TooLong(#[from] super::run::TooLong),
     #[error("the first request failed: {0}")]
     FirstRequest(String),
 }

@@ -219,16 +219,36 @@ pub fn schema_json() -> String {
     s
 }
 
+/// Why a file is not a bench result this spark-kit reads.
+#[derive(Debug, thiserror::Error)]
+pub enum ResultError {
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("not a spark-kit bench result (its `format` is not `{FORMAT}`)")]
+    Format,
+    #[error("result format version {0}; this spark-kit reads version {VERSION}")]
+    Version(u64),
+    #[error("no `version` field")]
+    NoVersion,
+    #[error("{path}: {source}")]
+    Field {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Read a result file's text, checking the format and version first (clear one-line errors).
-pub fn parse(text: &str) -> Result<BenchResult, String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+pub fn parse(text: &str) -> Result<BenchResult, ResultError> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(ResultError::NotJson)?;
     if v.get("format").and_then(serde_json::Value::as_str) != Some(FORMAT) {
-        return Err(format!("not a spark-kit bench result (its `format` is not `{FORMAT}`)"));
+        return Err(ResultError::Format);
     }
     match v.get("version").and_then(serde_json::Value::as_u64) {
         Some(n) if n == u64::from(VERSION) => {}
-        Some(n) => return Err(format!("result format version {n}; this spark-kit reads version {VERSION}")),
-        None => return Err("no `version` field".into()),
+        Some(n) => return Err(ResultError::Version(n)),
+        None => return Err(ResultError::NoVersion),
     }
-    serde_path_to_error::deserialize(v).map_err(|e| format!("{}: {}", e.path(), e.inner()))
+    serde_path_to_error::deserialize(v)
+        .map_err(|e| ResultError::Field { path: e.path().to_string(), source: e.into_inner() })
 }

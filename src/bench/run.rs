@@ -56,17 +56,26 @@ pub const DEFAULT_PREFILL: [u64; 4] = [1024, 4096, 16_384, 65_536];
 /// Tokens of slack for prompts whose real length differs a little from the target.
 const SLACK: u64 = 8;
 
+/// The decode request does not fit the model's context.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--decode-tokens {decode_tokens} + --decode-prompt-tokens {decode_prompt_tokens} (+{SLACK} slack) exceed the model's \
+     max_model_len {max_model_len}"
+)]
+pub struct TooLong {
+    pub decode_tokens: u64,
+    pub decode_prompt_tokens: u64,
+    pub max_model_len: u64,
+}
+
 /// Fit the lengths to the model: defaults shrink to fit `max_model_len`; explicit decode lengths
 /// that cannot fit are an error (explicit prefill lengths that cannot fit are skipped later).
-pub fn fit_lengths(l: &Lengths, max_model_len: Option<u64>, prefill_max_tokens: u64) -> Result<Fitted, String> {
+pub fn fit_lengths(l: &Lengths, max_model_len: Option<u64>, prefill_max_tokens: u64) -> Result<Fitted, TooLong> {
     let m = max_model_len.unwrap_or(u64::MAX);
     let decode_tokens = l.decode_tokens.unwrap_or_else(|| DEFAULT_DECODE.min(m / 2).max(2));
     let decode_prompt_tokens = l.decode_prompt_tokens.unwrap_or_else(|| DEFAULT_DECODE.min(m / 4).max(16));
     if decode_tokens.saturating_add(decode_prompt_tokens).saturating_add(SLACK) > m {
-        return Err(format!(
-            "--decode-tokens {decode_tokens} + --decode-prompt-tokens {decode_prompt_tokens} (+{SLACK} slack) exceed the model's \
-             max_model_len {m}"
-        ));
+        return Err(TooLong { decode_tokens, decode_prompt_tokens, max_model_len: m });
     }
     let prefill = match &l.prefill {
         Some(p) => p.clone(),
@@ -501,7 +510,7 @@ mod tests {
         let f = fit_lengths(&none, Some(8192), 8).unwrap();
         assert_eq!(f.prefill, vec![1024, 4096]);
         let big = Lengths { decode_tokens: Some(500), ..Lengths::default() };
-        assert!(fit_lengths(&big, Some(512), 8).unwrap_err().contains("max_model_len 512"));
+        assert!(fit_lengths(&big, Some(512), 8).unwrap_err().to_string().contains("max_model_len 512"));
         let explicit = Lengths { prefill: Some(vec![100_000]), ..Lengths::default() };
         assert_eq!(fit_lengths(&explicit, Some(512), 8).unwrap().prefill, vec![100_000]);
     }

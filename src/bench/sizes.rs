@@ -1,12 +1,25 @@
 //! Parsing of the sweep lists given on the command line (pure).
 
+/// Why a sweep list does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("`{0}` is not a whole number of streams")]
+    NotStreams(String),
+    #[error("{0} streams is out of range 1..=4096")]
+    Streams(u32),
+    #[error("`{0}` is not a token count (examples: 512, 8k, 1m)")]
+    NotTokens(String),
+    #[error("{0} tokens is out of range 16..=16m")]
+    Tokens(u64),
+}
+
 /// Parse `1,2,4` into ascending, de-duplicated concurrency levels (each ≥ 1).
-pub fn parse_concurrency(text: &str) -> Result<Vec<u32>, String> {
+pub fn parse_concurrency(text: &str) -> Result<Vec<u32>, SizeError> {
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim) {
-        let n: u32 = part.parse().map_err(|_| format!("`{part}` is not a whole number of streams"))?;
+        let n: u32 = part.parse().map_err(|_| SizeError::NotStreams(part.into()))?;
         if n == 0 || n > 4096 {
-            return Err(format!("{n} streams is out of range 1..=4096"));
+            return Err(SizeError::Streams(n));
         }
         out.push(n);
     }
@@ -18,7 +31,7 @@ pub fn parse_concurrency(text: &str) -> Result<Vec<u32>, String> {
 /// Parse `1k,8k,300000` into ascending, de-duplicated prompt lengths in tokens.
 ///
 /// `k` = ×1024 and `m` = ×1024² (either case); `none` (or an empty string) = no prefill ladder.
-pub fn parse_lengths(text: &str) -> Result<Vec<u64>, String> {
+pub fn parse_lengths(text: &str) -> Result<Vec<u64>, SizeError> {
     let text = text.trim();
     if text.is_empty() || text.eq_ignore_ascii_case("none") {
         return Ok(Vec::new());
@@ -32,8 +45,8 @@ pub fn parse_lengths(text: &str) -> Result<Vec<u64>, String> {
     Ok(out)
 }
 
-fn parse_length(part: &str) -> Result<u64, String> {
-    let bad = || format!("`{part}` is not a token count (examples: 512, 8k, 1m)");
+fn parse_length(part: &str) -> Result<u64, SizeError> {
+    let bad = || SizeError::NotTokens(part.into());
     let (digits, mult) = match part.char_indices().last() {
         Some((i, 'k' | 'K')) => (&part[..i], 1024),
         Some((i, 'm' | 'M')) => (&part[..i], 1024 * 1024),
@@ -42,7 +55,7 @@ fn parse_length(part: &str) -> Result<u64, String> {
     let n: u64 = digits.parse().map_err(|_| bad())?;
     let n = n.checked_mul(mult).ok_or_else(bad)?;
     if !(16..=16 * 1024 * 1024).contains(&n) {
-        return Err(format!("{n} tokens is out of range 16..=16m"));
+        return Err(SizeError::Tokens(n));
     }
     Ok(n)
 }
@@ -66,8 +79,8 @@ mod tests {
     #[test]
     fn concurrency_sorted_unique() {
         assert_eq!(parse_concurrency("4, 1,2,2").unwrap(), vec![1, 2, 4]);
-        assert!(parse_concurrency("0").unwrap_err().contains("out of range"));
-        assert!(parse_concurrency("1,x").unwrap_err().contains("`x`"));
+        assert!(parse_concurrency("0").unwrap_err().to_string().contains("out of range"));
+        assert!(parse_concurrency("1,x").unwrap_err().to_string().contains("`x`"));
         assert!(parse_concurrency("").is_err());
     }
 
@@ -77,8 +90,8 @@ mod tests {
         assert_eq!(parse_lengths("1m").unwrap(), vec![1_048_576]);
         assert_eq!(parse_lengths("none").unwrap(), Vec::<u64>::new());
         assert_eq!(parse_lengths("").unwrap(), Vec::<u64>::new());
-        assert!(parse_lengths("8q").unwrap_err().contains("`8q`"));
-        assert!(parse_lengths("4").unwrap_err().contains("out of range"));
+        assert!(parse_lengths("8q").unwrap_err().to_string().contains("`8q`"));
+        assert!(parse_lengths("4").unwrap_err().to_string().contains("out of range"));
         assert!(parse_lengths("99999999999999999999k").is_err());
         assert_eq!(length_label(8192), "8k");
         assert_eq!(length_label(300), "300");

@@ -257,6 +257,7 @@ fn read_result(path: &Path) -> Result<BenchResult, Failure> {
     })?;
     result::parse(&text).map_err(|e| {
         Failure::usage(format!("{}: {e}", path.display()))
+            .caused_by_chain_of(&e)
             .with_hint("pass two files written by `spark-kit bench --json`")
     })
 }

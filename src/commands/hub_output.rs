@@ -2,7 +2,6 @@
 //! terminal, plain lines otherwise), running a download, and Hub errors as command failures.
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,7 +32,7 @@ pub(super) fn hub_failure(e: &HubError) -> Failure {
 pub(super) fn reporter(quiet: bool) -> Arc<dyn Reporter> {
     if quiet {
         Arc::new(Silent)
-    } else if std::io::stderr().is_terminal() {
+    } else if super::reporter::is_terminal() {
         Arc::new(Bars::new())
     } else {
         Arc::new(Lines::new())
@@ -146,7 +145,7 @@ impl Lines {
         Self { start: now, state: Mutex::new((now, 0, 0)) }
     }
     fn line(text: &str) {
-        let _ = writeln!(std::io::stderr().lock(), "{text}");
+        super::reporter::line(text);
     }
 }
 

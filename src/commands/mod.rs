@@ -22,11 +22,12 @@ pub mod pack_engram;
 pub mod plan;
 pub mod preflight;
 pub mod preflight_input;
-pub mod progress;
+pub mod reporter;
 pub mod setup;
 pub mod status;
 pub mod target;
 pub mod up;
+mod up_gateway;
 pub mod verify;
 pub mod verify_decode;
 

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use super::progress::PackLines;
+use super::reporter::PackLines;
 use super::{io_failure, load, Context};
 use crate::cli::PackEngramArgs;
 use crate::dirs::Dirs;
@@ -73,7 +73,7 @@ pub fn run(args: &PackEngramArgs, ctx: &mut Context<'_>) -> Result<(), Failure> 
             .with_hint("the shards and config.json come from different checkpoints; re-download the Engram files"));
         }
         for &rank in &ranks {
-            let owned = geometry.owned(layer, tp, 1, rank).map_err(Failure::usage)?;
+            let owned = geometry.owned(layer, tp, 1, rank).map_err(|e| Failure::usage_error(&e))?;
             jobs.push(PackJob { table: table.clone(), owned, rank, world: tp, out_dir: out.clone() });
         }
     }

@@ -60,5 +60,6 @@ pub fn input(kit: &Kit, env: &[(String, String)], kit_arg: Option<&str>) -> Pref
         disk_path: disk_path.display().to_string(),
         vllm_python,
         image_build,
+        gateway_holds_api_port: false,
     }
 }

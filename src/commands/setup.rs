@@ -1,6 +1,6 @@
 //! `spark-kit setup`: the kit's engine venv.
 
-use super::{io_failure, load, progress::Lines, Context};
+use super::{io_failure, load, reporter::Lines, Context};
 use crate::cli::SetupArgs;
 use crate::dirs::Dirs;
 use crate::engine::prune::prune;

@@ -23,6 +23,9 @@ pub fn render(s: &Snapshot) -> String {
     if let Some(r) = &s.reason {
         out.push_str(&format!("last event: {r}\n"));
     }
+    if let Some(g) = &s.gateway {
+        out.push_str(&format!("gateway {}  {}  in flight {}  queued {}\n", g.listen, g.state, g.in_flight, g.queued));
+    }
     out.push_str("NODE        RANK  AGENT   ENGINE PGID  ALIVE  HEALTH  MEMAVAILABLE  TOK/S   UPTIME  NOTE\n");
     for n in &s.nodes {
         out.push_str(&format!(

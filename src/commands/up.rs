@@ -15,6 +15,7 @@ use crate::dirs::logs_dir;
 use crate::dirs::Dirs;
 use crate::engine::boot_phase::{progress_line, Pacer, CLEAR_LINE};
 use crate::error::Failure;
+use crate::gateway::{DrainOutcome, Front};
 use crate::hints::{curl_example, KeySource, KitRef};
 use crate::kit::schema::{Kit, Role, Transport};
 use crate::kit::{Origin, Override};
@@ -187,10 +188,15 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             }
         })?;
     }
+    // The gateway's settings are checked before anything starts (detached or not).
+    let (gw_cfg, gw_note) = super::up_gateway::config(&kit, &ctx.env, &dirs)?;
     if args.detach {
         return detach(&kit, ctx, &logs, &Hints { kit_ref, key });
     }
-    let handles = Handles::new(&kit);
+    let gw_line = super::up_gateway::summary(&gw_cfg, gw_note.as_deref());
+    let front = Front::start(gw_cfg).map_err(|e| Failure::runtime(e.to_string()))?;
+    Lines.line(&gw_line);
+    let handles = Handles::new(&kit).with_front(front);
     install_signals(Arc::clone(&handles.stop))?;
     serve(&sock, handles.clone())
         .map_err(|e| Failure::runtime(format!("cannot open the control socket {}: {e}", sock.display())))?;
@@ -222,8 +228,10 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         &dirs.home,
     );
     let gates = Gates {
-        preflight: (!args.skip_preflight)
-            .then(|| super::preflight_input::input(&kit, &ctx.env, args.kit.kit.as_deref())),
+        preflight: (!args.skip_preflight).then(|| crate::node::preflight::PreflightInput {
+            gateway_holds_api_port: true,
+            ..super::preflight_input::input(&kit, &ctx.env, args.kit.kit.as_deref())
+        }),
         weight_trees: weight_trees(&kit, &hf, &dirs.expand(&kit.paths.engram_dir))
             .into_iter()
             .map(|t| WeightTree { path: dirs.expand(&t.path.to_string_lossy()), ..t })
@@ -240,6 +248,15 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         live::unregister(&p);
     }
     drop(printer);
+    match handles.drained() {
+        Some(Ok(DrainOutcome::Idle)) => Lines.line("==> gateway drained: every in-flight request finished"),
+        Some(Ok(DrainOutcome::TimedOut(n))) => Lines.line(&format!(
+            "==> gateway: {n} requests were still in flight after engine.drain_timeout_s {} s; their streams were ended with an error event",
+            kit.engine.drain_timeout_s
+        )),
+        Some(Err(e)) => Lines.line(&format!("warning: the gateway stopped serving: {e}")),
+        None => {}
+    }
     let snap = handles.snapshot.lock().map(|s| s.clone()).map_err(|_| Failure::runtime("supervisor state poisoned"))?;
     match result {
         // Stopped by Ctrl-C / SIGTERM: exit 128 + the signal, as shells expect (130, 143).

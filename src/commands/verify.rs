@@ -68,7 +68,7 @@ fn lock_check(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             if t.elapsed() >= std::time::Duration::from_secs(5) {
                 *t = std::time::Instant::now();
                 let line = format!("verify: hashed {} of {}\n", size(done), size(total));
-                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+                super::reporter::line(&line);
             }
         }
     };

@@ -46,13 +46,13 @@ pub(super) fn run(
     let started = Instant::now();
     let last = Mutex::new(started);
     // A status line on stderr every 5 s (worker threads report; ctx.err is not shared across them,
-    // so this writes to the process's stderr as `verify`'s hashing progress does).
+    // so this goes through the reporter, as `verify`'s hashing progress does).
     let progress = |done: usize, total: usize| {
         if let Ok(mut t) = last.lock() {
             if t.elapsed() >= PROGRESS_EVERY {
                 *t = Instant::now();
                 let line = format!("verify: decoded samples of {done} of {total} packed matrices\n");
-                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+                super::reporter::line(&line);
             }
         }
     };

@@ -46,8 +46,11 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
         a.push(v);
     };
     push("--served-model-name", e.served_model_name.clone());
-    push("--host", e.host.clone());
-    push("--port", e.port.to_string());
+    // Behind the gateway: clients reach `engine.host:engine.port` (the gateway in the
+    // supervisor), vLLM listens on loopback only.
+    let (host, port) = crate::engine::endpoint::engine_addr(kit);
+    push("--host", host.to_string());
+    push("--port", port.to_string());
     push("--max-model-len", e.max_model_len.to_string());
     push("--max-num-seqs", e.max_num_seqs.to_string());
     push("--max-num-batched-tokens", e.max_num_batched_tokens.to_string());
@@ -147,6 +150,9 @@ mod tests {
         assert_eq!(s.env["PYTHONPATH"], "/o");
         assert_eq!(s.env["VLLM_NO_USAGE_STATS"], "1");
         assert_eq!(s.env["HF_HUB_OFFLINE"], "1");
+        // vLLM behind the gateway: loopback, the internal port.
+        assert_eq!(value(&s.vllm_args, "--host"), Some("127.0.0.1"));
+        assert_eq!(value(&s.vllm_args, "--port"), Some("18000"));
     }
 
     #[test]

@@ -25,22 +25,48 @@ pub fn base_url(host: &str, port: u32) -> String {
     }
 }
 
-/// The API key for the endpoint from `engine.api_keys` (env var name or file), if any.
-pub fn api_key(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Option<String>, String> {
+/// The loopback port the engine's API listens on behind the gateway: `engine.internal_port`,
+/// or when that is 0, `engine.port + 10000` (`engine.port − 10000` above 55535).
+#[must_use]
+pub fn internal_port(kit: &Kit) -> u32 {
+    kit.engine.effective_internal_port()
+}
+
+/// The engine's own API (behind the gateway): loopback host and [`internal_port`]. The node's
+/// probes (`/health`, `/metrics`, the one-token completion) use this, clients the public
+/// `engine.host:engine.port`.
+#[must_use]
+pub fn engine_addr(kit: &Kit) -> (&'static str, u32) {
+    ("127.0.0.1", internal_port(kit))
+}
+
+/// Every API key of `engine.api_keys`: the environment variable's comma-separated keys, then the
+/// first field of each of the file's non-blank lines. Empty when neither yields a key.
+pub fn api_keys(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Vec<String>, String> {
+    let mut keys: Vec<String> = Vec::new();
     if let Some(name) = &kit.engine.api_keys.env {
         if let Some((_, v)) = env.iter().rev().find(|(k, _)| k == name) {
-            if !v.is_empty() {
-                return Ok(Some(v.clone()));
-            }
+            keys.extend(v.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string));
         }
     }
     if let Some(f) = &kit.engine.api_keys.file {
         let path = dirs.expand(f);
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("engine.api_keys.file {}: {e}", path.display()))?;
-        return Ok(text.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string));
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "engine.api_keys.file {}: {e}: create it with one key per line, or unset engine.api_keys.file",
+                path.display()
+            )
+        })?;
+        // The first field of each non-blank line (what the printed `curl` hint's awk reads).
+        keys.extend(text.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string));
     }
-    Ok(None)
+    keys.dedup();
+    Ok(keys)
+}
+
+/// The first API key of `engine.api_keys` (what the node's probes and the engine itself use).
+pub fn api_key(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Option<String>, String> {
+    Ok(api_keys(kit, env, dirs)?.into_iter().next())
 }
 
 #[cfg(test)]
@@ -53,5 +79,40 @@ mod tests {
         assert_eq!(base_url(probe_host("::"), 8000), "http://[::1]:8000");
         assert_eq!(base_url("::1", 8000), "http://[::1]:8000");
         assert_eq!(probe_host("10.0.0.1"), "10.0.0.1");
+    }
+
+    fn kit_with(port: u32, internal: u32) -> Kit {
+        let mut k = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+        k.engine.port = port;
+        k.engine.internal_port = internal;
+        k
+    }
+
+    #[test]
+    fn internal_port_defaults_beside_the_public_one() {
+        assert_eq!(internal_port(&kit_with(8000, 0)), 18000);
+        assert_eq!(internal_port(&kit_with(60000, 0)), 50000);
+        assert_eq!(internal_port(&kit_with(8000, 9123)), 9123);
+        assert_eq!(engine_addr(&kit_with(8000, 0)), ("127.0.0.1", 18000));
+    }
+
+    #[test]
+    fn every_key_from_the_variable_and_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("keys");
+        std::fs::write(&f, "\n  file-a  \nfile-b\n\n").unwrap();
+        let mut k = kit_with(8000, 0);
+        k.engine.api_keys.env = Some("K".into());
+        k.engine.api_keys.file = Some(f.display().to_string());
+        let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
+        let env = vec![("K".to_string(), "env-a, env-b,".to_string())];
+        assert_eq!(api_keys(&k, &env, &dirs).unwrap(), ["env-a", "env-b", "file-a", "file-b"]);
+        assert_eq!(api_key(&k, &env, &dirs).unwrap().as_deref(), Some("env-a"));
+        assert_eq!(api_keys(&k, &[], &dirs).unwrap(), ["file-a", "file-b"]);
+        k.engine.api_keys.file = Some(d.path().join("missing").display().to_string());
+        let e = api_keys(&k, &env, &dirs).unwrap_err();
+        assert!(e.starts_with("engine.api_keys.file ") && e.contains("one key per line"), "{e}");
+        k.engine.api_keys.file = None;
+        assert!(api_keys(&k, &[], &dirs).unwrap().is_empty());
     }
 }

@@ -31,22 +31,31 @@ pub struct CacheStats {
     pub bytes: u64,
 }
 
+/// Why a cache cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheError {
+    #[error("cache ways {0} is outside 1–16")]
+    Ways(usize),
+    #[error("cache too large")]
+    TooLarge,
+}
+
 impl RowCache {
     /// A cache of at most `budget` bytes with `ways` ways, or `None` when the budget holds
     /// less than one set per stripe.
     ///
     /// # Errors
     /// `ways` outside 1–16.
-    pub fn new(budget: u64, ways: usize) -> Result<Option<Self>, String> {
+    pub fn new(budget: u64, ways: usize) -> Result<Option<Self>, CacheError> {
         if !(1..=16).contains(&ways) {
-            return Err(format!("cache ways {ways} is outside 1–16"));
+            return Err(CacheError::Ways(ways));
         }
         let sets = budget / (ways as u64 * ROW_BYTES as u64);
         let sets_per_stripe = sets / STRIPES;
         if sets_per_stripe == 0 {
             return Ok(None);
         }
-        let slots = usize::try_from(sets_per_stripe * ways as u64).map_err(|_| "cache too large".to_string())?;
+        let slots = usize::try_from(sets_per_stripe * ways as u64).map_err(|_| CacheError::TooLarge)?;
         let stripes = (0..STRIPES)
             .map(|_| {
                 Mutex::new(Stripe {

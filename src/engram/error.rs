@@ -26,6 +26,20 @@ pub enum EngramError {
     Table { path: PathBuf, why: String },
     #[error("{path}: packed Engram shard: {why}", path = path.display())]
     Packed { path: PathBuf, why: String },
+    #[error("{path}: packed Engram shard: {source}", path = path.display())]
+    Header {
+        path: PathBuf,
+        #[source]
+        source: super::header::HeaderError,
+    },
+    #[error("{path}: {source}", path = path.display())]
+    Geometry {
+        path: PathBuf,
+        #[source]
+        source: super::layout::GeometryError,
+    },
+    #[error(transparent)]
+    Cache(#[from] super::cache::CacheError),
     #[error("{0}")]
     Config(String),
     #[error("{path}: {needed} bytes needed, {free} free on the filesystem of {at}", path = path.display(), at = at.display())]
@@ -40,15 +54,17 @@ impl EngramError {
     /// Configuration problems (wrong kit, bad flag, missing geometry) as opposed to I/O.
     #[must_use]
     pub const fn is_config(&self) -> bool {
-        matches!(self, Self::Config(_))
+        matches!(self, Self::Config(_) | Self::Cache(_))
     }
 
     /// What to do about it, where there is a general answer.
     #[must_use]
     pub fn hint(&self) -> Option<&'static str> {
         match self {
-            Self::Packed { .. } => Some("delete the named file and rerun `spark-kit pack-engram` for this rank"),
-            Self::ShortRead { .. } | Self::Table { .. } => {
+            Self::Packed { .. } | Self::Header { .. } => {
+                Some("delete the named file and rerun `spark-kit pack-engram` for this rank")
+            }
+            Self::ShortRead { .. } | Self::Table { .. } | Self::Geometry { .. } => {
                 Some("re-download the Engram shards (`spark-kit download --only engram`), then `spark-kit verify`")
             }
             Self::NoSpace { .. } => Some("free space there, or pass --out DIR on a larger filesystem"),

@@ -20,6 +20,34 @@ pub const MAGIC: u64 = 0x3134_4E45_3156_5344;
 /// Header size; records start here.
 pub const HEADER_BYTES: usize = 4096;
 
+/// Why bytes are not the packed shard a rank expects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("{file_len} bytes is too short for the {HEADER_BYTES}-byte header")]
+    TooShort { file_len: u64 },
+    #[error("magic is {found:#018x}, not {MAGIC:#018x} (DSV41EN1): not a packed Engram shard")]
+    Magic { found: u64 },
+    #[error("record size {found} is not {ROW_BYTES}")]
+    RecordSize { found: u64 },
+    #[error("range [{lo}, {hi}) does not fit a {rows}-row table")]
+    Range { lo: u64, hi: u64, rows: u64 },
+    #[error("truncated: {file_len} bytes, but the header's {records} records need {need}")]
+    Truncated { file_len: u64, records: u64, need: u64 },
+    #[error("{file_len} bytes, but the header's {records} records need exactly {need}")]
+    Length { file_len: u64, records: u64, need: u64 },
+    #[error("record count overflows")]
+    Overflow,
+    #[error("holds layer {found}, expected layer {want}")]
+    Layer { found: u64, want: u64 },
+    #[error(
+        "holds rows [{}, {}), but this rank owns [{}, {}) (packed for another rank or tensor-parallel size)",
+        found.0, found.1, want.0, want.1
+    )]
+    Rows { found: (u64, u64), want: (u64, u64) },
+    #[error("was packed from a {found}-row table, the checkpoint has {want}")]
+    TableRows { found: u64, want: u64 },
+}
+
 /// What a packed shard says about itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PackedHeader {
@@ -58,9 +86,9 @@ impl PackedHeader {
     ///
     /// # Errors
     /// Not a packed shard (magic), a malformed header, or a length that is not header + records.
-    pub fn parse(bytes: &[u8], file_len: u64) -> Result<Self, String> {
+    pub fn parse(bytes: &[u8], file_len: u64) -> Result<Self, HeaderError> {
         if bytes.len() < 48 || file_len < HEADER_BYTES as u64 {
-            return Err(format!("{file_len} bytes is too short for the {HEADER_BYTES}-byte header"));
+            return Err(HeaderError::TooShort { file_len });
         }
         let word = |i: usize| {
             let mut w = [0u8; 8];
@@ -68,22 +96,20 @@ impl PackedHeader {
             u64::from_le_bytes(w)
         };
         if word(0) != MAGIC {
-            return Err(format!("magic is {:#018x}, not {MAGIC:#018x} (DSV41EN1): not a packed Engram shard", word(0)));
+            return Err(HeaderError::Magic { found: word(0) });
         }
         let h = Self { layer: word(1), lo: word(2), hi: word(3), rows: word(4), row_bytes: word(5) };
         if h.row_bytes != ROW_BYTES as u64 {
-            return Err(format!("record size {} is not {ROW_BYTES}", h.row_bytes));
+            return Err(HeaderError::RecordSize { found: h.row_bytes });
         }
         if h.lo > h.hi || h.hi > h.rows {
-            return Err(format!("range [{}, {}) does not fit a {}-row table", h.lo, h.hi, h.rows));
+            return Err(HeaderError::Range { lo: h.lo, hi: h.hi, rows: h.rows });
         }
         match h.file_len() {
             Some(n) if n == file_len => Ok(h),
-            Some(n) if n > file_len => {
-                Err(format!("truncated: {file_len} bytes, but the header's {} records need {n}", h.hi - h.lo))
-            }
-            Some(n) => Err(format!("{file_len} bytes, but the header's {} records need exactly {n}", h.hi - h.lo)),
-            None => Err("record count overflows".into()),
+            Some(need) if need > file_len => Err(HeaderError::Truncated { file_len, records: h.hi - h.lo, need }),
+            Some(need) => Err(HeaderError::Length { file_len, records: h.hi - h.lo, need }),
+            None => Err(HeaderError::Overflow),
         }
     }
 
@@ -91,18 +117,15 @@ impl PackedHeader {
     ///
     /// # Errors
     /// The first field that differs, with both values.
-    pub fn expect(&self, want: &Self) -> Result<(), String> {
+    pub fn expect(&self, want: &Self) -> Result<(), HeaderError> {
         if self.layer != want.layer {
-            return Err(format!("holds layer {}, expected layer {}", self.layer, want.layer));
+            return Err(HeaderError::Layer { found: self.layer, want: want.layer });
         }
         if (self.lo, self.hi) != (want.lo, want.hi) {
-            return Err(format!(
-                "holds rows [{}, {}), but this rank owns [{}, {}) (packed for another rank or tensor-parallel size)",
-                self.lo, self.hi, want.lo, want.hi
-            ));
+            return Err(HeaderError::Rows { found: (self.lo, self.hi), want: (want.lo, want.hi) });
         }
         if self.rows != want.rows {
-            return Err(format!("was packed from a {}-row table, the checkpoint has {}", self.rows, want.rows));
+            return Err(HeaderError::TableRows { found: self.rows, want: want.rows });
         }
         Ok(())
     }
@@ -136,21 +159,21 @@ mod tests {
         let h = PackedHeader::new(14, 100, 250, 1000);
         let b = h.to_bytes();
         let len = 4096 + 150 * 264;
-        assert!(PackedHeader::parse(&b, len - 1).unwrap_err().contains("truncated"));
-        assert!(PackedHeader::parse(&b, len + 1).unwrap_err().contains("exactly"));
+        assert!(PackedHeader::parse(&b, len - 1).unwrap_err().to_string().contains("truncated"));
+        assert!(PackedHeader::parse(&b, len + 1).unwrap_err().to_string().contains("exactly"));
         assert!(PackedHeader::parse(&b[..40], len).is_err());
         let mut bad = b.clone();
         bad[0] ^= 1;
-        assert!(PackedHeader::parse(&bad, len).unwrap_err().contains("not a packed Engram shard"));
+        assert!(PackedHeader::parse(&bad, len).unwrap_err().to_string().contains("not a packed Engram shard"));
         let mut bad = b.clone();
         bad[40] = 7;
-        assert!(PackedHeader::parse(&bad, len).unwrap_err().contains("record size"));
+        assert!(PackedHeader::parse(&bad, len).unwrap_err().to_string().contains("record size"));
         let mut bad = b;
         bad[24..32].copy_from_slice(&2000u64.to_le_bytes());
-        assert!(PackedHeader::parse(&bad, len).unwrap_err().contains("does not fit"));
-        assert!(h.expect(&PackedHeader::new(1, 100, 250, 1000)).unwrap_err().contains("layer 1"));
-        assert!(h.expect(&PackedHeader::new(14, 0, 100, 1000)).unwrap_err().contains("another rank"));
-        assert!(h.expect(&PackedHeader::new(14, 100, 250, 999)).unwrap_err().contains("999"));
+        assert!(PackedHeader::parse(&bad, len).unwrap_err().to_string().contains("does not fit"));
+        assert!(h.expect(&PackedHeader::new(1, 100, 250, 1000)).unwrap_err().to_string().contains("layer 1"));
+        assert!(h.expect(&PackedHeader::new(14, 0, 100, 1000)).unwrap_err().to_string().contains("another rank"));
+        assert!(h.expect(&PackedHeader::new(14, 100, 250, 999)).unwrap_err().to_string().contains("999"));
         assert!(h.expect(&h).is_ok());
     }
 }

@@ -47,6 +47,41 @@ impl Owned {
     }
 }
 
+/// Why a `config.json` does not describe Engram tables, or a rank owns no rows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GeometryError {
+    #[error(
+        "config.json has no {0} (at the top level or under text_config): not a DeepSeek V4.1 checkpoint with Engram tables"
+    )]
+    Missing(String),
+    #[error("config.json `{0}` is not a non-negative integer")]
+    NotUint(String),
+    #[error("config.json `{0}` is not a list of non-negative integers")]
+    NotList(String),
+    #[error("config.json `{key}` = {value} is too large")]
+    TooLarge { key: String, value: u64 },
+    #[error(
+        "config.json lists {layers} engram_layer_ids but {tables} engram_num_embeddings (need one table size per layer)"
+    )]
+    Lengths { layers: usize, tables: usize },
+    #[error(
+        "config.json engram geometry is degenerate (max_ngram_size {max_ngram_size}, n_heads {n_heads}, vocab_size {vocab_size})"
+    )]
+    Degenerate { max_ngram_size: u32, n_heads: u32, vocab_size: u64 },
+    #[error("layer {layer} has no Engram table (config.json engram_layer_ids = {ids:?})")]
+    NoTable { layer: u32, ids: Vec<u32> },
+    #[error(
+        "layer {layer}: the hash heads need {total} rows but engram_num_embeddings says {rows} (config.json disagrees with itself)"
+    )]
+    HeadsExceed { layer: u32, total: u64, rows: u64 },
+    #[error("tp {tp} × dp {dp} is not a rank count")]
+    RankCount { tp: u32, dp: u32 },
+    #[error("rank {rank} is out of range for tp {tp} × dp {dp} (ranks 0..{last})")]
+    RankRange { rank: u32, tp: u32, dp: u32, last: u32 },
+    #[error("too many hash heads")]
+    TooManyHeads,
+}
+
 const KEYS: [&str; 6] = [
     "engram_layer_ids",
     "engram_num_embeddings",
@@ -61,7 +96,7 @@ impl Geometry {
     ///
     /// # Errors
     /// A missing or mistyped key, named with the fix; lists of different lengths.
-    pub fn from_config(config: &serde_json::Value) -> Result<Self, String> {
+    pub fn from_config(config: &serde_json::Value) -> Result<Self, GeometryError> {
         let root = if config.get("engram_layer_ids").is_some() {
             config
         } else {
@@ -69,34 +104,26 @@ impl Geometry {
         };
         let missing: Vec<&str> = KEYS.iter().copied().filter(|k| root.get(k).is_none()).collect();
         if !missing.is_empty() {
-            return Err(format!(
-                "config.json has no {} (at the top level or under text_config): not a DeepSeek V4.1 checkpoint with Engram tables",
-                missing.join(", ")
-            ));
+            return Err(GeometryError::Missing(missing.join(", ")));
         }
-        let uint = |key: &str| -> Result<u64, String> {
-            root.get(key)
-                .and_then(serde_json::Value::as_u64)
-                .ok_or_else(|| format!("config.json `{key}` is not a non-negative integer"))
+        let uint = |key: &str| -> Result<u64, GeometryError> {
+            root.get(key).and_then(serde_json::Value::as_u64).ok_or_else(|| GeometryError::NotUint(key.into()))
         };
-        let list = |key: &str| -> Result<Vec<u64>, String> {
+        let list = |key: &str| -> Result<Vec<u64>, GeometryError> {
             root.get(key)
                 .and_then(serde_json::Value::as_array)
                 .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect::<Option<Vec<u64>>>())
-                .ok_or_else(|| format!("config.json `{key}` is not a list of non-negative integers"))
+                .ok_or_else(|| GeometryError::NotList(key.into()))
         };
-        let small = |key: &str, v: u64| u32::try_from(v).map_err(|_| format!("config.json `{key}` = {v} is too large"));
+        let small =
+            |key: &str, v: u64| u32::try_from(v).map_err(|_| GeometryError::TooLarge { key: key.into(), value: v });
         let layer_ids = list("engram_layer_ids")?
             .into_iter()
             .map(|v| small("engram_layer_ids", v))
-            .collect::<Result<Vec<u32>, String>>()?;
+            .collect::<Result<Vec<u32>, GeometryError>>()?;
         let num_embeddings = list("engram_num_embeddings")?;
         if layer_ids.len() != num_embeddings.len() || layer_ids.is_empty() {
-            return Err(format!(
-                "config.json lists {} engram_layer_ids but {} engram_num_embeddings (need one table size per layer)",
-                layer_ids.len(),
-                num_embeddings.len()
-            ));
+            return Err(GeometryError::Lengths { layers: layer_ids.len(), tables: num_embeddings.len() });
         }
         let g = Self {
             layer_ids,
@@ -107,10 +134,11 @@ impl Geometry {
             vocab_size: uint("engram_vocab_size")?,
         };
         if g.max_ngram_size < 2 || g.n_heads == 0 || g.vocab_size < 2 {
-            return Err(format!(
-                "config.json engram geometry is degenerate (max_ngram_size {}, n_heads {}, vocab_size {})",
-                g.max_ngram_size, g.n_heads, g.vocab_size
-            ));
+            return Err(GeometryError::Degenerate {
+                max_ngram_size: g.max_ngram_size,
+                n_heads: g.n_heads,
+                vocab_size: g.vocab_size,
+            });
         }
         Ok(g)
     }
@@ -151,17 +179,13 @@ impl Geometry {
     ///
     /// # Errors
     /// An unknown layer, `rank ≥ tp × dp`, head sizes that exceed the table.
-    pub fn owned(&self, layer: u32, tp: u32, dp: u32, rank: u32) -> Result<Owned, String> {
-        let i = self.index_of(layer).ok_or_else(|| {
-            format!("layer {layer} has no Engram table (config.json engram_layer_ids = {:?})", self.layer_ids)
-        })?;
+    pub fn owned(&self, layer: u32, tp: u32, dp: u32, rank: u32) -> Result<Owned, GeometryError> {
+        let i = self.index_of(layer).ok_or_else(|| GeometryError::NoTable { layer, ids: self.layer_ids.clone() })?;
         let sizes = self.head_sizes().swap_remove(i);
         let rows = self.num_embeddings[i];
         let total: u64 = sizes.iter().sum();
         if total > rows {
-            return Err(format!(
-                "layer {layer}: the hash heads need {total} rows but engram_num_embeddings says {rows} (config.json disagrees with itself)"
-            ));
+            return Err(GeometryError::HeadsExceed { layer, total, rows });
         }
         owned_range(&sizes, tp, dp, rank)
     }
@@ -171,13 +195,12 @@ impl Geometry {
 ///
 /// # Errors
 /// `tp` or `dp` zero, `rank` out of range.
-pub fn owned_range(head_sizes: &[u64], tp: u32, dp: u32, rank: u32) -> Result<Owned, String> {
-    let world =
-        tp.checked_mul(dp).filter(|&w| w > 0).ok_or_else(|| format!("tp {tp} × dp {dp} is not a rank count"))?;
+pub fn owned_range(head_sizes: &[u64], tp: u32, dp: u32, rank: u32) -> Result<Owned, GeometryError> {
+    let world = tp.checked_mul(dp).filter(|&w| w > 0).ok_or(GeometryError::RankCount { tp, dp })?;
     if rank >= world {
-        return Err(format!("rank {rank} is out of range for tp {tp} × dp {dp} (ranks 0..{})", world - 1));
+        return Err(GeometryError::RankRange { rank, tp, dp, last: world - 1 });
     }
-    let heads = u32::try_from(head_sizes.len()).map_err(|_| "too many hash heads".to_string())?;
+    let heads = u32::try_from(head_sizes.len()).map_err(|_| GeometryError::TooManyHeads)?;
     let part = heads.div_ceil(world);
     let head_start = (rank * part).min(heads);
     let head_end = (head_start + part).min(heads);
@@ -311,15 +334,15 @@ mod tests {
     #[test]
     fn bad_inputs_are_named() {
         let g = Geometry::from_config(&cfg(1000, vec![1_000_000, 1_000_000])).unwrap();
-        assert!(g.owned(2, 2, 1, 0).unwrap_err().contains("layer 2"));
-        assert!(g.owned(1, 2, 1, 2).unwrap_err().contains("rank 2 is out of range"));
+        assert!(g.owned(2, 2, 1, 0).unwrap_err().to_string().contains("layer 2"));
+        assert!(g.owned(1, 2, 1, 2).unwrap_err().to_string().contains("rank 2 is out of range"));
         assert!(g.owned(1, 0, 1, 0).is_err());
         let tight = Geometry::from_config(&cfg(1000, vec![100, 100])).unwrap();
-        assert!(tight.owned(1, 2, 1, 0).unwrap_err().contains("engram_num_embeddings"));
-        let e = Geometry::from_config(&serde_json::json!({"hidden_size": 1})).unwrap_err();
+        assert!(tight.owned(1, 2, 1, 0).unwrap_err().to_string().contains("engram_num_embeddings"));
+        let e = Geometry::from_config(&serde_json::json!({"hidden_size": 1})).unwrap_err().to_string();
         assert!(e.contains("engram_layer_ids") && e.contains("engram_vocab_size"), "{e}");
         let mut c = cfg(1000, vec![1]);
-        assert!(Geometry::from_config(&c).unwrap_err().contains("one table size per layer"));
+        assert!(Geometry::from_config(&c).unwrap_err().to_string().contains("one table size per layer"));
         c["text_config"]["engram_n_heads"] = serde_json::json!("8");
         assert!(Geometry::from_config(&c).is_err());
     }

@@ -286,7 +286,7 @@ impl RowStore {
         if opts.threads == 0 {
             return Err(EngramError::Config("reader threads must be at least 1".into()));
         }
-        inner.cache = RowCache::new(opts.cache_bytes, opts.cache_ways).map_err(EngramError::Config)?;
+        inner.cache = RowCache::new(opts.cache_bytes, opts.cache_ways)?;
         let workers = opts.threads - 1;
         Ok(Self { inner: Arc::new(inner), pool: Pool::new(workers), workers, direct })
     }

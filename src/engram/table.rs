@@ -80,7 +80,7 @@ pub fn open_source(dir: &Path) -> Result<(Geometry, Checkpoint), EngramError> {
     let text = std::fs::read(&cfg_path).map_err(|e| EngramError::io(&cfg_path, e))?;
     let value: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|e| EngramError::Table { path: cfg_path.clone(), why: format!("not valid JSON: {e}") })?;
-    let geometry = Geometry::from_config(&value).map_err(|why| EngramError::Table { path: cfg_path, why })?;
+    let geometry = Geometry::from_config(&value).map_err(|source| EngramError::Geometry { path: cfg_path, source })?;
     let ckpt = Checkpoint::open(dir).map_err(|e| EngramError::Table { path: dir.to_path_buf(), why: e.to_string() })?;
     Ok((geometry, ckpt))
 }
@@ -95,7 +95,7 @@ pub fn packed_header(path: &Path, want: Option<&PackedHeader>) -> Result<PackedH
     let len = f.metadata().map_err(|e| EngramError::io(path, e))?.len();
     let mut buf = vec![0u8; HEADER_BYTES.min(usize::try_from(len).unwrap_or(HEADER_BYTES))];
     f.read_exact(&mut buf).map_err(|e| EngramError::io(path, e))?;
-    let packed = |why: String| EngramError::Packed { path: path.to_path_buf(), why };
+    let packed = |source| EngramError::Header { path: path.to_path_buf(), source };
     let h = PackedHeader::parse(&buf, len).map_err(packed)?;
     if let Some(w) = want {
         h.expect(w).map_err(packed)?;

@@ -16,6 +16,9 @@ pub struct GatewayConfig {
     pub upstream: String,
     /// Accepted API keys (empty = no key required). Never logged.
     pub keys: Vec<String>,
+    /// The key the gateway sends to the engine (`Authorization: Bearer`), when the engine
+    /// itself is keyed (`VLLM_API_KEY`, the first of `engine.api_keys`). Never logged.
+    pub upstream_key: Option<String>,
     /// Largest request body accepted, bytes (413 above).
     pub max_body_bytes: usize,
     /// Generation requests in flight at once (`engine.max_num_seqs`).
@@ -65,6 +68,7 @@ impl GatewayConfig {
         Self {
             bind,
             upstream,
+            upstream_key: keys.first().cloned(),
             keys,
             max_body_bytes: 8 << 20,
             max_in_flight,
@@ -78,11 +82,13 @@ impl GatewayConfig {
 
     /// The gateway of a kit: clients on `engine.host:engine.port`, the engine on
     /// `127.0.0.1:engine_port`, `engine.max_num_seqs` slots, the plan's limits, `keys` as read
-    /// from `engine.api_keys`. Validated.
+    /// from `engine.api_keys` (the first is also sent to the engine, which `up` starts with
+    /// it), `engine.drain_timeout_s`. Validated.
     pub fn from_kit(kit: &Kit, plan: &Plan, keys: Vec<String>, engine_port: u16) -> Result<Self, ConfigError> {
         let bind = bind_addr(&kit.engine.host, kit.engine.port)?;
         let slots = usize::try_from(kit.engine.max_num_seqs).unwrap_or(usize::MAX);
-        let cfg = Self::new(bind, format!("http://127.0.0.1:{engine_port}"), keys, slots, Limits::from_plan(plan));
+        let mut cfg = Self::new(bind, format!("http://127.0.0.1:{engine_port}"), keys, slots, Limits::from_plan(plan));
+        cfg.drain_timeout = Duration::from_secs(u64::from(kit.engine.drain_timeout_s));
         cfg.validate()?;
         Ok(cfg)
     }

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod config;
 pub mod framing;
+mod front;
 pub mod keys;
 pub mod metrics;
 mod proxy;
@@ -15,5 +16,6 @@ mod state;
 mod stream;
 
 pub use config::{ConfigError, GatewayConfig};
+pub use front::{Front, FrontError};
 pub use serve::{router, serve};
 pub use state::{DrainOutcome, EngineState, Gateway};

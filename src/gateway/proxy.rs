@@ -86,7 +86,8 @@ async fn dispatch(gw: &Arc<Gateway>, req: Request) -> Response {
         let auth = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         if !authorized(&gw.cfg.keys, auth) {
             gw.metrics.refused("unauthorized");
-            let msg = "missing or wrong API key: send the header Authorization: Bearer <key> with a key from \
+            let msg =
+                "Unauthorized: missing or wrong API key: send the header Authorization: Bearer <key> with a key from \
                        engine.api_keys";
             return error(StatusCode::UNAUTHORIZED, msg, "invalid_request_error", "invalid_api_key", None);
         }

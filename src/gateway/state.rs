@@ -87,7 +87,19 @@ impl Gateway {
     /// A gateway in state `initial`.
     pub fn new(cfg: GatewayConfig, initial: EngineState) -> Result<Arc<Self>, reqwest::Error> {
         // No overall timeout: streams last as long as generation does. Connecting is bounded.
-        let client = reqwest::Client::builder().connect_timeout(Duration::from_secs(5)).no_proxy().build()?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(k) = &cfg.upstream_key {
+            // Not a valid header value (a control character): sent without, the engine says 401.
+            if let Ok(mut v) = reqwest::header::HeaderValue::from_str(&format!("Bearer {k}")) {
+                v.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, v);
+            }
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .no_proxy()
+            .default_headers(headers)
+            .build()?;
         Ok(Arc::new(Self {
             slots: Arc::new(Semaphore::new(cfg.max_in_flight)),
             cfg,

@@ -291,8 +291,11 @@ pub struct Engine {
     pub served_model_name: String,
     /// Address the API binds to.
     pub host: String,
-    /// API port.
+    /// API port: where clients connect (the gateway listens here).
     pub port: u32,
+    /// Loopback port of vLLM's own API behind the gateway (0 = `engine.port` + 10000, or − 10000
+    /// above 55535).
+    pub internal_port: u32,
     /// torch.distributed rendezvous port on the head (multi-node).
     pub master_port: u32,
     /// Where the API keys come from (none = no auth).
@@ -325,6 +328,9 @@ pub struct Engine {
     pub enforce_eager: bool,
     /// Seconds `down` lets in-flight requests finish before killing (`--shutdown-timeout`).
     pub shutdown_timeout_s: u32,
+    /// Seconds `down` / SIGTERM let the gateway's in-flight requests finish before the engine
+    /// is stopped (new requests get 503 meanwhile).
+    pub drain_timeout_s: u32,
     /// Seconds to wait for `/health` after start.
     pub ready_timeout_s: u32,
     /// Seconds without a new engine log line before the job is declared hung.
@@ -347,6 +353,7 @@ impl Default for Engine {
             served_model_name: String::new(),
             host: "127.0.0.1".into(),
             port: 8000,
+            internal_port: 0,
             master_port: 29501,
             api_keys: ApiKeys::default(),
             max_model_len: 4096,
@@ -362,10 +369,23 @@ impl Default for Engine {
             cudagraph_capture_sizes: Vec::new(),
             enforce_eager: false,
             shutdown_timeout_s: 30,
+            drain_timeout_s: 30,
             ready_timeout_s: 1500,
             hang_timeout_s: 420,
             extra_args: Vec::new(),
             extra_env: BTreeMap::new(),
+        }
+    }
+}
+
+impl Engine {
+    /// `internal_port`, or when 0, `port + 10000` (`port − 10000` above 55535).
+    #[must_use]
+    pub fn effective_internal_port(&self) -> u32 {
+        match self.internal_port {
+            0 if self.port > 55535 => self.port - 10000,
+            0 => self.port + 10000,
+            p => p,
         }
     }
 }

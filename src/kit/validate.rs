@@ -231,6 +231,20 @@ fn engine(kit: &Kit, out: &mut Vec<Finding>) {
     if e.port == e.master_port {
         out.push(finding("engine.master_port", "same as engine.port", "use a different port for the rendezvous"));
     }
+    if e.internal_port != 0 {
+        range(out, "engine.internal_port", u64::from(e.internal_port), 1, 65535);
+    }
+    let internal = e.effective_internal_port();
+    for (other, name) in [(e.port, "engine.port"), (e.master_port, "engine.master_port")] {
+        if internal == other {
+            out.push(finding(
+                "engine.internal_port",
+                format!("{internal} is the same as {name} (the engine behind the gateway needs its own port)"),
+                "set engine.internal_port to a free port different from engine.port and engine.master_port",
+            ));
+        }
+    }
+    range(out, "engine.drain_timeout_s", u64::from(e.drain_timeout_s), 0, 3600);
     if e.served_model_name.is_empty() {
         out.push(finding("engine.served_model_name", "empty", "name the model clients will ask for"));
     }

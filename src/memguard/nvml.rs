@@ -63,32 +63,43 @@ fn dl_error() -> String {
     }
 }
 
+/// Why NVML cannot be used (the guard then runs without per-process GPU memory).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NvmlError {
+    #[error("libnvidia-ml.so.1 not loaded ({0})")]
+    NotLoaded(String),
+    #[error("libnvidia-ml has no {0}")]
+    NoSymbol(&'static str),
+    #[error("{call} failed (NVML error {rc})")]
+    Call { call: &'static str, rc: Ret },
+}
+
 impl Nvml {
     /// Load and initialise NVML; why not, when it cannot be.
-    pub fn load() -> Result<Self, String> {
+    pub fn load() -> Result<Self, NvmlError> {
         // SAFETY: dlopen with a constant, NUL-terminated library name.
         let lib =
             unsafe { nix::libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), nix::libc::RTLD_NOW | nix::libc::RTLD_LOCAL) };
         if lib.is_null() {
-            return Err(format!("libnvidia-ml.so.1 not loaded ({})", dl_error()));
+            return Err(NvmlError::NotLoaded(dl_error()));
         }
-        let init: InitFn = sym(lib, c"nvmlInit_v2").ok_or("libnvidia-ml has no nvmlInit_v2")?;
-        let shutdown: InitFn = sym(lib, c"nvmlShutdown").ok_or("libnvidia-ml has no nvmlShutdown")?;
-        let count: CountFn = sym(lib, c"nvmlDeviceGetCount_v2").ok_or("libnvidia-ml has no nvmlDeviceGetCount_v2")?;
+        let init: InitFn = sym(lib, c"nvmlInit_v2").ok_or(NvmlError::NoSymbol("nvmlInit_v2"))?;
+        let shutdown: InitFn = sym(lib, c"nvmlShutdown").ok_or(NvmlError::NoSymbol("nvmlShutdown"))?;
+        let count: CountFn = sym(lib, c"nvmlDeviceGetCount_v2").ok_or(NvmlError::NoSymbol("nvmlDeviceGetCount_v2"))?;
         let handle: HandleFn =
-            sym(lib, c"nvmlDeviceGetHandleByIndex_v2").ok_or("libnvidia-ml has no nvmlDeviceGetHandleByIndex_v2")?;
+            sym(lib, c"nvmlDeviceGetHandleByIndex_v2").ok_or(NvmlError::NoSymbol("nvmlDeviceGetHandleByIndex_v2"))?;
         let (get_procs, api): (ProcsFn, &'static str) = match sym(lib, c"nvmlDeviceGetComputeRunningProcesses_v3") {
             Some(f) => (f, "v3"),
             None => (
                 sym(lib, c"nvmlDeviceGetComputeRunningProcesses_v2")
-                    .ok_or("libnvidia-ml has no nvmlDeviceGetComputeRunningProcesses_v3/_v2")?,
+                    .ok_or(NvmlError::NoSymbol("nvmlDeviceGetComputeRunningProcesses_v3/_v2"))?,
                 "v2",
             ),
         };
         // SAFETY: documented NVML entry points with the documented signatures.
         let rc = unsafe { init() };
         if rc != 0 {
-            return Err(format!("nvmlInit_v2 failed (NVML error {rc})"));
+            return Err(NvmlError::Call { call: "nvmlInit_v2", rc });
         }
         let mut n: c_uint = 0;
         // SAFETY: `n` is a valid out-pointer.
@@ -96,7 +107,7 @@ impl Nvml {
         if rc != 0 {
             // SAFETY: initialised above.
             unsafe { shutdown() };
-            return Err(format!("nvmlDeviceGetCount_v2 failed (NVML error {rc})"));
+            return Err(NvmlError::Call { call: "nvmlDeviceGetCount_v2", rc });
         }
         let mut devices = Vec::with_capacity(n as usize);
         for i in 0..n {
@@ -117,13 +128,13 @@ impl Nvml {
 
     /// Call `f(pid, bytes)` for every compute process on every device (a process on several
     /// devices is reported once per device). Allocation-free.
-    pub fn for_each_process(&mut self, mut f: impl FnMut(i32, u64)) -> Result<(), String> {
+    pub fn for_each_process(&mut self, mut f: impl FnMut(i32, u64)) -> Result<(), NvmlError> {
         for &d in &self.devices {
             let mut n = c_uint::try_from(self.buf.len()).unwrap_or(c_uint::MAX);
             // SAFETY: `buf` holds `n` entries of the documented struct; NVML writes at most `n`.
             let rc = unsafe { (self.get_procs)(d, &mut n, self.buf.as_mut_ptr()) };
             if rc != 0 && rc != INSUFFICIENT_SIZE {
-                return Err(format!("nvmlDeviceGetComputeRunningProcesses failed (NVML error {rc})"));
+                return Err(NvmlError::Call { call: "nvmlDeviceGetComputeRunningProcesses", rc });
             }
             for p in &self.buf[..(n as usize).min(self.buf.len())] {
                 let bytes = if p.used_gpu_memory == NOT_AVAILABLE { 0 } else { p.used_gpu_memory };

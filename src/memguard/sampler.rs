@@ -98,7 +98,7 @@ impl Guard {
                 let note = format!("per-process GPU memory from NVML ({} device(s), API {})", n.devices(), n.api);
                 (Some(n), note)
             }
-            Err(e) => (None, e),
+            Err(e) => (None, e.to_string()),
         };
         let mut g = Self {
             table: Table::new(page_size()),

@@ -26,6 +26,8 @@ pub struct PreflightInput {
     /// The command that makes the kit's image here, as the user can run it (`spark-kit image
     /// build --kit K`), for kits with `engine.docker_mount_venv`: a missing image's fix.
     pub image_build: Option<String>,
+    /// `up`'s gateway already listens on `engine.port` (the API port is then not checked free).
+    pub gateway_holds_api_port: bool,
 }
 
 /// The preflight report (`spark-kit preflight --json`).
@@ -73,7 +75,13 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
 pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactRequest {
     let mut ports = Vec::new();
     if node.role == Role::Head {
-        ports.push((kit.engine.host.clone(), kit.engine.port, "API".into()));
+        // The public engine.port is the gateway's (bound by `up` before preflight runs); the
+        // engine's own API listens on loopback behind it.
+        if !input.gateway_holds_api_port {
+            ports.push((kit.engine.host.clone(), kit.engine.port, "API".into()));
+        }
+        let (host, port) = crate::engine::endpoint::engine_addr(kit);
+        ports.push((host.to_string(), port, "engine API (internal)".into()));
         if kit.nodes.len() > 1 {
             let host = node.fabric.ipv4.clone().unwrap_or_else(|| "0.0.0.0".into());
             ports.push((host, kit.engine.master_port, "master (torch.distributed)".into()));

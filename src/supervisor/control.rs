@@ -51,7 +51,7 @@ pub fn serve(path: &Path, h: Handles) -> std::io::Result<()> {
 }
 
 fn snapshot_json(h: &Handles) -> String {
-    h.snapshot.lock().ok().and_then(|s| serde_json::to_string(&*s).ok()).unwrap_or_else(|| "{}".into())
+    h.current().and_then(|s| serde_json::to_string(&s).ok()).unwrap_or_else(|| "{}".into())
 }
 
 fn answer(conn: UnixStream, h: &Handles) {

@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
@@ -143,9 +142,8 @@ pub fn run(
             Ok(msg) => inputs.extend(sup.on_msg(msg, machine.state)),
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
         }
-        if sup.h.stop.load(Ordering::SeqCst)
-            && !matches!(machine.state, State::Stopping | State::Stopped | State::Failed)
-        {
+        // With a gateway, the stop waits for its drain (503 to new requests, in-flight finish).
+        if sup.h.stop_due() && !matches!(machine.state, State::Stopping | State::Stopped | State::Failed) {
             inputs.push(Input::StopRequested);
         }
         if let Some((due, mem_deadline)) = restart_at {
@@ -469,6 +467,7 @@ impl Sup<'_> {
     }
 
     fn publish(&self, m: &Machine) {
+        self.h.tell_gateway(m.state);
         if let Ok(mut s) = self.h.snapshot.lock() {
             s.state = m.state;
             s.reason.clone_from(&m.reason);

@@ -2,7 +2,7 @@
 //! docs/operations.md), the handles others share with the supervisor, and the pure readings
 //! taken from a snapshot (memory back near the baseline, the quietest rank).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::state::State;
 use crate::engine::argv::node_ranks;
 use crate::engine::endpoint::{base_url, probe_host};
+use crate::gateway::{DrainOutcome, EngineState, Front};
 use crate::kit::schema::{Kit, Role};
 
 /// One node in the status snapshot (`status --json`, schema in docs/operations.md).
@@ -52,20 +53,115 @@ pub struct Snapshot {
     pub endpoint: String,
     pub model: String,
     pub nodes: Vec<NodeStatus>,
+    /// The gateway in front of the engine (absent when none runs in the supervisor).
+    #[serde(default)]
+    pub gateway: Option<GatewayStatus>,
 }
 
-/// Shared handles: the snapshot others read, and the stop flag others set.
+/// The gateway as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct GatewayStatus {
+    /// Where clients connect.
+    pub listen: String,
+    /// `ready`, `unavailable` (503 while the engine starts or restarts) or `draining`.
+    pub state: String,
+    /// Requests holding an engine slot.
+    pub in_flight: usize,
+    /// Requests waiting for a slot.
+    pub queued: usize,
+}
+
+/// The gateway's state for the deployment's: serving while ready (degraded included: the
+/// engine's own `/health` tells), 503 otherwise.
+#[must_use]
+pub fn gateway_state(s: State) -> EngineState {
+    match s {
+        State::Ready | State::Degraded => EngineState::Ready,
+        State::Starting | State::Restarting | State::Stopping | State::Stopped | State::Failed => {
+            EngineState::Unavailable
+        }
+    }
+}
+
+fn state_name(s: EngineState) -> &'static str {
+    match s {
+        EngineState::Ready => "ready",
+        EngineState::Unavailable => "unavailable",
+        EngineState::Draining => "draining",
+    }
+}
+
+/// Shared handles: the snapshot others read, the stop flag others set, and the gateway in
+/// front of the engine when one runs in this process.
 #[derive(Clone)]
 pub struct Handles {
     pub snapshot: Arc<Mutex<Snapshot>>,
     pub stop: Arc<AtomicBool>,
+    pub front: Option<Arc<Front>>,
 }
 
 impl Handles {
     /// Fresh handles for `kit` before anything runs.
     #[must_use]
     pub fn new(kit: &Kit) -> Self {
-        Self { snapshot: Arc::new(Mutex::new(initial_snapshot(kit))), stop: Arc::new(AtomicBool::new(false)) }
+        Self {
+            snapshot: Arc::new(Mutex::new(initial_snapshot(kit))),
+            stop: Arc::new(AtomicBool::new(false)),
+            front: None,
+        }
+    }
+
+    /// The same handles with `front` as the deployment's gateway.
+    #[must_use]
+    pub fn with_front(mut self, front: Arc<Front>) -> Self {
+        self.front = Some(front);
+        self
+    }
+
+    /// Has a stop been asked for and may the engines be stopped now? With a gateway, the first
+    /// call after the stop starts its drain (503 for new requests) and this stays false until
+    /// the in-flight requests have finished or the drain timeout has passed.
+    #[must_use]
+    pub fn stop_due(&self) -> bool {
+        if !self.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        match &self.front {
+            None => true,
+            Some(f) => {
+                f.begin_drain();
+                f.finished().is_some()
+            }
+        }
+    }
+
+    /// How the gateway's drain ended, once it has.
+    #[must_use]
+    pub fn drained(&self) -> Option<Result<DrainOutcome, String>> {
+        self.front.as_ref().and_then(|f| f.finished())
+    }
+
+    /// Tell the gateway (if any) the deployment's state.
+    pub fn tell_gateway(&self, s: State) {
+        if let Some(f) = &self.front {
+            f.gateway().set_engine_state(gateway_state(s));
+        }
+    }
+
+    /// The snapshot with the gateway's live counts.
+    #[must_use]
+    pub fn current(&self) -> Option<Snapshot> {
+        let mut s = self.snapshot.lock().ok()?.clone();
+        s.gateway = self.front.as_ref().map(|f| {
+            let g = f.gateway();
+            GatewayStatus {
+                listen: g.config().bind.to_string(),
+                state: state_name(g.engine_state()).into(),
+                in_flight: g.in_flight(),
+                queued: g.queued(),
+            }
+        });
+        Some(s)
     }
 }
 
@@ -94,6 +190,7 @@ pub fn initial_snapshot(kit: &Kit) -> Snapshot {
                 ..NodeStatus::default()
             })
             .collect(),
+        gateway: None,
     }
 }
 
@@ -164,5 +261,50 @@ mod tests {
         assert_eq!(s.nodes.iter().filter(|n| n.role == "head").count(), 1);
         assert!(s.endpoint.starts_with("http://") && s.endpoint.ends_with(&format!(":{}/v1", kit.engine.port)));
         assert_eq!(s.model, kit.engine.served_model_name);
+        assert_eq!(s.gateway, None);
+    }
+
+    #[test]
+    fn a_stop_waits_for_the_gateways_drain() {
+        let kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+        let bare = Handles::new(&kit);
+        assert!(!bare.stop_due());
+        bare.stop.store(true, Ordering::SeqCst);
+        assert!(bare.stop_due(), "without a gateway the stop is due at once");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let limits =
+            crate::gateway::admission::Limits { max_model_len: 8, kv_pool_tokens: None, safe_max_prompt: None };
+        let cfg = crate::gateway::GatewayConfig::new(
+            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            "http://127.0.0.1:9".into(),
+            vec![],
+            1,
+            limits,
+        );
+        let h = Handles::new(&kit).with_front(Front::start(cfg).unwrap());
+        h.tell_gateway(State::Ready);
+        assert_eq!(h.current().unwrap().gateway.unwrap().state, "ready");
+        assert!(!h.stop_due());
+        h.stop.store(true, Ordering::SeqCst);
+        let t = std::time::Instant::now();
+        while !h.stop_due() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "the idle drain never finished");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let g = h.current().unwrap().gateway.unwrap();
+        assert_eq!((g.state.as_str(), g.in_flight, g.queued), ("draining", 0, 0));
+        assert_eq!(h.drained(), Some(Ok(DrainOutcome::Idle)));
+        // Draining stays: a later state change does not reopen the gateway.
+        h.tell_gateway(State::Ready);
+        assert_eq!(h.current().unwrap().gateway.unwrap().state, "draining");
+    }
+
+    #[test]
+    fn the_gateway_serves_only_while_ready_or_degraded() {
+        assert_eq!(gateway_state(State::Ready), EngineState::Ready);
+        assert_eq!(gateway_state(State::Degraded), EngineState::Ready);
+        for s in [State::Starting, State::Restarting, State::Stopping, State::Stopped, State::Failed] {
+            assert_eq!(gateway_state(s), EngineState::Unavailable, "{s:?}");
+        }
     }
 }

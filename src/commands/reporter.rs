@@ -1,10 +1,25 @@
-//! Progress lines on stderr for setup and bring-up (plain lines: readable in logs and CI).
+//! The terminal for progress: the one place command files write progress lines to the process's
+//! stderr from worker threads (where the command's `ctx.err` cannot go), plain lines that read
+//! well in logs and CI. Setup and bring-up phases ([`Lines`]), `pack-engram` ([`PackLines`]), and
+//! [`line`] / [`is_terminal`] for the others (`verify`, `engine`, the download bars).
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
 
 use crate::agent::runtime::UpReporter;
 use crate::engine::venv::SetupReporter;
+
+/// One progress line on stderr (a line at a time, so threads do not interleave within a line).
+pub fn line(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{}", text.trim_end_matches('\n'));
+}
+
+/// Whether stderr is a terminal (progress bars) or a log / pipe (plain lines).
+#[must_use]
+pub fn is_terminal() -> bool {
+    std::io::stderr().is_terminal()
+}
 
 /// Writes `[i/n] label …` and `done in X s` lines to stderr.
 pub struct Lines {

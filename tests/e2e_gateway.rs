@@ -1,0 +1,304 @@
+//! End to end through the gateway: `spark-kit up --kit tiny-cpu` (the real binary, vLLM's CPU
+//! build behind the gateway on its internal port) and the python `openai` client / raw SSE
+//! streams from the engine venv (tests/e2e_gateway_client.py). One deployment, phases in order:
+//! the printed `try:` curl, keys from the variable and the file, chat / stream / completion,
+//! a prompt over the limit refused before the engine sees it, 16 streams over 2 slots, kill -9
+//! of the engine under load, `down` during a long stream.
+//!
+//! Needs SPARK_KIT_TEST_E2E=1 and the tiny-cpu engine venv (see tests/e2e_tiny_cpu.rs).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr, clippy::cast_possible_wrap)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use common::up::{e2e_enabled, up_tiny_cpu};
+use common::{free_port, group_members, spark_kit, venv_python};
+use serde_json::Value;
+
+const KEY_VAR: &str = "SPARK_GW_E2E_KEY";
+const ENV_KEY: &str = "gw-key-from-env";
+const FILE_KEY: &str = "gw-key-from-file";
+const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e_gateway_client.py");
+
+/// Run a client phase to its end (at most `limit`): its JSON answer.
+fn client(base: &str, args: &[&str], limit: Duration) -> Value {
+    let mut child = Command::new(venv_python())
+        .arg(CLIENT)
+        .arg(args[0])
+        .arg(base)
+        .args(&args[1..])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            panic!("client {args:?} hung past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut out = String::new();
+    let mut err = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let last = out.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("client {args:?}: {e}: {out}\n{err}"))
+}
+
+/// A raw SSE stream in the background: its lines ("first-token", then the JSON result).
+fn spawn_stream(base: &str, max_tokens: u32, prompt: &str) -> (Child, Receiver<String>) {
+    let mut child = Command::new(venv_python())
+        .args([CLIENT, "stream", base, FILE_KEY, &max_tokens.to_string(), prompt])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+fn wait_line(rx: &Receiver<String>, want: &str, limit: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if rx.recv_timeout(Duration::from_millis(200)).is_ok_and(|l| l == want) {
+            return;
+        }
+    }
+    panic!("no {want:?} within {limit:?}");
+}
+
+fn result_of(child: &mut Child, rx: &Receiver<String>, limit: Duration) -> Value {
+    let t = Instant::now();
+    loop {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            if line.starts_with('{') {
+                let _ = child.wait();
+                return serde_json::from_str(&line).unwrap();
+            }
+        }
+        assert!(t.elapsed() < limit, "stream gave no result within {limit:?}");
+    }
+}
+
+/// POST a one-token completion over plain HTTP/1.0: the status, or None when the connection
+/// itself failed (refused: what the gateway must never do).
+fn post_status(port: u16) -> Option<u16> {
+    let body = r#"{"model":"tiny-llama","prompt":"hi","max_tokens":1}"#;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    let req = format!(
+        "POST /v1/completions HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {ENV_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut head = String::new();
+    BufReader::new(s).read_line(&mut head).ok()?;
+    head.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn status_json(logs: &Path) -> Value {
+    let out = spark_kit()
+        .args(["status", "--kit", "tiny-cpu", "--json", "--set", &format!("paths.logs={}", logs.display())])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Every stream either completed (all its tokens by its usage chunk, no error event, [DONE]) or got 429 with
+/// Retry-After; returns (completed, refused).
+fn check_streams(rs: &[Value], max_tokens: u64) -> (usize, usize) {
+    let (mut ok, mut refused) = (0, 0);
+    for r in rs {
+        match r["status"].as_u64() {
+            Some(200) => {
+                assert!(r["done"] == true && r["error"].is_null(), "stream did not complete: {r}");
+                assert_eq!(r["tokens"].as_u64(), Some(max_tokens), "{r}");
+                assert_eq!(r["finish"], "length", "{r}");
+                ok += 1;
+            }
+            Some(429) => {
+                assert_eq!(r["body"]["error"]["code"], "queue_full", "{r}");
+                assert!(r["retry_after"].is_string(), "429 without Retry-After: {r}");
+                refused += 1;
+            }
+            _ => panic!("stream neither completed nor got 429: {r}"),
+        }
+    }
+    (ok, refused)
+}
+
+#[test]
+fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
+    if !e2e_enabled() {
+        return;
+    }
+    let logs = tempfile::tempdir().unwrap();
+    let key_file = logs.path().join("keys");
+    std::fs::write(&key_file, format!("{FILE_KEY}\n")).unwrap();
+    // The printed curl reads the key from this variable, as a user's shell would.
+    std::env::set_var(KEY_VAR, ENV_KEY);
+    let (port, internal) = (free_port(), free_port());
+    let sets = [
+        format!("engine.api_keys.env={KEY_VAR}"),
+        format!("engine.api_keys.file={}", key_file.display()),
+        format!("engine.internal_port={internal}"),
+        "engine.max_num_seqs=2".into(),
+        "engine.drain_timeout_s=120".into(),
+        "engine.extra_args=[--enable-log-requests]".into(),
+    ];
+    let mut extra = Vec::new();
+    for s in &sets {
+        extra.extend(["--set", s.as_str()]);
+    }
+    let t = Instant::now();
+    let mut u = up_tiny_cpu(&extra, logs.path(), port, Duration::from_secs(900));
+    let banner = u.banner().to_vec();
+    eprintln!("ready through the gateway in {:.1} s", t.elapsed().as_secs_f64());
+    let base = format!("http://127.0.0.1:{port}/v1");
+    assert!(banner.iter().any(|l| l == &format!("endpoint: {base}")), "{banner:?}");
+
+    // 0. The banner's `try:` curl works as printed (key from the variable, through the gateway).
+    let curl = banner.iter().find_map(|l| l.strip_prefix("try:")).expect("a try: line").trim().to_string();
+    let out = Command::new("sh").args(["-c", &curl]).output().unwrap();
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert!(answer["choices"][0]["message"].is_object(), "the printed curl failed: {curl}\n{answer}");
+    // vLLM itself is on loopback on the internal port, keyed with the first key.
+    assert!(common::up::http_ok(internal, "/health"));
+
+    // 1. The openai client: chat, stream, completion, with the file's key; a wrong key is 401.
+    let r = client(&base, &["basic", FILE_KEY, "not-a-key"], Duration::from_secs(180));
+    assert_eq!(r["models"], serde_json::json!(["tiny-llama"]), "{r}");
+    assert!(r["chat_stream_chunks"].as_u64().unwrap() > 1, "{r}");
+    assert!(r["completion_tokens"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["wrong_key"], 401, "{r}");
+
+    // 2. Over max_model_len (512): 400 from the gateway with the limit and the fix; the
+    //    engine never sees it: vLLM logs every request it receives with its sampling params
+    //    (`--enable-log-requests`), and the refused request's marker seed is absent while an
+    //    admitted request's is there.
+    let pid = u64::from(std::process::id());
+    let (refused_seed, admitted_seed) = (9_100_000_000 + pid, 9_200_000_000 + pid);
+    let r = client(&base, &["over", FILE_KEY, &refused_seed.to_string(), "700"], Duration::from_secs(120));
+    assert_eq!(r["status"], 400, "{r}");
+    assert_eq!(r["body"]["error"]["code"], "max_model_len", "{r}");
+    let msg = r["body"]["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("engine.max_model_len is 512 tokens") && msg.contains("shorten the prompt"), "{msg}");
+    let r = client(&base, &["over", FILE_KEY, &admitted_seed.to_string(), "5"], Duration::from_secs(120));
+    assert_eq!(r["status"], 200, "{r}");
+    std::thread::sleep(Duration::from_secs(1));
+    let log = std::fs::read_to_string(logs.path().join("tiny-cpu-local-engine.log")).unwrap();
+    assert!(log.contains(&format!("seed={admitted_seed}")), "the engine log lacks the admitted request's params");
+    assert!(!log.contains(&format!("seed={refused_seed}")), "the refused request reached the engine");
+
+    // 3. 16 concurrent streams over 2 slots (queue 8): all complete or get 429; none hang.
+    //    `status` shows the slots full and the queue.
+    let b = base.clone();
+    let load = std::thread::spawn(move || client(&b, &["streams", FILE_KEY, "16", "480"], Duration::from_secs(300)));
+    let mut seen = (0, 0);
+    while !load.is_finished() {
+        let g = &status_json(logs.path())["gateway"];
+        seen = (seen.0.max(g["in_flight"].as_u64().unwrap_or(0)), seen.1.max(g["queued"].as_u64().unwrap_or(0)));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let r = load.join().unwrap();
+    let (ok, refused) = check_streams(r["streams"].as_array().unwrap(), 480);
+    let secs: Vec<f64> = r["streams"].as_array().unwrap().iter().filter_map(|s| s["seconds"].as_f64()).collect();
+    eprintln!(
+        "16 streams: {ok} completed, {refused} got 429; longest {:.1} s; status saw {seen:?}",
+        secs.iter().fold(0.0, |a: f64, b| a.max(*b))
+    );
+    assert!(ok >= 2 && refused >= 1 && ok + refused == 16, "{r}");
+    assert_eq!(seen.0, 2, "status never showed both slots in flight");
+    assert!(seen.1 >= 1, "status never showed a queued request");
+    let human = spark_kit()
+        .args(["status", "--kit", "tiny-cpu", "--set", &format!("paths.logs={}", logs.path().display())])
+        .output()
+        .unwrap();
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(human.contains(&format!("gateway 127.0.0.1:{port}  ready  in flight 0  queued 0")), "{human}");
+
+    // 4. kill -9 of the engine under load: in-flight streams end with the error event and
+    //    [DONE]; new requests get 503 (never a refused connection) until the restart, then 200.
+    let mut load: Vec<_> = (0..4).map(|i| spawn_stream(&base, 480, &format!("# kill {i}\nimport"))).collect();
+    wait_line(&load[0].1, "first-token", Duration::from_secs(120));
+    let pgid = status_json(logs.path())["nodes"][0]["engine_pgid"].as_i64().unwrap() as i32;
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let t = Instant::now();
+    let mut cut = 0;
+    for (child, rx) in &mut load {
+        let r = result_of(child, rx, Duration::from_secs(60));
+        match r["status"].as_u64() {
+            Some(200) => {
+                assert_eq!(r["error"]["code"], "upstream_stream_cut", "{r}");
+                assert_eq!(r["done"], true, "no [DONE] after the error event: {r}");
+                cut += 1;
+            }
+            Some(503) => assert!(r["retry_after"].is_string(), "{r}"),
+            _ => panic!("a stream under the kill neither ended with the error event nor got 503: {r}"),
+        }
+    }
+    assert!(cut >= 1, "no in-flight stream was cut");
+    eprintln!("{cut} in-flight streams ended with the error event {:.1} s after the kill", t.elapsed().as_secs_f64());
+    let mut statuses = Vec::new();
+    loop {
+        let s = post_status(port).expect("the gateway refused a connection during the restart");
+        if statuses.last() != Some(&s) {
+            statuses.push(s);
+        }
+        if s == 200 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(600), "not serving again 600 s after the kill: {statuses:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("after the kill: {statuses:?}, serving again after {:.1} s", t.elapsed().as_secs_f64());
+    assert!(statuses.contains(&503), "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 503 || *s == 200), "{statuses:?}");
+    let s = status_json(logs.path());
+    assert_eq!(s["restarts"], 1, "{s}");
+
+    // 5. `down` during a long stream: new requests get 503 (draining), the stream completes,
+    //    then everything stops.
+    let (mut child, rx) = spawn_stream(&base, 490, "# drain\nimport");
+    wait_line(&rx, "first-token", Duration::from_secs(120));
+    let pgid = status_json(logs.path())["nodes"][0]["engine_pgid"].as_i64().unwrap() as i32;
+    let mut down = spark_kit()
+        .args(["down", "--kit", "tiny-cpu", "--set", &format!("paths.logs={}", logs.path().display())])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while post_status(port) != Some(503) {
+        assert!(t.elapsed() < Duration::from_secs(20), "no 503 while draining");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let g = status_json(logs.path())["gateway"].clone();
+    assert!(g["state"] == "draining" && g["in_flight"] == 1, "{g}");
+    assert!(!group_members(pgid).is_empty(), "the engine stopped before the stream finished");
+    let r = result_of(&mut child, &rx, Duration::from_secs(180));
+    assert_eq!(r["status"], 200, "{r}");
+    assert!(r["done"] == true && r["error"].is_null() && r["finish"] == "length", "the stream was cut by down: {r}");
+    assert_eq!(r["tokens"], 490, "{r}");
+    let st = down.wait().unwrap();
+    assert!(st.success(), "down: {st}");
+    let t = Instant::now();
+    while !group_members(pgid).is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(60), "engine group alive after down");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let code = u.child.wait().unwrap();
+    assert!(code.success(), "up after down: {code}");
+}
