@@ -121,8 +121,8 @@ impl Layered {
         let typed = typed_value(&ov.raw, target).map_err(|e| {
             Problem::new(ov.origin.clone(), &key, format!("`{}` is not valid YAML ({e})", ov.raw), "quote the value")
         })?;
-        let slot = slot_mut(&mut self.value, &ov.path, shape).map_err(|m| {
-            Problem::new(ov.origin.clone(), &key, m, "address an existing list item (indices start at 0)")
+        let slot = slot_mut(&mut self.value, &ov.path, shape).map_err(|e| {
+            Problem::new(ov.origin.clone(), &key, e.to_string(), "address an existing list item (indices start at 0)")
         })?;
         *slot = typed;
         self.forget_below(&key);
@@ -199,12 +199,25 @@ pub fn key_text(k: &Value) -> String {
     }
 }
 
-fn slot_mut<'a>(mut cur: &'a mut Value, path: &[String], shape: &Shape) -> Result<&'a mut Value, String> {
+/// Why an override's path does not lead to a value in the kit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum SlotError {
+    #[error("no key {0}")]
+    NoKey(String),
+    #[error("`{0}` is not a list index")]
+    NotIndex(String),
+    #[error("{list} has {len} item(s), so index {index} does not exist")]
+    NoItem { list: String, len: usize, index: usize },
+    #[error("{0} is a single value, not a section")]
+    Scalar(String),
+}
+
+fn slot_mut<'a>(mut cur: &'a mut Value, path: &[String], shape: &Shape) -> Result<&'a mut Value, SlotError> {
     let mut here = shape;
     for (depth, seg) in path.iter().enumerate() {
         match here {
             Shape::Object(fields) => {
-                here = fields.get(seg).map(|f| &f.shape).ok_or_else(|| format!("no key {seg}"))?;
+                here = fields.get(seg).map(|f| &f.shape).ok_or_else(|| SlotError::NoKey(seg.clone()))?;
                 cur = entry(cur, seg);
             }
             Shape::Map(inner) => {
@@ -214,14 +227,13 @@ fn slot_mut<'a>(mut cur: &'a mut Value, path: &[String], shape: &Shape) -> Resul
             Shape::List(inner) => {
                 here = inner;
                 let len = cur.as_sequence().map_or(0, Vec::len);
-                let index: usize = seg.parse().map_err(|_| format!("`{seg}` is not a list index"))?;
+                let index: usize = seg.parse().map_err(|_| SlotError::NotIndex(seg.clone()))?;
                 let Some(item) = cur.as_sequence_mut().and_then(|s| s.get_mut(index)) else {
-                    let list = dotted(&path[..depth]);
-                    return Err(format!("{list} has {len} item(s), so index {index} does not exist"));
+                    return Err(SlotError::NoItem { list: dotted(&path[..depth]), len, index });
                 };
                 cur = item;
             }
-            Shape::Scalar(_) => return Err(format!("{} is a single value, not a section", dotted(&path[..depth]))),
+            Shape::Scalar(_) => return Err(SlotError::Scalar(dotted(&path[..depth]))),
         }
     }
     Ok(cur)
