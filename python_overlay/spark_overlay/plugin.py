@@ -58,6 +58,8 @@ PROVIDERS: tuple[Provider, ...] = (
     Provider("exl3", "spark_overlay.exl3.vllm_config:register"),
     # File-backed Engram tables: only where vLLM has DeepSeek V4.1's ParallelEngramEmbedding.
     Provider("engram", "spark_overlay.engram.hook:register"),
+    # In vLLM's top process: each child's ending logged as it is reaped (what died first).
+    Provider("child_exit", "spark_overlay.child_exit:register"),
 )
 
 
