@@ -77,6 +77,8 @@ pub enum Command {
 pub enum ImageCommand {
     /// Copy the head's image to every worker whose image id differs (docker save → resumable rsync → docker load; no registry).
     Sync(ImageSyncArgs),
+    /// Make the engine image of a kit with engine.docker_mount_venv here, offline (a small rootfs; the venv is mounted).
+    Build(ImageSyncArgs),
 }
 
 #[derive(Debug, Args)]
@@ -144,6 +146,9 @@ pub struct UpArgs {
     /// Start without the preflight checks on every node (they stop the bring-up on a failure).
     #[arg(long)]
     pub skip_preflight: bool,
+    /// First remove what an earlier run of this kit left on the nodes (docker: its containers, found by label).
+    #[arg(long)]
+    pub replace: bool,
     #[command(flatten)]
     pub kit: KitArgs,
 }

@@ -59,7 +59,11 @@ fn preflight_names_a_missing_image_and_the_daemon_problems() {
     let (code, text) = preflight(&kit, &d.host);
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("image `spark-kit-test/absent:1` is not on this node"), "{text}");
-    assert!(text.contains("spark-kit image sync"), "{text}");
+    // The kit mounts its venv: the fix is the command that makes the image, carrying the kit file.
+    assert!(
+        text.contains(&format!("fix: make it here, offline: `spark-kit image build --kit {}`", kit.display())),
+        "{text}"
+    );
     let (code, text) = preflight(&kit, "unix:///nonexistent/docker.sock");
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("the Docker daemon is not running here (Cannot connect"), "{text}");

@@ -51,6 +51,9 @@ fn the_engine_container_logs_tagged_lines_and_stops_to_nothing() {
         engram_packed: None,
         overlay: model.display().to_string(),
         caches: vec![],
+        venv: None,
+        same_path: vec![],
+        pass_env: vec![],
     };
     let run = engine_docker::run_argv(&kit, 0, &spec, &mounts);
     let log = dir.path().join("engine.log");
@@ -127,6 +130,9 @@ fn the_engine_run_command_runs_on_a_real_daemon_and_preflight_names_the_survivor
         engram_packed: None,
         overlay: overlay.display().to_string(),
         caches: vec![(cache.display().to_string(), "/root/.cache/vllm".into())],
+        venv: None,
+        same_path: vec![],
+        pass_env: vec![],
     };
     let mut a = engine_docker::run_argv(&kit, 0, &spec, &mounts);
     assert_eq!(a[..2], ["docker", "run"]);
@@ -162,7 +168,7 @@ fn the_engine_run_command_runs_on_a_real_daemon_and_preflight_names_the_survivor
     assert_ne!(out.status.code(), Some(0));
     let line = text.lines().find(|l| l.contains("containers")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("FAIL") && line.contains(&name) && line.contains(&id[..12]), "{line}");
-    assert!(text.contains("spark-kit up --replace"), "{text}");
+    assert!(text.contains(&format!("`docker rm -f {name}` on local), or add --replace to `spark-kit up`")), "{text}");
 
     d.ok(&["stop", "-t", &kit.engine.shutdown_timeout_s.to_string(), &name]);
     let _ = d.docker(&["rm", "-f", &name]);

@@ -30,6 +30,7 @@ fn input() -> PreflightInput {
         weights_on_disk: Some(390 * GIB),
         disk_path: "/models/dsv41".into(),
         vllm_python: Some("/opt/engine/bin/python".into()),
+        image_build: None,
         gateway_holds_api_port: false,
     }
 }

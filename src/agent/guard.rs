@@ -1,19 +1,29 @@
 //! The node's memory guard, hosted by the agent on its own thread; its events travel to the
 //! supervisor as `Guard` events.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::cluster::protocol::Event;
 use crate::dirs::Dirs;
 use crate::kit::schema::Kit;
+use crate::memguard::{EngineRef, EngineSource};
 
-/// The node's memory guard, hosted by the agent on its own thread; it follows the engine's
-/// process group across restarts (`pgid` 0 = no engine).
+/// The node's memory guard, hosted by the agent on its own thread; it follows the engine
+/// across restarts — its process group, or its container (what the runtime's `guard_target`
+/// says; None = no engine).
 pub struct HostedGuard {
-    pub pgid: Arc<AtomicI32>,
+    target: Arc<Mutex<Option<EngineRef>>>,
     pub stop: Arc<AtomicBool>,
     pub thread: std::thread::JoinHandle<()>,
+}
+
+/// What the agent last set (copied out under the lock: no allocation in the guard's loop).
+struct Follow(Arc<Mutex<Option<EngineRef>>>);
+impl EngineSource for Follow {
+    fn engine(&self) -> Option<EngineRef> {
+        self.0.lock().ok().and_then(|t| *t)
+    }
 }
 
 /// Guard events go to the supervisor through the agent's event channel.
@@ -34,10 +44,9 @@ pub fn start(
     events: std::sync::mpsc::Sender<Event>,
 ) -> Result<HostedGuard, String> {
     let cfg = crate::memguard::GuardConfig::from_kit(kit, &kit.nodes[node].name);
-    let pgid = Arc::new(AtomicI32::new(0));
+    let target = Arc::new(Mutex::new(None));
     let stop = Arc::new(AtomicBool::new(false));
-    let p = Arc::clone(&pgid);
-    let provider = move || Some(p.load(Ordering::Relaxed)).filter(|g| *g > 0);
+    let provider = Follow(Arc::clone(&target));
     let receipts = dirs.expand(&kit.paths.logs).join("receipts");
     let mut guard = crate::memguard::Guard::new(cfg, Box::new(provider), &receipts, Arc::new(GuardToEvents(events)))
         .map_err(|e| format!("memory guard: {e}"))?;
@@ -46,13 +55,20 @@ pub fn start(
         .name("memguard".into())
         .spawn(move || guard.run(&s))
         .map_err(|e| format!("memory guard thread: {e}"))?;
-    Ok(HostedGuard { pgid, stop, thread })
+    Ok(HostedGuard { target, stop, thread })
 }
 
 impl HostedGuard {
+    /// Follow `engine` from now on (None: no engine to watch).
+    pub fn follow(&self, engine: Option<EngineRef>) {
+        if let Ok(mut t) = self.target.lock() {
+            *t = engine;
+        }
+    }
+
     /// Stop the guard thread and wait for it.
     pub fn shut_down(self) {
-        self.pgid.store(0, Ordering::Relaxed);
+        self.follow(None);
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.thread.join();
     }

@@ -7,6 +7,7 @@
 //! Imports: the wire (`cluster::protocol`), the engine, the node probes, memguard. Never the
 //! supervisor (the head side): the two meet only on the wire.
 
+pub mod docker;
 pub mod guard;
 pub mod hang;
 pub mod probe;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::guard::{self, HostedGuard};
 use super::hang;
 use super::probe::{http_get, one_token, parse_progress};
-use super::runtime::{self, check_port, LaunchEnv, UpReporter};
+use super::runtime::{self, check_port, LaunchEnv, Runtime, UpReporter};
 use crate::cluster::protocol::{decode, encode, Command, Event, VERSION};
 use crate::dirs::Dirs;
 use crate::engine::endpoint::{api_key, engine_addr};
@@ -19,6 +19,7 @@ use crate::engine::log_watch::LogWatch;
 use crate::engine::process::{Engine, LineSink};
 use crate::engine::venv::SetupReporter;
 use crate::kit::schema::{Kit, Role};
+use crate::memguard::EngineRef;
 use crate::node::facts::gather;
 use crate::node::probe::LocalProbe;
 
@@ -61,6 +62,10 @@ impl UpReporter for PhaseEvents<'_> {
 
 struct Running {
     engine: Engine,
+    /// The runtime that started it (asked what the guard follows, and to clean up on stop).
+    runtime: Box<dyn Runtime>,
+    /// What the memory guard follows, once the runtime knows.
+    target: Option<EngineRef>,
     /// Boot phase and child exits read from the engine's lines.
     watch: Arc<Mutex<LogWatch>>,
     api_key: Option<String>,
@@ -69,6 +74,7 @@ struct Running {
     started: Instant,
     exited_reported: bool,
     ready_reported: bool,
+    ids_reported: bool,
 }
 
 /// Run the agent until stdin closes. `env` is the process environment.
@@ -105,9 +111,8 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
         while let Ok(ev) = guard_rx.try_recv() {
             out.emit(&ev);
         }
-        if let (Some(g), Some(r)) = (guard.as_ref(), running.as_ref()) {
-            let pgid = if r.exited_reported { 0 } else { r.engine.pgid };
-            g.pgid.store(pgid, Ordering::Relaxed);
+        if let (Some(g), Some(r)) = (guard.as_ref(), running.as_mut()) {
+            g.follow(r.guard_target());
         }
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(Some(line)) => match decode::<Command>(&line) {
@@ -131,10 +136,12 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                     let api_key = api_key(&kit, env, &dirs).ok().flatten();
                     let watch = Arc::new(Mutex::new(LogWatch::default()));
                     match start(&kit, node, &dirs, env, (&last_line, &watch), clock, out) {
-                        Ok(engine) => {
+                        Ok((engine, runtime)) => {
                             out.emit(&Event::Started { pgid: engine.pgid, log: engine.log.display().to_string() });
                             running = Some(Running {
                                 engine,
+                                runtime,
+                                target: None,
                                 watch,
                                 api_key,
                                 kit,
@@ -142,6 +149,7 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                                 started: Instant::now(),
                                 exited_reported: false,
                                 ready_reported: false,
+                                ids_reported: false,
                             });
                         }
                         Err(message) => out.emit(&Event::Error { message, fatal: false }),
@@ -149,9 +157,16 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                 }
                 Ok(Command::Stop { drain_s }) => {
                     if let Some(g) = guard.as_ref() {
-                        g.pgid.store(0, Ordering::Relaxed);
+                        g.follow(None);
                     }
                     stop(&mut running, drain_s, out);
+                }
+                Ok(Command::Clean { kit }) => {
+                    let removed = runtime::for_kit(&kit).and_then(|r| r.remove_leftovers(&kit));
+                    match removed {
+                        Ok(removed) => out.emit(&Event::Cleaned { removed }),
+                        Err(e) => out.emit(&Event::Error { message: one_line(&e), fatal: false }),
+                    }
                 }
                 Ok(Command::CheckFiles { root, files }) => out.emit(&check_files(&dirs.expand(&root), &files)),
                 Ok(Command::Preflight { request }) => {
@@ -185,7 +200,7 @@ fn start(
     (last_line, watch): (&Arc<AtomicU64>, &Arc<Mutex<LogWatch>>),
     clock: Instant,
     out: &mut dyn Emit,
-) -> Result<Engine, String> {
+) -> Result<(Engine, Box<dyn Runtime>), String> {
     if node >= kit.nodes.len() {
         return Err(format!("node index {node} is not in the kit ({} nodes)", kit.nodes.len()));
     }
@@ -211,15 +226,42 @@ fn start(
     });
     let key = api_key(kit, env, dirs)?;
     let extra: Vec<(String, String)> = key.into_iter().map(|k| ("VLLM_API_KEY".to_string(), k)).collect();
-    runtime
+    let engine = runtime
         .launch(kit, node, &prep, &LaunchEnv { base: env, extra: &extra, sink: Some(sink) })
-        .map_err(|e| e.to_string())
+        .map_err(|e| one_line(&e))?;
+    Ok((engine, runtime))
+}
+
+/// An error and its fix on one line.
+fn one_line(e: &runtime::UpError) -> String {
+    e.hint().map_or_else(|| e.to_string(), |h| format!("{e} (fix: {h})"))
+}
+
+impl Running {
+    /// What the guard follows now: nothing once the engine has exited.
+    fn guard_target(&mut self) -> Option<EngineRef> {
+        if self.exited_reported {
+            return None;
+        }
+        if self.target.is_none() {
+            self.target = self.runtime.guard_target(&self.kit, self.node, &self.engine);
+        }
+        self.target
+    }
 }
 
 fn stop(running: &mut Option<Running>, drain_s: u64, out: &mut dyn Emit) {
     if let Some(mut r) = running.take() {
-        let rep = r.engine.stop(Duration::from_secs(drain_s));
-        out.emit(&Event::Stopped { graceful: rep.graceful, seconds: rep.seconds, survivors: rep.survivors });
+        let t = Instant::now();
+        // The runtime first (docker: `docker stop -t`, which ends the `docker run` client too),
+        // then the engine's process group.
+        let cleanup = r.runtime.stop(&r.kit, r.node);
+        let mut rep = r.engine.stop(Duration::from_secs(drain_s));
+        if let Err(e) = cleanup {
+            rep.survivors.push(one_line(&e));
+        }
+        let seconds = t.elapsed().as_secs_f64();
+        out.emit(&Event::Stopped { graceful: rep.graceful, seconds, survivors: rep.survivors });
     } else {
         out.emit(&Event::Stopped { graceful: true, seconds: 0.0, survivors: Vec::new() });
     }
@@ -239,9 +281,19 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
             // vLLM exits 0 when its EngineCore died: say what died first.
             let status = r.watch.lock().map_or_else(|_| status.to_string(), |w| w.exit_status(&status.to_string()));
             out.emit(&Event::Exited { status, log_tail: r.engine.log_tail(20) });
+            // The engine process is gone; what it ran in goes too (docker: the container).
+            if let Err(e) = r.runtime.stop(&r.kit, r.node) {
+                out.emit(&Event::Error { message: one_line(&e), fatal: false });
+            }
         }
         out.emit(&Event::Heartbeat { engine_alive: false, quiet_s, mem_available, healthy: None, progress: None });
         return;
+    }
+    if !r.ids_reported {
+        if let Some((container_id, image_id)) = r.runtime.engine_ids(&r.kit, r.node) {
+            r.ids_reported = true;
+            out.emit(&Event::EngineIds { container_id, image_id });
+        }
     }
     if !r.ready_reported {
         if let Some(phase) = r.watch.lock().ok().and_then(|mut w| w.phase_update()) {

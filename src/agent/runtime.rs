@@ -6,10 +6,13 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 
-use crate::dirs::Dirs;
+use std::time::Instant;
+
+use crate::dirs::{logs_dir, Dirs};
 use crate::engine::process::{self, Engine, LineSink};
-use crate::engine::{model, overlay, venv};
-use crate::kit::schema::{Kit, Runtime as RuntimeKind};
+use crate::engine::{dockerctl, image_build, model, overlay, recipe::Recipe, venv};
+use crate::kit::schema::{Kit, ModelSource, Runtime as RuntimeKind};
+use crate::memguard::EngineRef;
 
 /// Progress of a bring-up on one node; the agent turns it into `Phase` events.
 pub trait UpReporter: venv::SetupReporter {
@@ -22,8 +25,9 @@ pub trait UpReporter: venv::SetupReporter {
 /// What the engine needs on disk, made ready by [`Runtime::prepare`].
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    /// The engine venv (venv runtime).
-    pub venv: PathBuf,
+    /// The engine venv (venv runtime; docker runtime with `engine.docker_mount_venv` or a tiny
+    /// model to make).
+    pub venv: Option<PathBuf>,
     pub overlay: PathBuf,
     pub model: PathBuf,
     pub logs: PathBuf,
@@ -54,21 +58,98 @@ pub trait Runtime {
 
     /// Start node `node`'s engine in its own process group, logging to the kit's logs dir.
     fn launch(&self, kit: &Kit, node: usize, prep: &Prepared, env: &LaunchEnv<'_>) -> Result<Engine, UpError>;
+
+    /// What the memory guard follows while `engine` runs: its process group (the default), or
+    /// what the runtime runs it in. None while that is not known yet (asked again later).
+    fn guard_target(&self, _kit: &Kit, _node: usize, engine: &Engine) -> Option<EngineRef> {
+        Some(EngineRef::Group(engine.pgid))
+    }
+
+    /// Called whenever the agent stops or loses node `node`'s engine (stop, restart, `down`,
+    /// the supervisor gone, the engine exited): release what outlives the engine process. The
+    /// venv runtime has nothing (its process group is the engine); docker removes the container.
+    fn stop(&self, _kit: &Kit, _node: usize) -> Result<(), UpError> {
+        Ok(())
+    }
+
+    /// What the running engine runs in, for `status`: (container id, image id). None for a
+    /// plain process (the venv runtime), or while not known yet (asked again later).
+    fn engine_ids(&self, _kit: &Kit, _node: usize) -> Option<(String, String)> {
+        None
+    }
+
+    /// Remove what an earlier run of `kit` left on this node (`up --replace`); their names.
+    /// The venv runtime leaves nothing (an agent's engine group dies with it).
+    fn remove_leftovers(&self, _kit: &Kit) -> Result<Vec<String>, UpError> {
+        Ok(Vec::new())
+    }
+}
+
+/// The engine venv of `kit`: `engine.venv`, or the cache entry its requirements build.
+pub fn engine_venv(kit: &Kit, dirs: &Dirs, rep: &dyn UpReporter) -> Result<PathBuf, UpError> {
+    Ok(match &kit.engine.venv {
+        Some(p) => dirs.expand(p),
+        None => venv::ensure(&dirs.cache, &Recipe::load(&kit.engine.requirements)?, rep)?.path,
+    })
+}
+
+/// The engine's files, for every runtime: the venv (when given), the materialised overlay, the
+/// model (made with the venv's python when the kit's model is a tiny one) and the Engram
+/// tables' environment. Reports the `setup` and `model` phases.
+pub fn prepare_files(
+    kit: &Kit,
+    dirs: &Dirs,
+    env: &[(String, String)],
+    rep: &dyn UpReporter,
+    want_venv: bool,
+) -> Result<Prepared, UpError> {
+    let logs = logs_dir(kit, dirs);
+    let t = Instant::now();
+    let what = if want_venv { format!("engine venv ({})", kit.engine.requirements) } else { "overlay".into() };
+    rep.phase("setup", &what);
+    let venv = if want_venv { Some(engine_venv(kit, dirs, rep)?) } else { None };
+    let overlay = overlay::materialise(&dirs.cache)?;
+    rep.phase_done("setup", t.elapsed().as_secs_f64());
+
+    let t = Instant::now();
+    rep.phase("model", &format!("{:?}", kit.model.source).to_lowercase());
+    let hf = model::hf_cache(kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p)).as_deref(), env, &dirs.home);
+    // Only the tiny makers run python; they are only asked for with a venv (`makes_model`).
+    let python = venv.as_ref().map(|v| v.join("bin/python")).unwrap_or_default();
+    let model = model::ensure(
+        kit,
+        &dirs.expand(&kit.paths.data_dir),
+        &hf,
+        &python,
+        &overlay,
+        &logs.join(format!("{}-model-maker.log", kit.name)),
+    )?;
+    rep.phase_done("model", t.elapsed().as_secs_f64());
+    let engram_env = crate::engram::engine_env(kit, dirs);
+    Ok(Prepared { venv, overlay, model, logs, engram_env })
+}
+
+/// Whether the kit's model is made on the node (with the engine venv's python).
+#[must_use]
+pub fn makes_model(kit: &Kit) -> bool {
+    matches!(kit.model.source, ModelSource::TinyExl3 | ModelSource::TinyDense)
 }
 
 /// The runtime `kit.engine.runtime` names.
 pub fn for_kit(kit: &Kit) -> Result<Box<dyn Runtime>, UpError> {
     match kit.engine.runtime {
         RuntimeKind::Venv => Ok(Box::new(super::venv::Venv)),
-        RuntimeKind::Docker => Err(UpError::Docker),
+        RuntimeKind::Docker => Ok(Box::new(super::docker::Docker)),
     }
 }
 
 /// Why bring-up failed. All are runtime failures (exit 1).
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
-    #[error("engine.runtime `docker` is not started by `up` yet (its docker run command is built and unit-tested; running it is open work); set engine.runtime=venv with a venv that has vLLM, or use --kit tiny-cpu")]
-    Docker,
+    #[error("{what}: {source}")]
+    Docker { what: String, source: dockerctl::DockerError },
+    #[error(transparent)]
+    Image(#[from] image_build::ImageError),
     #[error("{0}")]
     Setup(#[from] venv::SetupError),
     #[error(transparent)]
@@ -95,6 +176,7 @@ impl UpError {
             Self::PortInUse { .. } => Some("stop what listens there or pick another port with --port".into()),
             Self::Setup(e) => e.log().map(|l| format!("full install log: {}", l.display())),
             Self::Model(model::ModelError::NotDownloaded { .. }) => Some("run `spark-kit download` first".into()),
+            Self::Docker { source, .. } => Some(source.fix()),
             _ => None,
         }
     }
@@ -131,6 +213,6 @@ mod tests {
         let mut kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
         assert!(for_kit(&kit).is_ok());
         kit.engine.runtime = RuntimeKind::Docker;
-        assert!(matches!(for_kit(&kit), Err(UpError::Docker)));
+        assert!(for_kit(&kit).is_ok());
     }
 }

@@ -2,12 +2,10 @@
 //! materialised overlay and the model on this machine; the engine is this binary's hidden
 //! `__engine`, which embeds the venv's CPython and runs `vllm serve` on its main thread.
 
-use std::time::Instant;
-
-use super::runtime::{LaunchEnv, Prepared, Runtime, UpError, UpReporter};
-use crate::dirs::{logs_dir, Dirs};
+use super::runtime::{prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
+use crate::dirs::Dirs;
+use crate::engine::argv;
 use crate::engine::process::{self, Engine, Launch};
-use crate::engine::{argv, model, overlay, recipe::Recipe, venv};
 use crate::kit::schema::Kit;
 
 /// `engine.runtime: venv`.
@@ -22,41 +20,19 @@ impl Runtime for Venv {
         env: &[(String, String)],
         rep: &dyn UpReporter,
     ) -> Result<Prepared, UpError> {
-        let logs = logs_dir(kit, dirs);
-        let t = Instant::now();
-        rep.phase("setup", &format!("engine venv ({})", kit.engine.requirements));
-        let venv = match &kit.engine.venv {
-            Some(p) => dirs.expand(p),
-            None => venv::ensure(&dirs.cache, &Recipe::load(&kit.engine.requirements)?, rep)?.path,
-        };
-        let overlay = overlay::materialise(&dirs.cache)?;
-        rep.phase_done("setup", t.elapsed().as_secs_f64());
-
-        let t = Instant::now();
-        rep.phase("model", &format!("{:?}", kit.model.source).to_lowercase());
-        let hf = model::hf_cache(kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p)).as_deref(), env, &dirs.home);
-        let model = model::ensure(
-            kit,
-            &dirs.expand(&kit.paths.data_dir),
-            &hf,
-            &venv.join("bin/python"),
-            &overlay,
-            &logs.join(format!("{}-model-maker.log", kit.name)),
-        )?;
-        rep.phase_done("model", t.elapsed().as_secs_f64());
-        let engram_env = crate::engram::engine_env(kit, dirs);
-        Ok(Prepared { venv, overlay, model, logs, engram_env })
+        prepare_files(kit, dirs, env, rep, true)
     }
 
     /// Start node `node`'s engine (this binary's hidden `__engine`), logging to the kit's logs dir.
     fn launch(&self, kit: &Kit, node: usize, prep: &Prepared, env: &LaunchEnv<'_>) -> Result<Engine, UpError> {
         let spec = argv::build(kit, node, &prep.model.to_string_lossy(), &prep.overlay.to_string_lossy());
         let exe = crate::dirs::self_exe().map_err(UpError::SelfExe)?;
+        let venv = prep.venv.clone().unwrap_or_default();
         let grace = kit.engine.shutdown_timeout_s + 5;
         let mut args = vec![
             "__engine".to_string(),
             "--venv".into(),
-            prep.venv.to_string_lossy().into_owned(),
+            venv.to_string_lossy().into_owned(),
             "--grace".into(),
             grace.to_string(),
             "--".into(),

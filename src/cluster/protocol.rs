@@ -26,6 +26,9 @@ pub enum Command {
     CheckFiles { root: String, files: Vec<String> },
     /// Gather this node's preflight facts (answered with [`Event::Facts`]).
     Preflight { request: FactRequest },
+    /// Remove what an earlier run of `kit` left on this node (`up --replace`; docker: its
+    /// containers, by label). Answered with [`Event::Cleaned`].
+    Clean { kit: Box<Kit> },
 }
 
 /// What an agent reports.
@@ -58,6 +61,10 @@ pub enum Event {
     Exited { status: String, log_tail: String },
     /// The engine group was stopped; survivors must be empty.
     Stopped { graceful: bool, seconds: f64, survivors: Vec<String> },
+    /// What [`Command::Clean`] removed (names).
+    Cleaned { removed: Vec<String> },
+    /// What the engine runs in, once the runtime knows (docker: the container and image ids).
+    EngineIds { container_id: String, image_id: String },
     /// Answer to `CheckFiles`: (path, size) for present files, and the missing ones.
     Files { present: Vec<(String, u64)>, missing: Vec<String> },
     /// Answer to `Preflight`: the node's raw facts; the verdicts are computed by the asker.

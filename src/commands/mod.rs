@@ -70,6 +70,7 @@ pub fn run(cli: Cli, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Command::Preflight(args) => preflight::run(&args, ctx),
         Command::Guard(args) => guard::run(&args, ctx),
         Command::Image(crate::cli::ImageCommand::Sync(args)) => image::sync(&args, ctx),
+        Command::Image(crate::cli::ImageCommand::Build(args)) => image::build(&args, ctx),
         Command::Bench(args) => bench::run(&args, ctx),
         Command::Completions { shell } => completions::run(shell, ctx),
     }

@@ -27,7 +27,7 @@ use crate::supervisor::bringup::{evaluate, FACTS_TIMEOUT_S};
 pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let resolved = load::resolve(&args.kit, &ctx.env)?;
     let kit = &resolved.kit;
-    let input = input(kit, &ctx.env);
+    let input = input(kit, &ctx.env, args.kit.kit.as_deref());
     let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}", kit.nodes.len(), kit.name);
     let logs = logs_dir(kit, &Dirs::from_env(&ctx.env));
     let facts = through_agents(kit, &input, &logs);

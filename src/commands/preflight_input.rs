@@ -41,7 +41,8 @@ pub fn model_dir(kit: &Kit, env: &[(String, String)]) -> PathBuf {
 
 /// The input preflight needs besides the kit, from this machine.
 #[must_use]
-pub fn input(kit: &Kit, env: &[(String, String)]) -> PreflightInput {
+/// `kit_arg` is what `--kit` said (None: the default kit), for commands printed as fixes.
+pub fn input(kit: &Kit, env: &[(String, String)], kit_arg: Option<&str>) -> PreflightInput {
     let dirs = Dirs::from_env(env);
     let (weights_per_rank, weights_on_disk) = weights(kit);
     let disk_path = model_dir(kit, env);
@@ -51,11 +52,14 @@ pub fn input(kit: &Kit, env: &[(String, String)]) -> PreflightInput {
         .flatten()
         .and_then(|r| venv::find(&dirs.cache, &r))
         .map(|v| v.path.join("bin/python").display().to_string());
+    let image_build =
+        kit.engine.docker_mount_venv.then(|| crate::hints::KitRef::new(kit_arg).command("image build", &[]));
     PreflightInput {
         weights_per_rank,
         weights_on_disk,
         disk_path: disk_path.display().to_string(),
         vllm_python,
+        image_build,
         gateway_holds_api_port: false,
     }
 }

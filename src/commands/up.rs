@@ -230,13 +230,14 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let gates = Gates {
         preflight: (!args.skip_preflight).then(|| crate::node::preflight::PreflightInput {
             gateway_holds_api_port: true,
-            ..super::preflight_input::input(&kit, &ctx.env)
+            ..super::preflight_input::input(&kit, &ctx.env, args.kit.kit.as_deref())
         }),
         weight_trees: weight_trees(&kit, &hf, &dirs.expand(&kit.paths.engram_dir))
             .into_iter()
             .map(|t| WeightTree { path: dirs.expand(&t.path.to_string_lossy()), ..t })
             .collect(),
         home: dirs.home.clone(),
+        replace: args.replace,
     };
     let result = supervisor::run(&kit, &logs, Policy::default(), &Lines, handles.clone(), &gates);
     // `down` is answered with the final snapshot before the process (and its socket) goes.
@@ -422,6 +423,7 @@ pub fn restart(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         detach: true,
         shutdown_timeout: args.shutdown_timeout.clone(),
         skip_preflight: args.skip_preflight,
+        replace: args.replace,
         kit: args.kit.clone(),
     };
     run(&detached, ctx)

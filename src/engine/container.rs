@@ -29,15 +29,24 @@ pub fn launch(
     tag: String,
     sink: Option<LineSink>,
 ) -> Result<Engine, SpawnError> {
+    launch_with(run_argv, env, &[], log, tag, sink)
+}
+
+/// [`launch`], with `passed` added to the client's environment: the values of the variables
+/// the argv passes by name (`--env NAME`, e.g. the API key).
+pub fn launch_with(
+    run_argv: &[String],
+    env: &[(String, String)],
+    passed: &[(String, String)],
+    log: PathBuf,
+    tag: String,
+    sink: Option<LineSink>,
+) -> Result<Engine, SpawnError> {
     let (program, args) = run_argv.split_first().map_or(("docker", &[][..]), |(p, a)| (p.as_str(), a));
-    let launch = Launch {
-        program: program.into(),
-        args: args.to_vec(),
-        env: client_env(env).into_iter().collect(),
-        log,
-        tag,
-        sink,
-    };
+    let mut client = client_env(env);
+    client.extend(passed.iter().cloned());
+    let launch =
+        Launch { program: program.into(), args: args.to_vec(), env: client.into_iter().collect(), log, tag, sink };
     process::spawn(&launch, env)
 }
 

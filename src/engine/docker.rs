@@ -21,6 +21,15 @@ pub struct Mounts {
     pub overlay: String,
     /// Per-node compile caches (read-write), e.g. `~/.cache/vllm`.
     pub caches: Vec<(String, String)>,
+    /// The engine venv, mounted read-only at its own path (`engine.docker_mount_venv`): the
+    /// container runs its `bin/vllm` instead of the image's `vllm`.
+    pub venv: Option<String>,
+    /// Host directories mounted read-only at their own paths (the venv, its base Python's
+    /// standard library).
+    pub same_path: Vec<String>,
+    /// Variables passed from the `docker run` client's environment by name (`--env NAME`),
+    /// so their values (the API key) never appear on a command line.
+    pub pass_env: Vec<String>,
 }
 
 /// The container name of node `node`'s engine: `spark-kit-<kit>-<node>-r<rank>`.
@@ -73,12 +82,18 @@ pub fn run_argv(kit: &Kit, node: usize, spec: &EngineSpec, mounts: &Mounts) -> V
     for (host, inside) in &mounts.caches {
         a.push(format!("--volume={host}:{inside}"));
     }
+    for p in &mounts.same_path {
+        a.push(format!("--volume={p}:{p}:ro"));
+    }
     for (k, v) in &spec.env {
         let v = if k == "PYTHONPATH" { "/opt/spark-overlay".to_string() } else { v.clone() };
         a.push(format!("--env={k}={v}"));
     }
+    for k in &mounts.pass_env {
+        a.push(format!("--env={k}"));
+    }
     a.push(image);
-    a.push("vllm".into());
+    a.push(mounts.venv.as_ref().map_or_else(|| "vllm".to_string(), |v| format!("{v}/bin/vllm")));
     // The model path inside the container.
     let mut args = spec.vllm_args.clone();
     if args.len() > 1 && args[0] == "serve" {
@@ -104,6 +119,9 @@ mod tests {
             engram_packed: Some("/host/packed".into()),
             overlay: "/host/overlay".into(),
             caches: vec![("/root/.cache/vllm".into(), "/root/.cache/vllm".into())],
+            venv: None,
+            same_path: Vec::new(),
+            pass_env: vec!["VLLM_API_KEY".into()],
         };
         let a = run_argv(&k, 1, &spec, &m);
         for flag in [
@@ -123,6 +141,7 @@ mod tests {
         assert!(a.contains(&"--env=SPARK_ENGRAM_PACKED_DIR=/engram-packed".to_string()));
         assert!(a.contains(&"--env=PYTHONPATH=/opt/spark-overlay".to_string()));
         assert!(a.contains(&"--env=NCCL_IB_HCA=rocep1s0f0".to_string()));
+        assert!(a.contains(&"--env=VLLM_API_KEY".to_string()), "the key passes by name only");
         let image = a.iter().position(|x| x == "vllm/vllm-openai:deepseekv41-flash-0909").unwrap();
         assert_eq!(a[image + 1..image + 4], ["vllm", "serve", "/model"]);
         assert!(a.contains(&"--headless".to_string()));
@@ -138,10 +157,22 @@ mod tests {
     fn a_cpu_kit_asks_for_no_gpu_or_infiniband() {
         let k = kit::resolve(kit::source(Some("tiny-cpu-docker")).unwrap(), &[], &[]).unwrap().kit;
         let spec = argv::build(&k, 0, "/host/model", "/host/overlay");
-        let m = Mounts { model: "/m".into(), engram: None, engram_packed: None, overlay: "/o".into(), caches: vec![] };
+        let m = Mounts {
+            model: "/m".into(),
+            engram: None,
+            engram_packed: None,
+            overlay: "/o".into(),
+            caches: vec![],
+            venv: Some("/v".into()),
+            same_path: vec!["/v".into(), "/usr/lib/python3.11".into()],
+            pass_env: vec![],
+        };
         let a = run_argv(&k, 0, &spec, &m);
         assert!(!a.iter().any(|x| x.starts_with("--gpus") || x.starts_with("--device")), "{a:?}");
         assert!(a.contains(&"--network=host".to_string()) && a.contains(&"--oom-score-adj=1000".to_string()));
-        assert!(a.contains(&"spark-kit/tiny-cpu-engine:local".to_string()));
+        assert!(a.contains(&"--volume=/v:/v:ro".to_string()), "{a:?}");
+        assert!(a.contains(&"--volume=/usr/lib/python3.11:/usr/lib/python3.11:ro".to_string()), "{a:?}");
+        let image = a.iter().position(|x| x == "spark-kit/tiny-cpu-engine:local").unwrap();
+        assert_eq!(a[image + 1..image + 4], ["/v/bin/vllm", "serve", "/model"]);
     }
 }

@@ -9,6 +9,7 @@ pub mod docker;
 pub mod dockerctl;
 pub mod embed;
 pub mod endpoint;
+pub mod image_build;
 pub mod log_watch;
 pub mod model;
 pub mod overlay;

@@ -63,7 +63,7 @@ fn route(method: &Method, path: &str) -> Option<Route> {
         ("POST", "/v1/chat/completions") => Route::Generate { chat: true },
         ("POST", "/v1/completions") => Route::Generate { chat: false },
         ("POST", "/v1/embeddings") => Route::Embed,
-        ("GET", "/v1/models") | ("POST", "/tokenize") | ("POST", "/detokenize") => Route::Plain,
+        ("GET", "/v1/models" | "/version") | ("POST", "/tokenize" | "/detokenize") => Route::Plain,
         _ => return None,
     })
 }
@@ -289,4 +289,19 @@ async fn metrics(gw: &Gateway) -> Response {
     let mut r = Response::new(Body::from(text));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_version_is_forwarded_and_unknown_paths_are_not() {
+        // `bench` reads vLLM's /version into its receipt.
+        assert_eq!(route(&Method::GET, "/version"), Some(Route::Plain));
+        assert_eq!(route(&Method::GET, "/v1/models"), Some(Route::Plain));
+        assert_eq!(route(&Method::POST, "/detokenize"), Some(Route::Plain));
+        assert_eq!(route(&Method::POST, "/version"), None);
+        assert_eq!(route(&Method::GET, "/v1/internal"), None);
+    }
 }

@@ -283,6 +283,8 @@ pub struct Engine {
     pub requirements: String,
     /// Container image (runtime `docker`).
     pub docker_image: Option<String>,
+    /// Runtime `docker`: bind-mount the engine venv (`engine.venv`, or the one `engine.requirements` builds) and its base Python's standard library read-only at their own paths and run the venv's `vllm`; the image then only needs the shared libraries they load (`spark-kit image build` makes one).
+    pub docker_mount_venv: bool,
     /// vLLM version the overlay is checked against (empty = any supported).
     pub vllm_version: String,
     /// Model name clients use.
@@ -346,6 +348,7 @@ impl Default for Engine {
             venv: None,
             requirements: String::new(),
             docker_image: None,
+            docker_mount_venv: false,
             vllm_version: String::new(),
             served_model_name: String::new(),
             host: "127.0.0.1".into(),

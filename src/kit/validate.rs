@@ -258,6 +258,20 @@ fn engine(kit: &Kit, out: &mut Vec<Finding>) {
     if e.runtime == Runtime::Docker && e.docker_image.as_deref().unwrap_or_default().is_empty() {
         out.push(finding("engine.docker_image", "runtime is docker but no image", "set engine.docker_image"));
     }
+    if e.docker_mount_venv && e.runtime != Runtime::Docker {
+        out.push(finding(
+            "engine.docker_mount_venv",
+            "set, but engine.runtime is not docker",
+            "set engine.runtime=docker, or remove engine.docker_mount_venv",
+        ));
+    }
+    if e.docker_mount_venv && e.requirements.is_empty() && e.venv.is_none() {
+        out.push(finding(
+            "engine.docker_mount_venv",
+            "no venv to mount (no engine.requirements and no engine.venv)",
+            "name a requirements set or an existing venv",
+        ));
+    }
     if e.runtime == Runtime::Venv && e.requirements.is_empty() && e.venv.is_none() {
         out.push(finding(
             "engine.requirements",

@@ -30,9 +30,10 @@ pub fn image_id(f: &DockerFacts) -> Option<&str> {
     f.image_id.as_ref().ok().map(|s| s.trim()).filter(|s| !s.is_empty())
 }
 
-/// Checks of one node.
+/// Checks of one node. `make` is the command that makes the image here, when spark-kit can
+/// (`spark-kit image build --kit K`): a missing image's fix names it.
 #[must_use]
-pub fn node_checks(node: &str, f: &DockerFacts) -> Vec<Check> {
+pub fn node_checks(node: &str, f: &DockerFacts, make: Option<&str>) -> Vec<Check> {
     let mut out = Vec::new();
     if let Err(e) = &f.info {
         let e = error_of(e, "info", None);
@@ -47,11 +48,16 @@ pub fn node_checks(node: &str, f: &DockerFacts) -> Vec<Check> {
         }
         (Ok(_), None) => {
             let e = DockerError::NoImage(f.image.clone());
-            out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(e.fix())));
+            let fix = make.map_or_else(|| e.fix(), |m| format!("make it here, offline: `{m}`"));
+            out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(fix)));
         }
         (Err(e), _) => {
             let e = error_of(e, "image inspect", Some(&f.image));
-            out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(e.fix())));
+            let fix = match (&e, make) {
+                (DockerError::NoImage(_), Some(m)) => format!("make it here, offline: `{m}`"),
+                _ => e.fix(),
+            };
+            out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(fix)));
         }
     }
     match &f.containers {
@@ -67,7 +73,10 @@ pub fn node_checks(node: &str, f: &DockerFacts) -> Vec<Check> {
                     "containers",
                     Verdict::Fail,
                     format!("containers of this deployment from an earlier run: {}", names.join(", ")),
-                    Some("stop them with `spark-kit down`, or start over them with `spark-kit up --replace`".into()),
+                    Some(format!(
+                        "remove them (`docker rm -f {}` on {node}), or add --replace to `spark-kit up`",
+                        left.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(" ")
+                    )),
                 ));
             }
         }
@@ -125,7 +134,7 @@ mod tests {
 
     #[test]
     fn a_healthy_node_passes() {
-        let c = node_checks("spark-1", &facts(Ok(ID_A), ""));
+        let c = node_checks("spark-1", &facts(Ok(ID_A), ""), None);
         assert!(c.iter().all(|c| c.verdict == Verdict::Pass), "{c:?}");
         assert!(c[1].message.contains("62d68dee0229"));
     }
@@ -137,13 +146,20 @@ mod tests {
             what: "docker info".into(),
             why: "exit status: 1: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?".into(),
         });
-        let c = node_checks("spark-2", &f);
+        let c = node_checks("spark-2", &f, None);
         assert_eq!((c.len(), c[0].verdict), (1, Verdict::Fail));
         assert!(
             c[0].message.contains("not running") && c[0].fix.as_deref().unwrap().contains("systemctl start docker")
         );
         f.info = Err(ProbeError::NotFound("docker".into()));
-        assert!(node_checks("n", &f)[0].fix.as_deref().unwrap().contains("apt-get install docker.io"));
+        assert!(node_checks("n", &f, None)[0].fix.as_deref().unwrap().contains("apt-get install docker.io"));
+    }
+
+    fn missing_again() -> Result<&'static str, ProbeError> {
+        Err(ProbeError::Failed {
+            what: "docker image inspect".into(),
+            why: "exit status: 1: Error: No such image: vllm/x:1".into(),
+        })
     }
 
     #[test]
@@ -152,13 +168,21 @@ mod tests {
             what: "docker image inspect".into(),
             why: "exit status: 1: Error: No such image: vllm/x:1".into(),
         });
-        let c = node_checks("spark-2", &facts(missing, "abc123\tspark-kit-k-spark-2\trunning\n"));
+        let c = node_checks("spark-2", &facts(missing, "abc123\tspark-kit-k-spark-2\trunning\n"), None);
         let image = c.iter().find(|c| c.id == "image").unwrap();
         assert_eq!(image.verdict, Verdict::Fail);
         assert!(
             image.message.contains("`vllm/x:1` is not on this node")
                 && image.fix.as_deref().unwrap().contains("image sync")
         );
+        // A kit whose image spark-kit makes names that command.
+        for f in [facts(Ok(""), ""), facts(missing_again(), "")] {
+            let c = node_checks("local", &f, Some("spark-kit image build --kit k"));
+            let made = c.iter().find(|c| c.id == "image").unwrap();
+            assert_eq!(made.verdict, Verdict::Fail);
+            assert_eq!(made.fix.as_deref(), Some("make it here, offline: `spark-kit image build --kit k`"));
+        }
+        let c = node_checks("spark-2", &facts(missing_again(), "abc123\tspark-kit-k-spark-2\trunning\n"), None);
         let left = c.iter().find(|c| c.id == "containers").unwrap();
         assert_eq!(left.verdict, Verdict::Fail);
         assert!(

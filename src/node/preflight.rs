@@ -23,6 +23,9 @@ pub struct PreflightInput {
     pub disk_path: String,
     /// The engine venv's python (venv runtime), to read vLLM's version.
     pub vllm_python: Option<String>,
+    /// The command that makes the kit's image here, as the user can run it (`spark-kit image
+    /// build --kit K`), for kits with `engine.docker_mount_venv`: a missing image's fix.
+    pub image_build: Option<String>,
     /// `up`'s gateway already listens on `engine.port` (the API port is then not checked free).
     pub gateway_holds_api_port: bool,
 }
@@ -136,7 +139,7 @@ pub fn run(
             Ok(f) => {
                 checks.extend(node_checks(&spec_for(kit, node, input), &f));
                 if let Some(d) = &f.docker {
-                    checks.extend(docker_checks::node_checks(&node.name, d));
+                    checks.extend(docker_checks::node_checks(&node.name, d, input.image_build.as_deref()));
                 }
                 facts.push((node.name.clone(), f));
             }

@@ -48,6 +48,8 @@ impl Sup<'_> {
                     n.engine_pgid = Some(pgid);
                     n.engine_alive = true;
                     n.engine_log = Some(log);
+                    n.container_id = None;
+                    n.image_id = None;
                     n.last_error = None;
                     n.phase = None;
                 });
@@ -98,7 +100,13 @@ impl Sup<'_> {
                     self.with_node(i, |n| n.phase = Some(phase));
                 }
             }
-            Event::Files { .. } | Event::Facts { .. } => {}
+            Event::EngineIds { container_id, image_id } => {
+                self.with_node(i, |n| {
+                    n.container_id = Some(container_id);
+                    n.image_id = Some(image_id);
+                });
+            }
+            Event::Files { .. } | Event::Facts { .. } | Event::Cleaned { .. } => {}
             Event::Guard { event } => {
                 let kind = event.get("event").and_then(serde_json::Value::as_str).unwrap_or_default();
                 // Actions and floor crossings matter to the operator; samples and notes go to the log.

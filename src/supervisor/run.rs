@@ -43,6 +43,9 @@ pub enum ClusterError {
     Weights(bringup::GateError),
     #[error("node {node}'s agent did not answer within {secs} s (see {log})")]
     NoHello { node: String, secs: u64, log: String },
+    /// `up --replace` could not remove what an earlier run left.
+    #[error("{0}")]
+    Replace(String),
 }
 
 impl ClusterError {
@@ -52,6 +55,9 @@ impl ClusterError {
         match self {
             Self::Preflight(e) | Self::Weights(e) => e.hint(),
             Self::SelfExe(_) | Self::Agent(_) | Self::NoHello { .. } => None,
+            Self::Replace(_) => {
+                Some("remove them by hand (`docker rm -f <name>` on that node), then run up again".into())
+            }
         }
     }
 }
@@ -83,6 +89,8 @@ pub struct Gates {
     pub weight_trees: Vec<WeightTree>,
     /// The head's home directory (paths under it are sent home-relative).
     pub home: PathBuf,
+    /// `up --replace`: every agent first removes what an earlier run of the kit left.
+    pub replace: bool,
 }
 
 /// Run the deployment until stopped; returns the exit code.
@@ -118,6 +126,9 @@ pub fn run(
         sup.spawn_agent(i)?;
     }
     sup.wait_hello(&rx)?;
+    if gates.replace {
+        sup.replace(&rx)?;
+    }
     match &gates.preflight {
         Some(input) => sup.preflight(&rx, input)?,
         None => rep.line("==> preflight skipped (--skip-preflight)"),
@@ -260,6 +271,46 @@ impl Sup<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `--replace`: every agent removes what an earlier run of the kit left on its node.
+    fn replace(&mut self, rx: &Receiver<Msg>) -> Result<(), ClusterError> {
+        self.rep.line("==> --replace: removing what an earlier run left on every node");
+        let mut pending: BTreeMap<usize, ()> = BTreeMap::new();
+        for i in 0..self.kit.nodes.len() {
+            if self.send(i, &Command::Clean { kit: Box::new(self.kit.clone()) }) {
+                pending.insert(i, ());
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut held = Vec::new();
+        let mut failed = None;
+        while !pending.is_empty() && Instant::now() < deadline {
+            match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(Msg::Event(i, Event::Cleaned { removed })) if pending.remove(&i).is_some() => {
+                    let what = if removed.is_empty() { "nothing".to_string() } else { removed.join(", ") };
+                    self.rep.line(&format!("    {}: removed {what}", self.kit.nodes[i].name));
+                }
+                Ok(Msg::Event(i, Event::Error { message, .. })) if pending.remove(&i).is_some() => {
+                    failed = Some(format!("--replace on {}: {message}", self.kit.nodes[i].name));
+                }
+                Ok(m) => held.push(m),
+                Err(_) => {}
+            }
+        }
+        for m in held {
+            let _ = self.tx.send(m);
+        }
+        if let Some(i) = pending.keys().next() {
+            failed.get_or_insert(format!("--replace: {} did not answer within 120 s", self.kit.nodes[*i].name));
+        }
+        match failed {
+            Some(why) => {
+                self.close_agents();
+                Err(ClusterError::Replace(why))
+            }
+            None => Ok(()),
+        }
     }
 
     /// Preflight on every node through its agent; a failure stops the bring-up.

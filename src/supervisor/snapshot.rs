@@ -33,6 +33,11 @@ pub struct NodeStatus {
     #[serde(default)]
     pub phase: Option<String>,
     pub last_error: Option<String>,
+    /// Docker runtime: the engine's container id and its image id (absent for a venv engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
 }
 
 /// The whole deployment as `status` shows it.

@@ -1,0 +1,101 @@
+//! The docker runtime: the same overlay, model and Engram files as the venv runtime
+//! ([`prepare_files`]), the engine run as a container of `engine.docker_image`
+//! ([`crate::engine::docker::run_argv`]) whose `docker run` client is the engine process
+//! ([`container::launch`]: own process group, tagged log, hang sink). The memory guard follows
+//! the container's cgroup, and stopping or losing the engine ends in `docker stop -t
+//! <shutdown_timeout_s>` then `docker rm -f` ([`container::stop`]).
+
+use super::runtime::{makes_model, prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
+use crate::dirs::Dirs;
+use crate::engine::docker::{container_name, run_argv, Mounts};
+use crate::engine::process::{self, Engine};
+use crate::engine::{argv, container, dockerctl, image_build};
+use crate::kit::schema::Kit;
+use crate::memguard::EngineRef;
+
+/// `engine.runtime: docker`.
+pub struct Docker;
+
+fn docker_error(what: String) -> impl FnOnce(dockerctl::DockerError) -> UpError {
+    move |source| UpError::Docker { what, source }
+}
+
+impl Runtime for Docker {
+    /// The overlay and the model; the venv only when the container mounts it
+    /// (`engine.docker_mount_venv`) or a tiny model is made with its python.
+    fn prepare(
+        &self,
+        kit: &Kit,
+        dirs: &Dirs,
+        env: &[(String, String)],
+        rep: &dyn UpReporter,
+    ) -> Result<Prepared, UpError> {
+        prepare_files(kit, dirs, env, rep, kit.engine.docker_mount_venv || makes_model(kit))
+    }
+
+    /// Remove a leftover container of the same name (a restart can race the daemon's own
+    /// removal of the last one), then `docker run` in the foreground.
+    fn launch(&self, kit: &Kit, node: usize, prep: &Prepared, env: &LaunchEnv<'_>) -> Result<Engine, UpError> {
+        let name = container_name(kit, node);
+        container::stop(&name, 0).map_err(docker_error(format!("removing the leftover container {name}")))?;
+        let mut spec = argv::build(kit, node, "/model", "/opt/spark-overlay");
+        // The kit's own settings (extra_env, the node's env) win over the defaults for Engram;
+        // the Engram directories themselves are mounts (run_argv sets their variables).
+        for (k, v) in &prep.engram_env {
+            if !matches!(k.as_str(), "SPARK_ENGRAM_DIR" | "SPARK_ENGRAM_PACKED_DIR") {
+                spec.env.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        let engram = |key: &str| prep.engram_env.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        let (venv, same_path) = match (&prep.venv, kit.engine.docker_mount_venv) {
+            (Some(v), true) => (Some(v.display().to_string()), image_build::venv_mounts(v)?),
+            _ => (None, Vec::new()),
+        };
+        let mounts = Mounts {
+            model: prep.model.display().to_string(),
+            engram: engram("SPARK_ENGRAM_DIR"),
+            engram_packed: engram("SPARK_ENGRAM_PACKED_DIR"),
+            overlay: prep.overlay.display().to_string(),
+            caches: Vec::new(),
+            venv,
+            same_path,
+            // Secrets (the API key) travel in the client's environment, not on its command line.
+            pass_env: env.extra.iter().map(|(k, _)| k.clone()).collect(),
+        };
+        let run = run_argv(kit, node, &spec, &mounts);
+        let log = process::log_path(&prep.logs, &kit.name, &kit.nodes[node].name);
+        let ranks = argv::node_ranks(kit);
+        let tag = format!("{}/r{}", kit.nodes[node].name, ranks.get(node).copied().unwrap_or(0));
+        Ok(container::launch_with(&run, env.base, env.extra, log, tag, env.sink.clone())?)
+    }
+
+    /// The running container (its cgroup), once the daemon reports it running.
+    fn guard_target(&self, kit: &Kit, node: usize, _engine: &Engine) -> Option<EngineRef> {
+        container::engine_ref(&container_name(kit, node)).ok().flatten()
+    }
+
+    /// The running container's id and its image's id.
+    fn engine_ids(&self, kit: &Kit, node: usize) -> Option<(String, String)> {
+        let name = container_name(kit, node);
+        let text = dockerctl::docker(
+            &["container", "inspect", "--format", "{{.Id}} {{.Image}} {{.State.Running}}", &name],
+            None,
+        )
+        .ok()?;
+        let mut p = text.split_whitespace();
+        let (id, image) = (p.next()?.to_string(), p.next()?.to_string());
+        (p.next()? == "true").then_some((id, image))
+    }
+
+    /// Every container labelled as this kit's (`docker rm -f`).
+    fn remove_leftovers(&self, kit: &Kit) -> Result<Vec<String>, UpError> {
+        container::remove_deployment(&kit.name)
+            .map_err(docker_error(format!("removing the containers of kit {}", kit.name)))
+    }
+
+    /// `docker stop -t <shutdown_timeout_s>`, then `docker rm -f` if it is still listed.
+    fn stop(&self, kit: &Kit, node: usize) -> Result<(), UpError> {
+        let name = container_name(kit, node);
+        container::stop(&name, kit.engine.shutdown_timeout_s).map_err(docker_error(format!("stopping {name}")))
+    }
+}

@@ -1,0 +1,288 @@
+//! End to end with the engine in a container: `spark-kit up --kit tiny-cpu-docker` against a
+//! real Docker daemon started by this test (tests/common/docker.rs), with the image made the way
+//! a user makes it (`spark-kit image build --kit tiny-cpu-docker`: a small rootfs; the engine
+//! venv is bind-mounted read-only).
+//!
+//! One test, sequential phases, to keep to one deployment at a time on a 2-core machine:
+//! a missing image stops `up` before any container with the build command as the fix; that
+//! command, run as printed, makes the image; a foreground `up` serves a greedy completion; kill
+//! -9 of the container's main process is detected and restarted and serves the same answer;
+//! SIGSTOP of the container's processes is detected as a hang and restarted; SIGINT leaves no
+//! container; a detached `up` then `down` leaves none; kill -9 of a detached supervisor leaves
+//! none within 30 s.
+//!
+//! Needs root, docker.io and the tiny-cpu engine venv (SPARK_KIT_TEST_E2E, set by
+//! tests/run-all.sh); otherwise it prints why and skips.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use common::docker::{daemon, unavailable, Daemon};
+use common::up::e2e_enabled;
+use common::{descendants, free_port, spark_kit, venv_python};
+
+const KIT: &str = "tiny-cpu-docker";
+const IMAGE: &str = "spark-kit/tiny-cpu-engine:local";
+const LABEL: &str = "label=spark-kit.kit=tiny-cpu-docker";
+
+struct Env {
+    d: &'static Daemon,
+    logs: tempfile::TempDir,
+    port: u16,
+}
+
+impl Env {
+    /// `spark-kit <args…> --kit tiny-cpu-docker` against the test daemon, with short timeouts:
+    /// a 60 s hang threshold (boots here stay under it between log lines), a 3 s stop window.
+    fn spark(&self, args: &[&str]) -> Command {
+        let mut c = spark_kit();
+        c.args(args).args(["--kit", KIT, "--set", &format!("paths.logs={}", self.logs.path().display())]);
+        c.env("DOCKER_HOST", &self.d.host);
+        c
+    }
+
+    fn up(&self, extra: &[&str]) -> Command {
+        let mut c = self.spark(&["up"]);
+        c.args(["--port", &self.port.to_string()]);
+        c.args(["--set", "engine.hang_timeout_s=60", "--set", "engine.shutdown_timeout_s=3"]);
+        c.args(extra);
+        c
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let out = self.spark(&["status", "--json"]).output().unwrap();
+        assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Containers of this deployment (running or not), by label.
+    fn containers(&self) -> Vec<String> {
+        self.d.ok(&["ps", "-aq", "--no-trunc", "--filter", LABEL]).lines().map(str::to_string).collect()
+    }
+
+    /// Wait until no container of the deployment is listed; the seconds it took.
+    fn no_containers_within(&self, limit: Duration, what: &str) -> f64 {
+        let t = Instant::now();
+        loop {
+            let left = self.containers();
+            if left.is_empty() {
+                return t.elapsed().as_secs_f64();
+            }
+            assert!(t.elapsed() < limit, "{what}: containers left after {limit:?}: {left:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// (id, host pid of the main process) of the one running container.
+    fn running(&self) -> (String, i32) {
+        let ids = self.containers();
+        assert_eq!(ids.len(), 1, "one container expected: {ids:?}");
+        let t = self.d.ok(&["inspect", "--format", "{{.Id}} {{.State.Pid}} {{.State.Running}}", &ids[0]]);
+        let p: Vec<&str> = t.split_whitespace().collect();
+        assert_eq!(p[2], "true", "{t}");
+        (p[0].to_string(), p[1].parse().unwrap())
+    }
+
+    fn wait_state(&self, want: &str, min_restarts: u64, limit: Duration) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let s = self.status();
+            if s["state"] == want && s["restarts"].as_u64().unwrap_or(0) >= min_restarts {
+                return s;
+            }
+            assert!(t.elapsed() < limit, "state {want} (restarts ≥ {min_restarts}) not reached in {limit:?}: {s}");
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// A greedy completion through the OpenAI client of the engine venv.
+    fn complete(&self) -> String {
+        let code = r#"
+import sys
+from openai import OpenAI
+c = OpenAI(base_url=sys.argv[1], api_key="none", timeout=120)
+r = c.completions.create(model="tiny-llama", prompt="def main():", max_tokens=16, temperature=0)
+print(r.choices[0].text)
+"#;
+        let base = format!("http://127.0.0.1:{}/v1", self.port);
+        let out = Command::new(venv_python()).args(["-c", code, &base]).output().unwrap();
+        assert!(out.status.success(), "completion failed: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+        assert!(!text.trim().is_empty(), "empty completion");
+        text
+    }
+}
+
+/// Start a foreground `up`; its stdout lines arrive on the receiver.
+fn foreground(env: &Env) -> (Child, Receiver<String>) {
+    let mut child = env.up(&[]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
+}
+
+/// Stops a foreground `up` the test lost track of (a failed assertion), so the daemon's exit
+/// cleanup is not left to race a live supervisor.
+struct Reap(Option<Child>);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn serves_in_a_container_restarts_and_leaves_no_container() {
+    if !e2e_enabled() {
+        return;
+    }
+    if let Some(why) = unavailable() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let env = Env { d: daemon().unwrap(), logs: tempfile::tempdir().unwrap(), port: free_port() };
+
+    // 1. No image: `up` stops at preflight, before any container, and the fix is the command
+    //    that makes the image.
+    assert!(env.d.image_id(IMAGE).is_none());
+    let out = env.up(&[]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("preflight failed") && text.contains(&format!("image `{IMAGE}` is not on this node")),
+        "{text}"
+    );
+    let build = format!("spark-kit image build --kit {KIT}");
+    assert!(text.contains(&format!("fix: make it here, offline: `{build}`")), "{text}");
+    assert!(!text.contains("starting its engine"), "an engine was started without an image: {text}");
+    assert!(env.containers().is_empty());
+
+    // 2. The printed command makes it (cached rootfs: a second run does nothing).
+    let t = Instant::now();
+    let out = env.spark(&["image", "build", "--json"]).output().unwrap();
+    assert!(out.status.success(), "image build: {}", String::from_utf8_lossy(&out.stderr));
+    let built: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    eprintln!("image build: {} in {:.1} s ({} bytes)", built["action"], t.elapsed().as_secs_f64(), built["bytes"]);
+    assert_eq!(built["image_id"].as_str(), env.d.image_id(IMAGE).as_deref());
+    let again = env.spark(&["image", "build", "--json"]).output().unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["action"], "present", "{again}");
+    assert_eq!(again["image_id"], built["image_id"]);
+
+    // 3. A foreground `up` serves through the container.
+    let t = Instant::now();
+    let (child, rx) = foreground(&env);
+    let mut child = Reap(Some(child));
+    loop {
+        let line = rx.recv_timeout(Duration::from_secs(600)).expect("no ready banner in 600 s");
+        if line.starts_with("Ctrl-C") {
+            break;
+        }
+    }
+    eprintln!("ready through up in {:.1} s", t.elapsed().as_secs_f64());
+    let first = env.complete();
+    let (id, pid) = env.running();
+    let inspect = env.d.ok(&["inspect", "--format", "{{.Config.Image}} {{.HostConfig.NetworkMode}}", &id]);
+    assert_eq!(inspect, format!("{IMAGE} host"));
+    // `status --json` names the container and its image per rank.
+    let s = env.status();
+    assert_eq!(s["nodes"][0]["container_id"].as_str(), Some(id.as_str()), "{s}");
+    assert_eq!(s["nodes"][0]["image_id"].as_str(), env.d.image_id(IMAGE).as_deref(), "{s}");
+
+    // 4. kill -9 of the container's main process: detected, restarted, same greedy answer.
+    signal(pid, nix::sys::signal::Signal::SIGKILL);
+    let t = Instant::now();
+    loop {
+        let s = env.status();
+        if s["restarts"].as_u64().unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "death not detected in 30 s: {s}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("container death detected in {:.1} s", t.elapsed().as_secs_f64());
+    env.wait_state("ready", 1, Duration::from_secs(600));
+    eprintln!("serving again {:.1} s after the kill", t.elapsed().as_secs_f64());
+    let (id2, pid2) = env.running();
+    assert_ne!(id2, id, "the same container after a restart");
+    assert_eq!(env.complete(), first, "greedy answer changed after the restart");
+
+    // 5. SIGSTOP of every process of the container: the hang detector fires (60 s threshold).
+    let mut frozen = descendants(pid2);
+    frozen.push(pid2);
+    for p in &frozen {
+        signal(*p, nix::sys::signal::Signal::SIGSTOP);
+    }
+    let t = Instant::now();
+    let s = loop {
+        let s = env.status();
+        if s["restarts"].as_u64().unwrap_or(0) >= 2 {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(150), "hang not detected: {s}");
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let waited = t.elapsed().as_secs_f64();
+    eprintln!("hang detected {waited:.1} s after SIGSTOP (threshold 60 s): {}", s["reason"]);
+    assert!(waited >= 55.0, "hang declared before the threshold");
+    let reason = s["reason"].as_str().unwrap_or_default().to_string();
+    assert!(reason.contains("hang") || reason.contains("stall") || reason.contains("no new"), "{s}");
+    env.wait_state("ready", 2, Duration::from_secs(600));
+    assert_ne!(env.running().0, id2, "the frozen container is still the engine");
+
+    // 6. SIGINT of the foreground `up`: exit 130 and no container left.
+    let pid = child.0.as_ref().unwrap().id() as i32;
+    signal(pid, nix::sys::signal::Signal::SIGINT);
+    let secs = env.no_containers_within(Duration::from_secs(30), "SIGINT");
+    let status = child.0.take().unwrap().wait().unwrap();
+    assert_eq!(status.code(), Some(130), "up exit status {status}");
+    eprintln!("no container {secs:.1} s after SIGINT");
+
+    // 7. A survivor of an earlier run: preflight names it and `up` refuses; `up --replace`
+    //    removes it first. Then `down`: no container left.
+    let name = "spark-kit-tiny-cpu-docker-local-r0";
+    let leftover = env.d.ok(&["create", "--name", name, "--label", "spark-kit.kit=tiny-cpu-docker", IMAGE, "/bin/sh"]);
+    let out = env.up(&[]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains(&format!("from an earlier run: {name} ({}, created)", &leftover[..12])), "{text}");
+    assert!(text.contains(&format!("`docker rm -f {name}` on local), or add --replace")), "{text}");
+    assert_eq!(env.containers(), vec![leftover.clone()], "up touched the survivor without --replace");
+    let out = env.up(&["--detach", "--replace"]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "up --detach --replace: {text}");
+    let sup_log = std::fs::read_to_string(env.logs.path().join(format!("{KIT}-supervisor.log"))).unwrap();
+    assert!(sup_log.contains(&format!("local: removed {name}")), "{sup_log}");
+    let now = env.containers();
+    assert!(now.len() == 1 && now[0] != leftover, "{now:?}");
+    let t = Instant::now();
+    let out = env.spark(&["down"]).output().unwrap();
+    assert!(out.status.success(), "down: {}", String::from_utf8_lossy(&out.stderr));
+    env.no_containers_within(Duration::from_secs(5), "down");
+    eprintln!("down: no container after {:.1} s", t.elapsed().as_secs_f64());
+
+    // 8. kill -9 of a detached supervisor: its agent removes the container within 30 s.
+    let out = env.up(&["--detach"]).output().unwrap();
+    assert!(out.status.success(), "up --detach: {}", String::from_utf8_lossy(&out.stderr));
+    let s = env.status();
+    assert_eq!(env.containers().len(), 1);
+    signal(s["supervisor_pid"].as_i64().unwrap() as i32, nix::sys::signal::Signal::SIGKILL);
+    let secs = env.no_containers_within(Duration::from_secs(30), "kill -9 of the supervisor");
+    eprintln!("no container {secs:.1} s after kill -9 of the supervisor");
+}
