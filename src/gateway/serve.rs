@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
+use axum::serve::ListenerExt as _;
 use axum::Router;
 use tokio::net::TcpListener;
 
@@ -29,6 +30,11 @@ pub async fn serve(
         let outcome = g.drain().await;
         let _ = tx.send(outcome);
     };
+    // TCP_NODELAY: a response's head and its first event go out at once, not 40 ms later
+    // (Nagle against the client's delayed ACK).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(gw)).with_graceful_shutdown(shutdown).await?;
     // The shutdown future ran to completion before the server returned.
     Ok(rx.await.unwrap_or(DrainOutcome::Idle))
