@@ -247,7 +247,7 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     // The restart replaces the frozen container (no need to wait for it to serve: kill -9 above
     // showed a restart serving again).
     let t = Instant::now();
-    while env.containers().iter().any(|c| *c == id2) {
+    while env.containers().contains(&id2) {
         assert!(t.elapsed() < Duration::from_secs(60), "the frozen container is still there");
         std::thread::sleep(Duration::from_millis(200));
     }
