@@ -101,21 +101,15 @@ fn children() -> Vec<i32> {
         .collect()
 }
 
-/// The ending a wait status says, if the child has ended.
-fn ending(st: nix::sys::wait::WaitStatus) -> Option<Ending> {
-    use nix::sys::wait::WaitStatus;
-    match st {
-        WaitStatus::Exited(_, c) => Some(Ending::Code(c)),
-        WaitStatus::Signaled(_, s, _) => Some(Ending::Signal(s as i32)),
-        _ => None,
-    }
-}
-
 /// How child `pid` ended, if it has (its zombie is left for whoever started it to reap).
 fn peek(pid: i32) -> Option<Ending> {
-    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
     let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-    waitid(Id::Pid(nix::unistd::Pid::from_raw(pid)), flags).ok().and_then(ending)
+    match waitid(Id::Pid(nix::unistd::Pid::from_raw(pid)), flags) {
+        Ok(WaitStatus::Exited(_, c)) => Some(Ending::Code(c)),
+        Ok(WaitStatus::Signaled(_, s, _)) => Some(Ending::Signal(s as i32)),
+        _ => None,
+    }
 }
 
 /// Watch this process's children on a thread for as long as the process lives, calling `report`
@@ -137,13 +131,12 @@ pub fn watch(report: impl Fn(&ChildExit) + Send + 'static) {
             }
         };
         loop {
-            let fresh = waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT).ok().and_then(|st| {
-                let pid = st.pid()?.as_raw();
-                if reported.contains(&pid) {
-                    return None;
+            let fresh = match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Ok(st) => {
+                    st.pid().map(|p| p.as_raw()).filter(|p| !reported.contains(p)).and_then(|p| peek(p).map(|e| (p, e)))
                 }
-                ending(st).map(|e| (pid, e))
-            });
+                Err(_) => None,
+            };
             match fresh {
                 Some((pid, ending)) => seen(pid, ending, &mut reported),
                 None => {
