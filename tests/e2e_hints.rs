@@ -67,6 +67,36 @@ fn hint<'a>(banner: &'a str, label: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no `{label}` line in:\n{banner}"))
 }
 
+/// Runs `down` for the deployment when the test ends, so a failed assertion does not leave a
+/// detached deployment running (after the test's own `down` it finds nothing).
+struct DownOnDrop<'a> {
+    sh: &'a Shell,
+    line: String,
+}
+
+impl Drop for DownOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.sh.command(&self.line).output();
+    }
+}
+
+/// The lines of every engine log in `logs` that say what died, and each log's last 30 lines.
+fn what_died_lines(logs: &Path) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir(logs).into_iter().flatten().flatten() {
+        let Ok(t) = std::fs::read_to_string(e.path()) else { continue };
+        out.push_str(&format!("--- {}\n", e.path().display()));
+        for l in t.lines().filter(|l| l.contains("child exited")) {
+            out.push_str(&format!("{l}\n"));
+        }
+        let lines: Vec<&str> = t.lines().collect();
+        for l in &lines[lines.len().saturating_sub(30)..] {
+            out.push_str(&format!("  | {l}\n"));
+        }
+    }
+    out
+}
+
 fn status_json(sh: &Shell) -> Option<serde_json::Value> {
     let o = sh.command("spark-kit status --json").output().unwrap();
     o.status.success().then(|| serde_json::from_slice(&o.stdout).unwrap())
@@ -87,6 +117,10 @@ fn printed_hints_work_as_copied() {
         logs.path().display(),
         venv.display()
     );
+    let _down = DownOnDrop {
+        sh: &sh,
+        line: format!("spark-kit down --kit tiny-cpu --set paths.logs={}", logs.path().display()),
+    };
     // `up --detach` returns once ready; meanwhile `status` (no --kit) shows the boot phase.
     let mut child = sh.command(&up).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut phases = Vec::new();
@@ -141,7 +175,11 @@ fn printed_hints_work_as_copied() {
         assert!(t.elapsed() < Duration::from_secs(60), "EngineCore's death not seen: {s}");
         std::thread::sleep(Duration::from_millis(300));
     };
-    assert!(s["reason"].as_str().unwrap_or_default().contains(&want), "want `{want}` in the reason: {s}");
+    assert!(
+        s["reason"].as_str().unwrap_or_default().contains(&want),
+        "want `{want}` in the reason: {s}\n{}",
+        what_died_lines(logs.path())
+    );
     let t = Instant::now();
     while status_json(&sh).unwrap_or_default()["state"] != "ready" {
         assert!(t.elapsed() < Duration::from_secs(600), "not ready again after the restart");

@@ -2,8 +2,9 @@
 //! (10.77.0.1 / 10.77.0.2), a real sshd in each, the supervisor running in `spark1` (as it
 //! would on the head machine). The `tiny-cpu-2node` kit boots tensor parallel 2 across them
 //! through vLLM's `--nnodes/--headless` mode. Then: kill -9 the worker's engine (restart),
-//! SIGSTOP the head's engine (hang detector), take the link down (detected; `restart` after it
-//! is back), kill -9 the supervisor (agents stop their engines), `up --detach` + `down`.
+//! SIGSTOP the head's engine (stall detector), take the link down (detected; `restart` after it
+//! is back, detached), `down` of that deployment, and kill -9 of a booting supervisor (agents
+//! stop their engines).
 //!
 //! Needs root, `ip`, `sshd` and the engine venv: runs in CI (`tests/run-all.sh` sets
 //! SPARK_KIT_TEST_E2E=1); otherwise prints why it skips.
@@ -107,7 +108,10 @@ impl Net {
         cmd.args(["--kit", "tiny-cpu-2node", "--set", &format!("paths.logs={}", self.logs().display())]);
         cmd.args(["--set", &format!("nodes.1.ssh_options=[{}]", self.ssh_opts().join(", "))]);
         cmd.args(["--set", &format!("nodes.0.ssh_options=[{}]", self.ssh_opts().join(", "))]);
-        cmd.args(["--set", "engine.hang_timeout_s=90", "--set", "engine.shutdown_timeout_s=3"]);
+        // Boot silence is judged on the 300 s threshold (boots on a loaded 2-core machine can be
+        // quiet for over a minute), a serving stall on 20 s.
+        cmd.args(["--set", "engine.hang_timeout_s=300", "--set", "engine.stall_timeout_s=20"]);
+        cmd.args(["--set", "engine.shutdown_timeout_s=3"]);
         for (k, _) in std::env::vars() {
             if k.starts_with("SPARK_KIT_") && !k.starts_with("SPARK_KIT_TEST_") && k != "SPARK_KIT_CACHE" {
                 cmd.env_remove(k);
@@ -270,8 +274,8 @@ fn two_nodes_boot_tp2_survive_failures_and_stop_clean() {
     wait_state(&net, "ready", Duration::from_secs(900));
     assert_eq!(chat(&net), first, "greedy answer changed after the restart");
 
-    // 3. SIGSTOP the head's engine group: the hang detector fires at the threshold (90 s; boots on a
-    //    loaded 2-core machine can be silent for over 60 s, which would count as a boot hang).
+    // 3. SIGSTOP the head's engine group: its probes fail and the stall detector fires at the
+    //    serving threshold (`engine.stall_timeout_s`, 20 s).
     let s = net.status();
     let head_pgid = s["nodes"][0]["engine_pgid"].as_i64().unwrap() as i32;
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(head_pgid), nix::sys::signal::Signal::SIGSTOP).unwrap();
@@ -286,8 +290,8 @@ fn two_nodes_boot_tp2_survive_failures_and_stop_clean() {
         std::thread::sleep(Duration::from_secs(1));
     }
     let waited = t.elapsed().as_secs_f64();
-    eprintln!("hang detected {waited:.1} s after SIGSTOP (threshold 90 s)");
-    assert!(waited >= 85.0, "hang declared before the threshold");
+    eprintln!("hang detected {waited:.1} s after SIGSTOP (stall threshold 20 s)");
+    assert!(waited >= 18.0, "hang declared before the threshold");
     let dumps: Vec<_> = std::fs::read_dir(net.logs())
         .unwrap()
         .flatten()
@@ -317,18 +321,8 @@ fn two_nodes_boot_tp2_survive_failures_and_stop_clean() {
     let _ = sup.wait();
     assert_eq!(chat(&net), first);
 
-    // 5. kill -9 the (detached) supervisor: both agents stop their engines.
-    let s = net.status();
-    let groups = pgids(&s);
-    assert_eq!(groups.len(), 2, "{s}");
-    let sup_pid = s["supervisor_pid"].as_i64().unwrap() as i32;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(sup_pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let secs = all_gone(&groups, Duration::from_secs(30));
-    eprintln!("engines gone {secs:.1} s after kill -9 of the supervisor");
-
-    // 6. up --detach, status schema, down leaves nothing on either node.
-    let out = net.spark(&["up", "--detach"]).output().unwrap();
-    assert!(out.status.success(), "up --detach: {}", String::from_utf8_lossy(&out.stderr));
+    // 5. The detached deployment `restart` made: status schema, and `down` leaves nothing on
+    //    either node.
     let s = net.status();
     for key in ["schema", "kit", "state", "supervisor_pid", "restarts", "endpoint", "model", "nodes"] {
         assert!(s.get(key).is_some(), "status lacks {key}: {s}");
@@ -340,9 +334,34 @@ fn two_nodes_boot_tp2_survive_failures_and_stop_clean() {
         }
     }
     let groups = pgids(&s);
+    assert_eq!(groups.len(), 2, "{s}");
     let out = net.spark(&["down"]).output().unwrap();
     assert!(out.status.success(), "down: {}", String::from_utf8_lossy(&out.stderr));
     all_gone(&groups, Duration::from_secs(5));
+    assert_no_leftovers();
+
+    // 6. kill -9 the supervisor while both engines boot: both agents stop their engines.
+    let (mut sup, _rx) = foreground_up(&net);
+    let t = Instant::now();
+    let groups = loop {
+        let out = net.spark(&["status", "--json"]).output().unwrap();
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let alive = s["nodes"].as_array().is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["engine_alive"] == true));
+        if alive && pgids(&s).len() == 2 {
+            break pgids(&s);
+        }
+        assert!(t.elapsed() < Duration::from_secs(300), "engines not started on both nodes: {s}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    sup.kill().unwrap();
+    let _ = sup.wait();
+    let secs = all_gone(&groups, Duration::from_secs(30));
+    eprintln!("engines gone {secs:.1} s after kill -9 of the booting supervisor");
+    assert_no_leftovers();
+}
+
+/// No engine or spark-kit process left in either namespace.
+fn assert_no_leftovers() {
     let leftovers: Vec<String> = ["ip", "ip"]
         .iter()
         .zip([NS1, NS2])

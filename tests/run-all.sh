@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, Rust unit + integration tests, the Python overlay's
 # tests and the end-to-end tests. Fresh-machine safe: it installs what it needs (the engine venv
-# via `spark-kit setup`, cached under ~/.cache/spark-kit keyed by a hash of its requirements).
+# via `spark-kit setup`, cached under ~/.cache/spark-kit keyed by a hash of their requirements).
 #   bash tests/run-all.sh
+#
+# After the build, four lanes run side by side: the Python overlay's tests, the fast Rust tests
+# then a few end-to-end binaries, and two lanes of end-to-end binaries (tests/lanes.txt). The
+# end-to-end tests spend most of their time waiting on engines (boots, restarts, hang and drain
+# thresholds), so this halves the wall time without dropping a test. Each binary's output goes
+# to its own log, printed whole when it ends; a table of seconds closes the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -36,9 +42,77 @@ step "engine venv: cargo run -- setup --kit tiny-cpu"
 cargo run -q -- setup --kit tiny-cpu
 venv=$("${CARGO_TARGET_DIR:-target}/debug/spark-kit" setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
 
-step "python overlay tests (pytest in the engine venv)"
-SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
-  PYTHONPATH=python_overlay "$venv/bin/python" -m pytest python_overlay/tests -q -p no:cacheprovider
+# Every test target, and the lanes of the end-to-end ones (a target in no lane is a fast test).
+mapfile -t targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["packages"]:
+    for t in p["targets"]:
+        if "test" in t["kind"]:
+            print(t["name"])')
+declare -A lane_of=()
+ordered=()
+while read -r lane name; do
+  [[ -z "$lane" || "$lane" == \#* ]] && continue
+  lane_of[$name]=$lane
+  ordered+=("$name")
+done < tests/lanes.txt
+fast=()
+for t in "${targets[@]}"; do
+  if [[ -z "${lane_of[$t]:-}" ]]; then
+    if [[ "$t" == e2e_* || "$t" == bench_e2e_* ]]; then
+      echo "tests/lanes.txt: end-to-end target $t is in no lane; add a line \"<lane> $t\" (lanes a, b, c)" >&2
+      exit 1
+    fi
+    fast+=("--test" "$t")
+  fi
+done
+for t in "${ordered[@]}"; do
+  printf '%s\n' "${targets[@]}" | grep -qx "$t" || { echo "tests/lanes.txt: $t is not a test target" >&2; exit 1; }
+done
 
-step "cargo test (unit, integration, end to end)"
-SPARK_KIT_TEST_E2E=1 cargo test --all-targets --no-fail-fast
+logs=$(mktemp -d "${TMPDIR:-/tmp}/spark-kit-tests.XXXXXX")
+results="$logs/results"
+: > "$results"
+
+# run NAME CMD...: one job, its output to $logs/NAME.log, printed whole when it ends.
+run() {
+  local name=$1; shift
+  local t0=$SECONDS rc=0
+  printf '[%s] %s started\n' "$(date +%H:%M:%S)" "$name"
+  "$@" > "$logs/$name.log" 2>&1 || rc=$?
+  local secs=$((SECONDS - t0))
+  {
+    printf '\n== %s: %s in %d s (%s)\n' "$name" "$([ "$rc" = 0 ] && echo passed || echo "FAILED (exit $rc)")" "$secs" "$(date +%H:%M:%S)"
+    cat "$logs/$name.log"
+  } | flock "$logs/print.lock" cat
+  printf '%s %d %d\n' "$name" "$rc" "$secs" | flock "$logs/results.lock" tee -a "$results" > /dev/null
+  return 0
+}
+
+# A lane: its end-to-end binaries one after another (a hung binary is stopped after 25 minutes).
+lane() {
+  local l=$1 t
+  for t in "${ordered[@]}"; do
+    [[ "${lane_of[$t]}" == "$l" ]] || continue
+    run "$t" env SPARK_KIT_TEST_E2E=1 timeout -k 30 1500 cargo test --no-fail-fast --test "$t"
+  done
+}
+
+step "tests, in four lanes (logs in $logs)"
+run pytest env SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
+  PYTHONPATH=python_overlay "$venv/bin/python" -m pytest python_overlay/tests -q -p no:cacheprovider &
+lane a &
+lane b &
+{
+  run cargo-fast env SPARK_KIT_TEST_E2E=1 cargo test --no-fail-fast --lib --bins "${fast[@]}"
+  lane c
+} &
+wait
+
+step "summary (seconds per job)"
+sort -k3,3nr "$results" | awk '{ printf "%-22s %6d s  %s\n", $1, $3, ($2 == 0 ? "passed" : "FAILED (exit " $2 ")") }'
+if awk '$2 != 0 { bad = 1 } END { exit !bad }' "$results"; then
+  echo "FAILED: $(awk '$2 != 0 { printf "%s ", $1 }' "$results")" >&2
+  exit 1
+fi
+echo "all passed"

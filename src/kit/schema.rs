@@ -333,8 +333,11 @@ pub struct Engine {
     pub drain_timeout_s: u32,
     /// Seconds to wait for `/health` after start.
     pub ready_timeout_s: u32,
-    /// Seconds without a new engine log line before the job is declared hung.
+    /// Seconds without a new engine log line while booting before the job is declared hung.
     pub hang_timeout_s: u32,
+    /// Seconds a serving engine may fail its `/health` probe (or hold running requests with no
+    /// new token) before it is declared stalled (0 = `engine.hang_timeout_s`).
+    pub stall_timeout_s: u32,
     /// Extra arguments appended to `vllm serve`.
     pub extra_args: Vec<String>,
     /// Extra environment for every rank.
@@ -372,6 +375,7 @@ impl Default for Engine {
             drain_timeout_s: 30,
             ready_timeout_s: 1500,
             hang_timeout_s: 420,
+            stall_timeout_s: 0,
             extra_args: Vec::new(),
             extra_env: BTreeMap::new(),
         }
@@ -386,6 +390,16 @@ impl Engine {
             0 if self.port > 55535 => self.port - 10000,
             0 => self.port + 10000,
             p => p,
+        }
+    }
+
+    /// `stall_timeout_s`, or when 0, `hang_timeout_s`.
+    #[must_use]
+    pub fn effective_stall_timeout_s(&self) -> u32 {
+        if self.stall_timeout_s == 0 {
+            self.hang_timeout_s
+        } else {
+            self.stall_timeout_s
         }
     }
 }

@@ -345,6 +345,13 @@ fn engine(kit: &Kit, out: &mut Vec<Finding>) {
             "use at least 30",
         ));
     }
+    if e.stall_timeout_s != 0 && e.stall_timeout_s < 10 {
+        out.push(finding(
+            "engine.stall_timeout_s",
+            format!("{} s is shorter than a few health probes", e.stall_timeout_s),
+            "use at least 10 (or 0 for engine.hang_timeout_s)",
+        ));
+    }
 }
 
 fn memory(kit: &Kit, out: &mut Vec<Finding>) {

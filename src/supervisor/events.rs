@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::run::Sup;
 use super::snapshot::{last_line, quietest};
 use super::state::{Input, State};
-use super::watch::Beat;
+use super::watch::{Beat, Limits};
 use crate::cluster::client::Msg;
 use crate::cluster::protocol::Event;
 use crate::kit::schema::Role;
@@ -133,8 +133,10 @@ impl Sup<'_> {
                     return Vec::new();
                 }
                 let nodes = self.h.snapshot.lock().map(|s| s.nodes.clone()).unwrap_or_default();
+                let e = &self.kit.engine;
+                let limits = Limits { boot_s: e.hang_timeout_s, stall_s: e.effective_stall_timeout_s() };
                 let beat = Beat { alive: engine_alive, quietest_s: quietest(&nodes, i, quiet_s), healthy, progress };
-                return self.watch[i].judge(&name, state, &beat, self.kit.engine.hang_timeout_s, now);
+                return self.watch[i].judge(&name, state, &beat, limits, now);
             }
         }
         Vec::new()

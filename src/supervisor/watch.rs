@@ -1,6 +1,6 @@
 //! Judging one node from its heartbeats: a dead rank (engine gone for three consecutive
 //! checks), a hang while booting (no log line from any rank for `hang_timeout_s`), a stall while
-//! serving (a failing probe, or requests running with no new tokens, for `hang_timeout_s`).
+//! serving (a failing probe, or requests running with no new tokens, for `stall_timeout_s`).
 //! Pure: the clock is passed in.
 
 use std::time::Instant;
@@ -11,6 +11,21 @@ use super::state::{Input, State};
 #[must_use]
 pub fn is_hung(quiet_s: f64, limit_s: u32) -> bool {
     quiet_s >= f64::from(limit_s)
+}
+
+/// The two thresholds, in seconds: silence while booting, a stall while serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub boot_s: u32,
+    pub stall_s: u32,
+}
+
+impl Limits {
+    /// One threshold for both.
+    #[must_use]
+    pub fn same(s: u32) -> Self {
+        Self { boot_s: s, stall_s: s }
+    }
 }
 
 /// What the supervisor remembers about one node between heartbeats.
@@ -62,7 +77,7 @@ impl Watch {
     }
 
     /// The state-machine inputs this heartbeat calls for (`name` names the node in them).
-    pub fn judge(&mut self, name: &str, state: State, beat: &Beat, limit_s: u32, now: Instant) -> Vec<Input> {
+    pub fn judge(&mut self, name: &str, state: State, beat: &Beat, limits: Limits, now: Instant) -> Vec<Input> {
         if self.started_at.is_none() {
             return Vec::new();
         }
@@ -83,7 +98,7 @@ impl Watch {
         match state {
             // While booting, progress is log output from any rank: a headless worker legitimately
             // waits in silence while the head loads (the reference kit watched the head's log).
-            State::Starting if is_hung(beat.quietest_s, limit_s) => {
+            State::Starting if is_hung(beat.quietest_s, limits.boot_s) => {
                 out.push(Input::Hung { node: "every rank".into(), quiet_s: beat.quietest_s });
             }
             State::Ready | State::Degraded => {
@@ -97,7 +112,7 @@ impl Watch {
                 if stalled {
                     let since = *self.stalled_since.get_or_insert(now);
                     let secs = now.duration_since(since).as_secs_f64();
-                    if is_hung(secs, limit_s) {
+                    if is_hung(secs, limits.stall_s) {
                         out.push(Input::Hung { node: name.into(), quiet_s: secs });
                     }
                 } else if beat.healthy.is_some() {
@@ -134,7 +149,7 @@ mod tests {
         let mut w = Watch::default();
         let t = Instant::now();
         for _ in 0..5 {
-            assert!(w.judge("b", State::Ready, &beat(false, 0.0, None, None), 10, t).is_empty());
+            assert!(w.judge("b", State::Ready, &beat(false, 0.0, None, None), Limits::same(10), t).is_empty());
         }
     }
 
@@ -143,22 +158,40 @@ mod tests {
         let t = Instant::now();
         let mut w = started(t);
         let dead = beat(false, 0.0, None, None);
-        assert!(w.judge("b", State::Ready, &dead, 10, t).is_empty());
-        assert!(w.judge("b", State::Ready, &dead, 10, t).is_empty());
-        let third = w.judge("b", State::Ready, &dead, 10, t);
+        assert!(w.judge("b", State::Ready, &dead, Limits::same(10), t).is_empty());
+        assert!(w.judge("b", State::Ready, &dead, Limits::same(10), t).is_empty());
+        let third = w.judge("b", State::Ready, &dead, Limits::same(10), t);
         assert!(matches!(&third[..], [Input::RankDead { node, .. }] if node == "b"), "{third:?}");
-        assert!(w.judge("b", State::Ready, &dead, 10, t).is_empty(), "reported once");
+        assert!(w.judge("b", State::Ready, &dead, Limits::same(10), t).is_empty(), "reported once");
         // Alive again resets the count.
-        w.judge("b", State::Starting, &beat(true, 0.0, None, None), 10, t);
+        w.judge("b", State::Starting, &beat(true, 0.0, None, None), Limits::same(10), t);
         assert_eq!(w.dead_checks, 0);
+    }
+
+    #[test]
+    fn boot_silence_and_serving_stall_have_their_own_limits() {
+        let t = Instant::now();
+        let limits = Limits { boot_s: 300, stall_s: 20 };
+        let mut w = Watch { started_at: Some(t), ..Watch::default() };
+        let quiet = beat(true, 100.0, None, None);
+        assert!(w.judge("a", State::Starting, &quiet, limits, t).is_empty(), "100 s of boot silence is under 300");
+        let sick = beat(true, 0.0, Some(false), None);
+        w.judge("a", State::Ready, &sick, limits, t);
+        assert!(!w.judge("a", State::Ready, &sick, limits, t + Duration::from_secs(19)).iter().any(is_hang));
+        let later = w.judge("a", State::Ready, &sick, limits, t + Duration::from_secs(20));
+        assert!(later.iter().any(is_hang), "{later:?}");
+    }
+
+    fn is_hang(i: &Input) -> bool {
+        matches!(i, Input::Hung { .. })
     }
 
     #[test]
     fn booting_hangs_on_the_whole_jobs_silence() {
         let t = Instant::now();
         let mut w = started(t);
-        assert!(w.judge("b", State::Starting, &beat(true, 9.9, None, None), 10, t).is_empty());
-        let hung = w.judge("b", State::Starting, &beat(true, 10.0, None, None), 10, t);
+        assert!(w.judge("b", State::Starting, &beat(true, 9.9, None, None), Limits::same(10), t).is_empty());
+        let hung = w.judge("b", State::Starting, &beat(true, 10.0, None, None), Limits::same(10), t);
         assert!(matches!(&hung[..], [Input::Hung { node, .. }] if node == "every rank"), "{hung:?}");
     }
 
@@ -167,11 +200,11 @@ mod tests {
         let t = Instant::now();
         let mut w = started(t);
         let sick = beat(true, 0.0, Some(false), None);
-        assert_eq!(w.judge("a", State::Ready, &sick, 10, t).len(), 1, "health input only");
-        let later = w.judge("a", State::Ready, &sick, 10, t + Duration::from_secs(11));
+        assert_eq!(w.judge("a", State::Ready, &sick, Limits::same(10), t).len(), 1, "health input only");
+        let later = w.judge("a", State::Ready, &sick, Limits::same(10), t + Duration::from_secs(11));
         assert!(later.iter().any(|i| matches!(i, Input::Hung { node, .. } if node == "a")), "{later:?}");
         // A healthy probe clears the stall.
-        w.judge("a", State::Ready, &beat(true, 0.0, Some(true), None), 10, t + Duration::from_secs(12));
+        w.judge("a", State::Ready, &beat(true, 0.0, Some(true), None), Limits::same(10), t + Duration::from_secs(12));
         assert!(w.stalled_since.is_none());
     }
 
@@ -182,12 +215,12 @@ mod tests {
         assert_eq!(w.tokens_per_s(Some((1.0, 100.0)), t), None);
         assert_eq!(w.tokens_per_s(Some((1.0, 100.0)), t + Duration::from_secs(1)), Some(0.0));
         let b = beat(true, 0.0, Some(true), Some((1.0, 100.0)));
-        w.judge("a", State::Ready, &b, 5, t);
-        let hung = w.judge("a", State::Ready, &b, 5, t + Duration::from_secs(6));
+        w.judge("a", State::Ready, &b, Limits::same(5), t);
+        let hung = w.judge("a", State::Ready, &b, Limits::same(5), t + Duration::from_secs(6));
         assert!(hung.iter().any(|i| matches!(i, Input::Hung { .. })), "{hung:?}");
         // Tokens moving again: no stall.
         assert_eq!(w.tokens_per_s(Some((1.0, 150.0)), t + Duration::from_secs(2)), Some(50.0));
-        let ok = w.judge("a", State::Ready, &b, 5, t + Duration::from_secs(7));
+        let ok = w.judge("a", State::Ready, &b, Limits::same(5), t + Duration::from_secs(7));
         assert!(!ok.iter().any(|i| matches!(i, Input::Hung { .. })), "{ok:?}");
     }
 
