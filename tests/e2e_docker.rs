@@ -162,8 +162,9 @@ fn vllm_main(init: i32) -> i32 {
     assert_eq!(comm(init), "docker-init", "the container's pid 1");
     let kids = common::children_of(init);
     assert_eq!(kids.len(), 1, "docker-init has one child, vLLM: {kids:?}");
-    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", kids[0])).unwrap_or_default();
-    assert!(cmdline.contains("vllm\0serve"), "not vLLM: {cmdline:?}");
+    // (vLLM may set its process title: NULs or spaces between the words.)
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", kids[0])).unwrap_or_default().replace('\0', " ");
+    assert!(cmdline.contains("/bin/vllm serve /model"), "not vLLM: {cmdline:?}");
     kids[0]
 }
 
