@@ -64,7 +64,7 @@ pub(super) fn config(
             head.name
         )));
     }
-    let keys = api_keys(kit, env, dirs).map_err(Failure::usage)?;
+    let keys = api_keys(kit, env, dirs).map_err(|e| Failure::usage(e.to_string()))?;
     let port = internal_port(kit);
     let port = u16::try_from(port).map_err(|_| {
         Failure::usage(format!("engine.internal_port {port} is not a TCP port: set engine.internal_port to 1-65535"))
