@@ -4,11 +4,11 @@
 # via `spark-kit setup`, cached under ~/.cache/spark-kit keyed by a hash of their requirements).
 #   bash tests/run-all.sh
 #
-# After the build, four lanes run side by side: the Python overlay's tests, the fast Rust tests
-# then a few end-to-end binaries, and two lanes of end-to-end binaries (tests/lanes.txt). The
-# end-to-end tests spend most of their time waiting on engines (boots, restarts, hang and drain
-# thresholds), so this halves the wall time without dropping a test. Each binary's output goes
-# to its own log, printed whole when it ends; a table of seconds closes the run.
+# After the build and the fast Rust tests, four lanes run side by side: the Python overlay's
+# tests and three lanes of end-to-end binaries (tests/lanes.txt). The end-to-end tests spend
+# much of their time waiting on engines (boots, restarts, stall and drain thresholds), so this
+# cuts the wall time without dropping a test. Each job's output goes to its own log, printed
+# whole when it ends; a table of seconds closes the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -98,15 +98,17 @@ lane() {
   done
 }
 
-step "tests, in four lanes (logs in $logs)"
+# The fast tests first and alone: some of them time a scripted fake server against its script
+# and must not share the cores with booting engines.
+step "cargo test: unit and integration (logs in $logs)"
+run cargo-fast env SPARK_KIT_TEST_E2E=1 cargo test --no-fail-fast --lib --bins "${fast[@]}"
+
+step "python overlay tests and the end-to-end lanes, side by side"
 run pytest env SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
   PYTHONPATH=python_overlay "$venv/bin/python" -m pytest python_overlay/tests -q -p no:cacheprovider &
 lane a &
 lane b &
-{
-  run cargo-fast env SPARK_KIT_TEST_E2E=1 cargo test --no-fail-fast --lib --bins "${fast[@]}"
-  lane c
-} &
+lane c &
 wait
 
 step "summary (seconds per job)"
