@@ -183,3 +183,44 @@ fn the_engine_run_command_runs_on_a_real_daemon_and_preflight_names_the_survivor
     };
     assert!(left.is_empty(), "containers left: {left}");
 }
+
+/// The Spark kit's resource limits (`--ulimit` of its `docker run`: stack, memlock, nofile) as
+/// the daemon records them: `docker create` parses and stores them (this VM has no GPU to start
+/// it, and raising a limit past the daemon's own hard limit fails here at start, which is why
+/// CPU kits carry only the stack one).
+#[test]
+fn the_spark_kits_ulimits_are_what_the_daemon_records() {
+    if let Some(why) = docker::unavailable() {
+        eprintln!("SKIP the_spark_kits_ulimits: {why}");
+        return;
+    }
+    let d = engine_image();
+    let kit = spark_kit::kit::resolve(spark_kit::kit::source(Some("dgx-spark-2x-dsv41-exl3")).unwrap(), &[], &[])
+        .unwrap()
+        .kit;
+    let spec = argv::build(&kit, 0, "/m", "/o");
+    let mounts = engine_docker::Mounts {
+        model: "/m".into(),
+        engram: None,
+        engram_packed: None,
+        overlay: "/o".into(),
+        caches: vec![],
+        venv: None,
+        same_path: vec![],
+        pass_env: vec![],
+    };
+    let run = engine_docker::run_argv(&kit, 0, &spec, &mounts);
+    let limits: Vec<&str> = run.iter().map(String::as_str).filter(|a| a.starts_with("--ulimit=")).collect();
+    assert!(limits.contains(&engine_docker::NOFILE), "{run:?}");
+    let name = format!("ulimits-{}", std::process::id());
+    let mut create = vec!["create", "--name", &name];
+    create.extend(&limits);
+    create.extend(["spark-kit/tiny-cpu-engine:local", "/bin/true"]);
+    d.ok(&create);
+    let got =
+        d.ok(&["inspect", "--format", "{{range .HostConfig.Ulimits}}{{.Name}}={{.Soft}}:{{.Hard}} {{end}}", &name]);
+    d.ok(&["rm", "-f", &name]);
+    let mut got: Vec<&str> = got.split_whitespace().collect();
+    got.sort_unstable();
+    assert_eq!(got, ["memlock=-1:-1", "nofile=65536:65536", "stack=67108864:67108864"]);
+}

@@ -9,8 +9,11 @@
 //! -9 of the container's main process is detected and restarted and serves the same answer;
 //! SIGSTOP of the container's processes is detected as a hang and restarted; SIGINT (while the
 //! engine boots again) leaves no container; a survivor is refused, then replaced with --replace;
-//! `down` leaves none; kill -9 of a detached supervisor (while its engine boots) leaves none
-//! within 30 s. Boots are the cost here, so SIGINT and the supervisor's death come mid-boot.
+//! on that deployment, a hog grown inside the container is stopped by the memory guard `up`
+//! hosts (attributed by the container's cgroup; a host process left alone); `down` (while it
+//! restarts) leaves none; kill -9 of a detached supervisor (while its engine boots) leaves none
+//! within 30 s. Boots are the cost here, so SIGINT, `down` and the supervisor's death come
+//! mid-boot.
 //!
 //! Needs root, docker.io and the tiny-cpu engine venv (SPARK_KIT_TEST_E2E, set by
 //! tests/run-all.sh); otherwise it prints why and skips.
@@ -119,6 +122,52 @@ print(r.choices[0].text)
     }
 }
 
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// How far below MemAvailable (before the guarded deployment boots) its hard floor is.
+const GUARD_MARGIN: u64 = 5 * GIB;
+
+/// Grows 1 MiB at a time at ~1 GiB/s until 256 MiB past the moment MemAvailable first falls to
+/// the floor (argv[1]), or 6 GiB in all; then holds (until the guard stops its container).
+const HOG: &str = r#"
+import sys, time
+floor = int(sys.argv[1])
+def avail():
+    with open("/proc/meminfo", "rb") as f:
+        for l in f:
+            if l.startswith(b"MemAvailable:"):
+                return int(l.split()[1]) * 1024
+chunks, grown, crossed_at, t0 = [], 0, None, time.monotonic()
+while grown < (6 << 30) and (crossed_at is None or grown < crossed_at + (256 << 20)):
+    chunks.append(b"\x01" * (1 << 20))
+    grown += 1 << 20
+    if crossed_at is None and avail() <= floor:
+        crossed_at = grown
+    ahead = grown / (1 << 30) - (time.monotonic() - t0)
+    if ahead > 0:
+        time.sleep(ahead)
+while True:
+    time.sleep(1)
+"#;
+
+fn mem_available() -> u64 {
+    let t = std::fs::read_to_string("/proc/meminfo").unwrap();
+    spark_kit::memguard::meminfo::parse(t.as_bytes()).unwrap().mem_available
+}
+
+/// vLLM's main process in the container whose pid 1 (`docker-init`) is host pid `init`: its one
+/// child.
+fn vllm_main(init: i32) -> i32 {
+    let comm = |p: i32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim().to_string();
+    assert_eq!(comm(init), "docker-init", "the container's pid 1");
+    let kids = common::children_of(init);
+    assert_eq!(kids.len(), 1, "docker-init has one child, vLLM: {kids:?}");
+    // (vLLM may set its process title: NULs or spaces between the words.)
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", kids[0])).unwrap_or_default().replace('\0', " ");
+    assert!(cmdline.contains("/bin/vllm serve /model"), "not vLLM: {cmdline:?}");
+    kids[0]
+}
+
 /// Start a foreground `up`; its stdout lines arrive on the receiver.
 fn foreground(env: &Env) -> (Child, Receiver<String>) {
     let mut child = env.up(&[]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
@@ -206,8 +255,10 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     assert_eq!(s["nodes"][0]["container_id"].as_str(), Some(id.as_str()), "{s}");
     assert_eq!(s["nodes"][0]["image_id"].as_str(), env.d.image_id(IMAGE).as_deref(), "{s}");
 
-    // 4. kill -9 of the container's main process: detected, restarted, same greedy answer.
-    signal(pid, nix::sys::signal::Signal::SIGKILL);
+    // 4. kill -9 of the container's main process (vLLM's own, the one child of docker-init,
+    //    the container's pid 1): detected, restarted, same greedy answer.
+    let main = vllm_main(pid);
+    signal(main, nix::sys::signal::Signal::SIGKILL);
     let t = Instant::now();
     loop {
         let s = env.status();
@@ -275,20 +326,104 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     assert!(text.contains(&format!("from an earlier run: {name} ({}, created)", &leftover[..12])), "{text}");
     assert!(text.contains(&format!("`docker rm -f {name}` on local), or add --replace")), "{text}");
     assert_eq!(env.containers(), vec![leftover.clone()], "up touched the survivor without --replace");
-    let out = env.up(&["--detach", "--replace"]).output().unwrap();
+    //    This deployment's memory guard gets floors a hog can reach: the hard one
+    //    GUARD_MARGIN below what is available now (the engine's boot stays well above it).
+    let avail = mem_available();
+    let guard = avail >= 2 * GUARD_MARGIN;
+    let (soft, hard) = if guard { (avail - GUARD_MARGIN + 256 * MIB, avail - GUARD_MARGIN) } else { (GIB, GIB / 2) };
+    let floors = [format!("memory.guard.soft_floor={soft}"), format!("memory.guard.hard_floor={hard}")];
+    let out = env
+        .up(&[
+            "--detach",
+            "--replace",
+            "--set",
+            &floors[0],
+            "--set",
+            &floors[1],
+            "--set",
+            "memory.guard.policy=protect-host",
+        ])
+        .output()
+        .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "up --detach --replace: {text}");
-    let sup_log = std::fs::read_to_string(env.logs.path().join(format!("{KIT}-supervisor.log"))).unwrap();
+    let sup_path = env.logs.path().join(format!("{KIT}-supervisor.log"));
+    let sup_log = std::fs::read_to_string(&sup_path).unwrap();
     assert!(sup_log.contains(&format!("local: removed {name}")), "{sup_log}");
     let now = env.containers();
     assert!(now.len() == 1 && now[0] != leftover, "{now:?}");
+
+    // 8. The memory guard that `up` hosts, acting on the container: a hog grows inside it
+    //    (`docker exec`: the container's cgroup) past the hard floor; the guard attributes the
+    //    growth to the container, stops it, writes a receipt naming it, and an idle host
+    //    process is left alone. Then `down` (the supervisor is restarting it): no container.
+    if guard {
+        let (id, _) = env.running();
+        let mut host = Command::new("sleep").arg("600").spawn().unwrap();
+        let python = venv_python();
+        let mut hog = env
+            .d
+            .cmd()
+            .args(["exec", &id])
+            .arg(&python)
+            .args(["-c", HOG, &hard.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        let guard_event = |kind: &str| -> Option<serde_json::Value> {
+            let log = std::fs::read_to_string(&sup_path).unwrap_or_default();
+            log.lines().filter_map(|l| l.split_once("memory guard: ")).find_map(|(_, j)| {
+                let v: serde_json::Value = serde_json::from_str(j).ok()?;
+                (v["event"] == kind).then_some(v)
+            })
+        };
+        let acting = loop {
+            if let Some(v) = guard_event("acting") {
+                break v;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "the guard did not act in 60 s: {}", env.status());
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(acting["decision"], "kill-engine-group", "{acting}");
+        assert_eq!(acting["engine"]["container"], id.as_str(), "{acting}");
+        let grown = acting["engine"]["grown_bytes"].as_u64().unwrap_or(0);
+        assert!(grown > 512 * MIB, "growth attributed to the container's cgroup: {acting}");
+        let acted = loop {
+            if let Some(v) = guard_event("acted") {
+                break v;
+            }
+            assert!(t.elapsed() < Duration::from_secs(90), "no `acted` from the guard");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(acted["gone"], true, "{acted}");
+        assert!(!env.containers().contains(&id), "the guarded container is still there");
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(acted["receipt"].as_str().unwrap()).unwrap()).unwrap();
+        assert_eq!(r["signals"][0]["target"], "container", "{r}");
+        assert_eq!(r["signals"][0]["container"], id.as_str(), "{r}");
+        assert!(host.try_wait().unwrap().is_none(), "the host's process was not left alone");
+        eprintln!(
+            "memory guard in up: acted {:.1} s after the hog started ({} MiB grown in the container), reaction {} ms, gone after {} ms",
+            t.elapsed().as_secs_f64(),
+            grown / MIB,
+            r["reaction_ms"],
+            r["outcome"]["ms"]
+        );
+        let _ = hog.wait();
+        host.kill().unwrap();
+        let _ = host.wait();
+    } else {
+        eprintln!("skipping the memory-guard step: MemAvailable {} MiB < {} MiB", avail / MIB, 2 * GUARD_MARGIN / MIB);
+    }
     let t = Instant::now();
     let out = env.spark(&["down"]).output().unwrap();
     assert!(out.status.success(), "down: {}", String::from_utf8_lossy(&out.stderr));
-    env.no_containers_within(Duration::from_secs(5), "down");
+    env.no_containers_within(Duration::from_secs(10), "down");
     eprintln!("down: no container after {:.1} s", t.elapsed().as_secs_f64());
 
-    // 8. kill -9 of a detached supervisor while its engine boots: its agent removes the
+    // 9. kill -9 of a detached supervisor while its engine boots: its agent removes the
     //    container within 30 s (and the waiting `up --detach` fails).
     let waiting = env.up(&["--detach"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let mut waiting = Reap(Some(waiting));

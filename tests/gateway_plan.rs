@@ -102,3 +102,101 @@ async fn the_plans_prefill_budget_admits_and_refuses_through_the_fake_server() {
     let models: Value = client.get(format!("http://{addr}/v1/models")).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "fake-model");
 }
+
+/// `spark-kit ARGS` as a user runs it, with a clean environment (no key variables) and HOME in
+/// `home`: (exit code, stdout, stderr).
+fn spark_kit(home: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spark-kit"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string()
+}
+
+/// Nothing was started: no supervisor socket or pid file, no engine or agent log under `logs`.
+fn nothing_started(logs: &std::path::Path) {
+    let left: Vec<_> = std::fs::read_dir(logs)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "up left {left:?} in the logs directory");
+}
+
+#[test]
+fn up_refuses_an_unset_key_variable_before_anything_starts() {
+    let home = tempfile::tempdir().unwrap();
+    let logs = home.path().join("logs");
+    let port = free_port();
+    let sets =
+        ["--set", &format!("paths.logs={}", logs.display()), "--set", "engine.api_keys.env=SPARK_GW_NO_SUCH_KEY"];
+    for detach in [false, true] {
+        let mut args = vec!["up", "--kit", "tiny-cpu", "--port", &port];
+        if detach {
+            args.push("--detach");
+        }
+        args.extend(sets);
+        let (code, out, err) = spark_kit(home.path(), &args);
+        assert_eq!(code, Some(2), "detach {detach}: a configuration error\n{out}\n{err}");
+        let want =
+            "error: engine.api_keys.env names the variable SPARK_GW_NO_SUCH_KEY, which is not set: the deployment \
+                    would run without API keys; export SPARK_GW_NO_SUCH_KEY=<key> (comma-separated for several), or \
+                    remove engine.api_keys.env from the kit\n";
+        assert_eq!(err, want, "detach {detach}: one line naming the key, the variable and the fix");
+        assert!(!out.contains("gateway on"), "detach {detach}: the gateway started: {out}");
+        nothing_started(&logs);
+    }
+    // The variable set but empty: refused the same way.
+    let (code, _, err) = {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spark-kit"))
+            .args(["up", "--kit", "tiny-cpu", "--port", &port])
+            .args(sets)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", home.path())
+            .env("SPARK_GW_NO_SUCH_KEY", "")
+            .output()
+            .unwrap();
+        (out.status.code(), (), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("names the variable SPARK_GW_NO_SUCH_KEY, which is empty"), "{err}");
+    nothing_started(&logs);
+    // `bench --kit` with the same kit fails closed too, before any request.
+    let (code, _, err) = spark_kit(home.path(), &["bench", "--kit", "tiny-cpu", "--port", &port, sets[2], sets[3]]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.starts_with("error: engine.api_keys.env names the variable SPARK_GW_NO_SUCH_KEY, which is not set"),
+        "{err}"
+    );
+}
+
+#[test]
+fn up_refuses_a_non_loopback_bind_without_keys_with_the_fix() {
+    let home = tempfile::tempdir().unwrap();
+    let logs = home.path().join("logs");
+    let port = free_port();
+    let logs_set = format!("paths.logs={}", logs.display());
+    for detach in [false, true] {
+        let mut args =
+            vec!["up", "--kit", "tiny-cpu", "--port", &port, "--set", &logs_set, "--set", "engine.host=0.0.0.0"];
+        if detach {
+            args.push("--detach");
+        }
+        let (code, out, err) = spark_kit(home.path(), &args);
+        assert_eq!(code, Some(2), "detach {detach}\n{out}\n{err}");
+        assert_eq!(
+            err,
+            "error: engine.host 0.0.0.0 is not loopback and engine.api_keys is empty: anyone who can reach the port \
+             could use the engine; set engine.api_keys.env (or engine.api_keys.file), or set engine.host to 127.0.0.1\n",
+            "detach {detach}"
+        );
+        assert!(!out.contains("gateway on"), "{out}");
+        nothing_started(&logs);
+    }
+}

@@ -24,6 +24,8 @@ use tokio::sync::oneshot;
 struct Seen {
     tokenize: AtomicUsize,
     chat: AtomicUsize,
+    /// Non-streamed completions and embeddings the upstream received.
+    plain: AtomicUsize,
     /// Streams whose body was dropped before it ended (the client went away).
     dropped: AtomicUsize,
 }
@@ -96,11 +98,24 @@ async fn chat(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
     Response::builder().header(header::CONTENT_TYPE, "text/event-stream").body(Body::from_stream(stream)).unwrap()
 }
 
+/// A non-streamed answer after `delay_ms` (a completion or an embedding); a request whose
+/// client went away before it is answered counts as dropped.
+async fn plain(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    seen.plain.fetch_add(1, Ordering::SeqCst);
+    let guard = DropGuard(seen, false);
+    tokio::time::sleep(Duration::from_millis(v["delay_ms"].as_u64().unwrap_or(0))).await;
+    guard.ended();
+    json_resp(&json!({"object": "list", "data": [{"embedding": [0.5, 0.25]}], "answered": true}))
+}
+
 async fn upstream_on(listener: TcpListener) -> Arc<Seen> {
     let seen = Arc::new(Seen::default());
     let app = Router::new()
         .route("/tokenize", post(tokenize))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(plain))
+        .route("/v1/embeddings", post(plain))
         .route("/v1/models", get(|| async { json_resp(&json!({"object": "list", "data": [{"id": "m"}]})) }))
         .route("/health", get(|| async { "" }))
         .route("/metrics", get(|| async { "vllm:num_requests_running 0\n" }))
@@ -388,4 +403,94 @@ async fn a_request_queued_when_the_drain_begins_gets_503_not_the_engine() {
     assert_eq!(r.status(), 503);
     assert_eq!(seen.chat.load(Ordering::SeqCst), 1, "the queued request reached the engine");
     assert_eq!(g.done.await.unwrap().unwrap(), DrainOutcome::Idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_client_that_goes_away_leaves_the_queue() {
+    let (up, seen) = upstream().await;
+    let g = gateway(&up, |c| {
+        c.max_in_flight = 1;
+        c.queue_len = 1;
+    })
+    .await;
+    let mut body = chat_body(2, 20);
+    body["interval_ms"] = json!(100);
+    let (u, b) = (g.url.clone(), body.clone());
+    let first = tokio::spawn(async move { send_chat(&u, &b).await.text().await.unwrap() });
+    until("the first request holds the slot", || g.gw.in_flight() == 1).await;
+    // Queued, then its client gives up.
+    let impatient = reqwest::Client::builder().no_proxy().timeout(Duration::from_millis(300)).build().unwrap();
+    let r = impatient.post(format!("{}/v1/chat/completions", g.url)).json(&body).send().await;
+    assert!(r.is_err(), "the queued request answered within 300 ms: {r:?}");
+    until("the gone client's place in the queue is freed", || g.gw.queued() == 0).await;
+    // The queue (of one) takes a request again rather than answering 429.
+    let (u, b) = (g.url.clone(), chat_body(2, 2));
+    let next = tokio::spawn(async move { send_chat(&u, &b).await });
+    until("the next request is queued", || g.gw.queued() == 1).await;
+    assert!(first.await.unwrap().ends_with("data: [DONE]\n\n"));
+    let next = next.await.unwrap();
+    assert_eq!(next.status(), 200);
+    assert!(next.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    assert_eq!(seen.chat.load(Ordering::SeqCst), 2, "the gone client's request reached the engine");
+    until("every slot is released", || (g.gw.in_flight(), g.gw.queued()) == (0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_a_plain_answer_drops_the_engine_request() {
+    let (up, seen) = upstream().await;
+    let g = gateway(&up, |_| {}).await;
+    let impatient = reqwest::Client::builder().no_proxy().timeout(Duration::from_millis(300)).build().unwrap();
+    let body = json!({"model": "m", "prompt": "a b", "max_tokens": 2, "delay_ms": 5000});
+    let r = impatient.post(format!("{}/v1/completions", g.url)).json(&body).send().await;
+    assert!(r.is_err(), "answered within 300 ms: {r:?}");
+    assert_eq!(seen.plain.load(Ordering::SeqCst), 1, "the completion never reached the engine");
+    let t0 = Instant::now();
+    while seen.dropped.load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen.dropped.load(Ordering::SeqCst), 1, "the engine's request was not dropped with the client");
+    until("the slot is released", || g.gw.in_flight() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_take_a_slot_without_admission() {
+    let (up, seen) = upstream().await;
+    let g = gateway(&up, |c| c.keys = vec!["sk-e".into()]).await;
+    // Far over every limit if it were counted: embeddings are not admitted by the plan.
+    let input = vec!["x"; 500].join(" ");
+    let body = json!({"model": "m", "input": input, "delay_ms": 300});
+    let c = client();
+    let url = format!("{}/v1/embeddings", g.url);
+    assert_eq!(c.post(&url).json(&body).send().await.unwrap().status(), 401, "embeddings are keyed");
+    let req = c.post(&url).bearer_auth("sk-e").json(&body).send();
+    let pending = tokio::spawn(req);
+    until("the embedding holds a slot", || g.gw.in_flight() == 1).await;
+    let r = pending.await.unwrap().unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["data"][0]["embedding"], json!([0.5, 0.25]), "{v}");
+    assert_eq!(seen.plain.load(Ordering::SeqCst), 1);
+    assert_eq!(seen.tokenize.load(Ordering::SeqCst), 0, "an embedding was counted for admission");
+    until("the slot is released", || g.gw.in_flight() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_over_the_cap_is_413_before_the_engine() {
+    let (up, seen) = upstream().await;
+    let g = gateway(&up, |c| c.max_body_bytes = 1000).await;
+    // No Content-Length: 20 chunks of 100 bytes, the cap found while reading.
+    let chunks = futures_util::stream::iter((0..20).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 100]))));
+    let r = client()
+        .post(format!("{}/v1/completions", g.url))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("at most 1000 bytes"), "{v}");
+    assert_eq!(seen.tokenize.load(Ordering::SeqCst) + seen.plain.load(Ordering::SeqCst), 0);
+    assert!(g.gw.metrics_text().contains("spark_gateway_refused_total{reason=\"body_too_large\"} 1\n"));
 }

@@ -224,7 +224,12 @@ fn start(
             w.observe(line);
         }
     });
-    let key = api_key(kit, env, dirs)?;
+    // Only the head serves the API: a worker whose environment lacks engine.api_keys.env's
+    // variable starts without the key (`up` on the head refused a missing one before this).
+    let key = match api_key(kit, env, dirs) {
+        Err(e) if e.is_unset_var() && kit.nodes[node].role != Role::Head => None,
+        r => r.map_err(|e| e.to_string())?,
+    };
     let extra: Vec<(String, String)> = key.into_iter().map(|k| ("VLLM_API_KEY".to_string(), k)).collect();
     let engine = runtime
         .launch(kit, node, &prep, &LaunchEnv { base: env, extra: &extra, sink: Some(sink) })

@@ -70,7 +70,9 @@ fn api_key(args: &BenchRunArgs, kit: Option<&crate::kit::Kit>, ctx: &Context<'_>
     match kit {
         Some(k) => crate::engine::endpoint::api_key(k, &ctx.env, &Dirs::from_env(&ctx.env))
             .map(|k| k.map(|k| first_key(&k)))
-            .map_err(|e| Failure::usage(e).with_hint("fix the kit's engine.api_keys, or pass --api-key-env NAME")),
+            .map_err(|e| {
+                Failure::usage(e.to_string()).with_hint("fix the kit's engine.api_keys, or pass --api-key-env NAME")
+            }),
         None => Ok(None),
     }
 }

@@ -60,7 +60,7 @@ pub(super) fn config(s: &Settings, env: &[(String, String)]) -> Result<(GatewayC
         )));
     }
     let kit = &s.kit;
-    let keys = api_keys(kit, env, &s.dirs).map_err(Failure::usage)?;
+    let keys = api_keys(kit, env, &s.dirs).map_err(|e| Failure::usage(e.to_string()))?;
     let port = s.ports.internal_tcp().map_err(|e| Failure::usage(e.to_string()))?;
     let (p, note) = plan_of(kit, env);
     let cfg = GatewayConfig::from_kit(kit, &p, keys, port).map_err(|e| Failure::usage(e.to_string()))?;

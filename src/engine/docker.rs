@@ -32,6 +32,10 @@ pub struct Mounts {
     pub pass_env: Vec<String>,
 }
 
+/// The engine's open-files limit (GPU kits): above the 65535 vLLM asks for, well under the
+/// kernel's default `fs.nr_open` (1048576).
+pub const NOFILE: &str = "--ulimit=nofile=65536:65536";
+
 /// The container name of node `node`'s engine: `spark-kit-<kit>-<node>-r<rank>`.
 #[must_use]
 pub fn container_name(kit: &Kit, node: usize) -> String {
@@ -58,10 +62,14 @@ pub fn run_argv(kit: &Kit, node: usize, spec: &EngineSpec, mounts: &Mounts) -> V
         // GPUs and RoCE (NCCL's verbs need unlimited memlock): a CPU kit's host has neither, docker
         // refuses --gpus without the NVIDIA runtime, and an unlimited memlock fails where the
         // daemon's own hard limit is lower (seen on the test VM: "error setting rlimit type 8").
+        // Open files: vLLM raises its soft limit to 65535 itself and warns when the hard limit
+        // is lower (a daemon started with 20000 gives its containers 20000:20000); the same
+        // "above the daemon's hard limit" failure keeps it off CPU kits (rlimit type 7 here).
         let gpu: &[&str] = &[
             "--gpus=all",
             "--device=/dev/infiniband",
             "--ulimit=memlock=-1",
+            NOFILE,
             "--cap-add=IPC_LOCK",
             "--cap-add=SYS_PTRACE",
         ];
@@ -129,6 +137,7 @@ mod tests {
             "--network=host",
             "--ipc=host",
             "--ulimit=memlock=-1",
+            NOFILE,
             "--device=/dev/infiniband",
             "--oom-score-adj=1000",
         ] {
@@ -169,6 +178,7 @@ mod tests {
         };
         let a = run_argv(&k, 0, &spec, &m);
         assert!(!a.iter().any(|x| x.starts_with("--gpus") || x.starts_with("--device")), "{a:?}");
+        assert!(!a.iter().any(|x| x.starts_with("--ulimit=nofile") || x.starts_with("--ulimit=memlock")), "{a:?}");
         assert!(a.contains(&"--network=host".to_string()) && a.contains(&"--oom-score-adj=1000".to_string()));
         assert!(a.contains(&"--volume=/v:/v:ro".to_string()), "{a:?}");
         assert!(a.contains(&"--volume=/usr/lib/python3.11:/usr/lib/python3.11:ro".to_string()), "{a:?}");

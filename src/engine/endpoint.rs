@@ -40,32 +40,72 @@ pub fn engine_addr(kit: &Kit) -> (&'static str, u32) {
     ("127.0.0.1", internal_port(kit))
 }
 
+/// Why `engine.api_keys` yields no usable key set. Each is a configuration error naming the key,
+/// the variable or file, and the fix: a kit that names a key source which gives nothing is
+/// refused (fail closed) rather than run with no keys. Never carries a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    /// `engine.api_keys.env` names a variable that is unset, empty, or holds only commas.
+    #[error(
+        "engine.api_keys.env names the variable {var}, which is {how}: the deployment would run without API keys; \
+         export {var}=<key> (comma-separated for several), or remove engine.api_keys.env from the kit"
+    )]
+    Unset { var: String, how: &'static str },
+    /// `engine.api_keys.file` cannot be read.
+    #[error("engine.api_keys.file {path}: {why}: create it with one key per line, or unset engine.api_keys.file")]
+    File { path: String, why: String },
+    /// `engine.api_keys.file` holds no key (only blank lines).
+    #[error(
+        "engine.api_keys.file {path} holds no key: the deployment would run without API keys; \
+         put one key per line in it, or unset engine.api_keys.file"
+    )]
+    EmptyFile { path: String },
+}
+
+impl KeysError {
+    /// The variable `engine.api_keys.env` names is not set (on this machine).
+    #[must_use]
+    pub const fn is_unset_var(&self) -> bool {
+        matches!(self, KeysError::Unset { .. })
+    }
+}
+
 /// Every API key of `engine.api_keys`: the environment variable's comma-separated keys, then the
-/// first field of each of the file's non-blank lines. Empty when neither yields a key.
-pub fn api_keys(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Vec<String>, String> {
+/// first field of each of the file's non-blank lines. Empty only when the kit names neither; a
+/// named variable that is unset or empty, or a named file that is missing or empty, is an error
+/// (the deployment must not silently run open).
+pub fn api_keys(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Vec<String>, KeysError> {
     let mut keys: Vec<String> = Vec::new();
     if let Some(name) = &kit.engine.api_keys.env {
-        if let Some((_, v)) = env.iter().rev().find(|(k, _)| k == name) {
-            keys.extend(v.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string));
+        let value = env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let before = keys.len();
+        keys.extend(value.unwrap_or_default().split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string));
+        if keys.len() == before {
+            let how = match value {
+                None => "not set",
+                Some(v) if v.trim().is_empty() => "empty",
+                Some(_) => "only commas (no key)",
+            };
+            return Err(KeysError::Unset { var: name.clone(), how });
         }
     }
     if let Some(f) = &kit.engine.api_keys.file {
         let path = dirs.expand(f);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            format!(
-                "engine.api_keys.file {}: {e}: create it with one key per line, or unset engine.api_keys.file",
-                path.display()
-            )
-        })?;
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| KeysError::File { path: path.display().to_string(), why: e.to_string() })?;
         // The first field of each non-blank line (what the printed `curl` hint's awk reads).
+        let before = keys.len();
         keys.extend(text.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_string));
+        if keys.len() == before {
+            return Err(KeysError::EmptyFile { path: path.display().to_string() });
+        }
     }
     keys.dedup();
     Ok(keys)
 }
 
 /// The first API key of `engine.api_keys` (what the node's probes and the engine itself use).
-pub fn api_key(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Option<String>, String> {
+pub fn api_key(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Option<String>, KeysError> {
     Ok(api_keys(kit, env, dirs)?.into_iter().next())
 }
 
@@ -108,11 +148,59 @@ mod tests {
         let env = vec![("K".to_string(), "env-a, env-b,".to_string())];
         assert_eq!(api_keys(&k, &env, &dirs).unwrap(), ["env-a", "env-b", "file-a", "file-b"]);
         assert_eq!(api_key(&k, &env, &dirs).unwrap().as_deref(), Some("env-a"));
+        k.engine.api_keys.env = None;
         assert_eq!(api_keys(&k, &[], &dirs).unwrap(), ["file-a", "file-b"]);
+        k.engine.api_keys.env = Some("K".into());
         k.engine.api_keys.file = Some(d.path().join("missing").display().to_string());
         let e = api_keys(&k, &env, &dirs).unwrap_err();
-        assert!(e.starts_with("engine.api_keys.file ") && e.contains("one key per line"), "{e}");
-        k.engine.api_keys.file = None;
-        assert!(api_keys(&k, &[], &dirs).unwrap().is_empty());
+        assert!(matches!(e, KeysError::File { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with("engine.api_keys.file ") && e.to_string().contains("one key per line"),
+            "{e}"
+        );
+        k.engine.api_keys = crate::kit::schema::ApiKeys::default();
+        assert!(api_keys(&k, &[], &dirs).unwrap().is_empty(), "no key source named: no keys, no error");
+    }
+
+    #[test]
+    fn a_named_variable_that_is_unset_or_empty_fails_closed() {
+        let d = tempfile::tempdir().unwrap();
+        let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
+        let mut k = kit_with(8000, 0);
+        k.engine.api_keys.env = Some("GW_KEYS".into());
+        for (env, how) in [
+            (vec![], "not set"),
+            (vec![("GW_KEYS".to_string(), "  ".to_string())], "empty"),
+            (vec![("GW_KEYS".to_string(), " , ,".to_string())], "only commas (no key)"),
+        ] {
+            let e = api_keys(&k, &env, &dirs).unwrap_err();
+            assert_eq!(e, KeysError::Unset { var: "GW_KEYS".into(), how });
+            assert!(e.is_unset_var());
+            let msg = e.to_string();
+            assert!(!msg.contains('\n'), "one line: {msg}");
+            assert!(
+                msg.starts_with(&format!("engine.api_keys.env names the variable GW_KEYS, which is {how}:")),
+                "{msg}"
+            );
+            assert!(msg.contains("export GW_KEYS=<key>") && msg.contains("remove engine.api_keys.env"), "{msg}");
+            assert!(api_key(&k, &env, &dirs).is_err(), "the engine's own key fails closed too");
+        }
+        // The variable set: its keys, even with a file beside it that is fine.
+        let env = vec![("GW_KEYS".to_string(), "a".to_string())];
+        assert_eq!(api_keys(&k, &env, &dirs).unwrap(), ["a"]);
+    }
+
+    #[test]
+    fn a_named_file_without_a_key_fails_closed() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("keys");
+        std::fs::write(&f, "\n   \n").unwrap();
+        let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
+        let mut k = kit_with(8000, 0);
+        k.engine.api_keys.file = Some(f.display().to_string());
+        let e = api_keys(&k, &[], &dirs).unwrap_err();
+        assert_eq!(e, KeysError::EmptyFile { path: f.display().to_string() });
+        assert!(!e.is_unset_var());
+        assert!(e.to_string().contains("holds no key") && e.to_string().contains("one key per line"), "{e}");
     }
 }

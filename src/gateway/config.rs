@@ -7,8 +7,8 @@ use super::admission::Limits;
 use crate::kit::schema::Kit;
 use crate::plan::Plan;
 
-/// Everything the gateway needs to run.
-#[derive(Debug, Clone)]
+/// Everything the gateway needs to run. Its `Debug` shows how many keys there are, never a key.
+#[derive(Clone)]
 pub struct GatewayConfig {
     /// Where clients connect (`engine.host:engine.port`).
     pub bind: SocketAddr,
@@ -32,6 +32,27 @@ pub struct GatewayConfig {
     /// Longest wait for in-flight requests when draining.
     pub drain_timeout: Duration,
     pub limits: Limits,
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayConfig")
+            .field("bind", &self.bind)
+            .field("upstream", &self.upstream)
+            .field("keys", &format_args!("<{} key(s), not shown>", self.keys.len()))
+            .field(
+                "upstream_key",
+                &format_args!("{}", if self.upstream_key.is_some() { "<set, not shown>" } else { "None" }),
+            )
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("queue_len", &self.queue_len)
+            .field("queue_wait", &self.queue_wait)
+            .field("retry_after_s", &self.retry_after_s)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("limits", &self.limits)
+            .finish()
+    }
 }
 
 /// A setting the gateway refuses to run with.
@@ -129,6 +150,21 @@ mod tests {
         assert_eq!(cfg("0.0.0.0", &["k"]).validate(), Ok(()));
         assert_eq!(cfg("127.0.0.1", &[]).validate(), Ok(()));
         assert_eq!(cfg("::1", &[]).validate(), Ok(()));
+    }
+
+    #[test]
+    fn debug_output_never_shows_a_key() {
+        let c = cfg("0.0.0.0", &["sk-secret-one", "sk-secret-two"]);
+        for text in [format!("{c:?}"), format!("{c:#?}")] {
+            assert!(!text.contains("sk-secret"), "{text}");
+            assert!(text.contains("<2 key(s), not shown>") && text.contains("<set, not shown>"), "{text}");
+            assert!(text.contains("max_in_flight: 2"), "{text}");
+        }
+        // Through everything that holds the config (the gateway, as the supervisor's handles do).
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _g = rt.enter();
+        let gw = super::super::Gateway::new(c, super::super::EngineState::Ready).unwrap();
+        assert!(!format!("{gw:?}").contains("sk-secret"), "{gw:?}");
     }
 
     #[test]

@@ -68,6 +68,25 @@ impl Drop for InFlight {
     }
 }
 
+/// One request's place in the queue: counted in `queued` from `enter` until dropped.
+struct Queued<'a> {
+    count: &'a AtomicUsize,
+    /// Requests that were already waiting.
+    ahead: usize,
+}
+
+impl<'a> Queued<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        Self { ahead: count.fetch_add(1, Ordering::SeqCst), count }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The gateway: configuration, HTTP client to the engine, and live state.
 #[derive(Debug)]
 pub struct Gateway {
@@ -154,13 +173,14 @@ impl Gateway {
         let permit = match self.slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                let q = self.queued.fetch_add(1, Ordering::SeqCst);
-                if q >= self.cfg.queue_len {
-                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                // Counted while waiting, and uncounted however the wait ends: a client that goes
+                // away drops this future mid-wait, and the guard's drop takes it off the queue.
+                let place = Queued::enter(&self.queued);
+                if place.ahead >= self.cfg.queue_len {
                     return Err(SlotRefusal::QueueFull);
                 }
                 let got = tokio::time::timeout(self.cfg.queue_wait, self.slots.clone().acquire_owned()).await;
-                self.queued.fetch_sub(1, Ordering::SeqCst);
+                drop(place);
                 match got {
                     Ok(Ok(p)) => p,
                     // The semaphore is never closed; a closed one reads as a queue timeout.
