@@ -2,8 +2,9 @@
 //! build behind the gateway on its internal port) and the python `openai` client / raw SSE
 //! streams from the engine venv (tests/e2e_gateway_client.py). One deployment, phases in order:
 //! the printed `try:` curl, keys from the variable and the file, chat / stream / completion,
-//! a prompt over the limit refused before the engine sees it, 16 streams over 2 slots, kill -9
-//! of the engine under load, `down` during a long stream.
+//! a prompt over the limit refused before the engine sees it, a client leaving mid-stream (vLLM
+//! aborts it), 16 streams over 2 slots, `/metrics`, kill -9 of the engine under load, `down`
+//! during a long stream, no key in any log.
 //!
 //! Needs SPARK_KIT_TEST_E2E=1 and the tiny-cpu engine venv (see tests/e2e_tiny_cpu.rs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr, clippy::cast_possible_wrap)]
@@ -109,6 +110,23 @@ fn post_status(port: u16) -> Option<u16> {
     head.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// GET `path` over plain HTTP/1.0 with `key` (if any): (status, body).
+fn get(port: u16, path: &str, key: Option<&str>) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n{auth}\r\n").as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), body.to_string())
+}
+
+/// The value of the Prometheus sample `series` (name with labels, exactly) in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 fn status_json(logs: &Path) -> Value {
     let out = spark_kit()
         .args(["status", "--kit", "tiny-cpu", "--json", "--set", &format!("paths.logs={}", logs.display())])
@@ -203,6 +221,28 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     assert!(log.contains(&format!("seed={admitted_seed}")), "the engine log lacks the admitted request's params");
     assert!(!log.contains(&format!("seed={refused_seed}")), "the refused request reached the engine");
 
+    // 2b. A client that leaves mid-stream: the gateway drops the engine's request and vLLM
+    //     aborts it (its log says so under the request id the client sent), the slot is free.
+    let rid = format!("gw-abandon-{pid}");
+    let r = client(&base, &["abandon", FILE_KEY, &rid], Duration::from_secs(120));
+    assert!(r["status"] == 200 && r["text_events"] == 1, "{r}");
+    let t = Instant::now();
+    let aborted = loop {
+        let log = std::fs::read_to_string(logs.path().join("tiny-cpu-local-engine.log")).unwrap();
+        let hit = log.lines().find(|l| l.contains(&rid) && l.contains("aborted")).map(str::to_string);
+        if hit.is_some() || t.elapsed() > Duration::from_secs(20) {
+            break hit;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let aborted = aborted.expect("vLLM did not abort the request whose client went away (no `Request … aborted.`)");
+    eprintln!("client gone mid-stream → engine: {}", aborted.trim());
+    let t = Instant::now();
+    while status_json(logs.path())["gateway"]["in_flight"] != 0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "the abandoned stream still holds its slot");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // 3. 16 concurrent streams over 2 slots (queue 8): all complete or get 429; none hang.
     //    `status` shows the slots full and the queue.
     let b = base.clone();
@@ -230,27 +270,67 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     let human = String::from_utf8_lossy(&human.stdout);
     assert!(human.contains(&format!("gateway 127.0.0.1:{port}  ready  in flight 0  queued 0")), "{human}");
 
-    // 4. kill -9 of the engine under load: in-flight streams end with the error event and
-    //    [DONE]; new requests get 503 (never a refused connection) until the restart, then 200.
+    // 3b. /metrics through the gateway: keyed; the gateway's own series (requests by status,
+    //     refused by reason, queue depth, TTFT and inter-token histograms) and then vLLM's.
+    assert_eq!(get(port, "/metrics", None).0, 401, "/metrics without a key");
+    assert_eq!(get(port, "/health", None).0, 200, "/health is open");
+    let (code, m) = get(port, "/metrics", Some(ENV_KEY));
+    assert_eq!(code, 200, "{m}");
+    let at_least = |series: &str, n: f64| {
+        let v = sample(&m, series).unwrap_or_else(|| panic!("no {series} in /metrics"));
+        assert!(v >= n, "{series} is {v}, expected at least {n}");
+    };
+    #[allow(clippy::cast_precision_loss)]
+    {
+        at_least("spark_gateway_requests_total{status=\"429\"}", refused as f64);
+        at_least("spark_gateway_refused_total{reason=\"queue_full\"}", refused as f64);
+        at_least("spark_gateway_requests_total{status=\"200\"}", ok as f64);
+        at_least("spark_gateway_admitted_total", ok as f64);
+        at_least("spark_gateway_ttft_seconds_count", ok as f64);
+        at_least("spark_gateway_inter_token_seconds_count", (ok * 100) as f64);
+    }
+    at_least("spark_gateway_refused_total{reason=\"max_model_len\"}", 1.0);
+    at_least("spark_gateway_refused_total{reason=\"unauthorized\"}", 1.0);
+    assert_eq!(sample(&m, "spark_gateway_queue_depth"), Some(0.0));
+    assert!(m.contains("spark_gateway_ttft_seconds_bucket{le=\"+Inf\"}"), "{m}");
+    assert!(m.lines().any(|l| l.starts_with("vllm:")), "vLLM's series not passed through");
+    assert!(m.find("spark_gateway_").unwrap() < m.find("\nvllm:").unwrap(), "the gateway's series come first");
+
+    // 4. kill -9 of the engine under load: every in-flight stream (both slots, each past its
+    //    first token) ends with the error event and [DONE]; the queued ones and new requests
+    //    get 503 (never a refused connection) until the restart, then 200.
     let mut load: Vec<_> = (0..4).map(|i| spawn_stream(&base, 480, &format!("# kill {i}\nimport"))).collect();
-    wait_line(&load[0].1, "first-token", Duration::from_secs(120));
-    let pgid = status_json(logs.path())["nodes"][0]["engine_pgid"].as_i64().unwrap() as i32;
+    let mut streaming = std::collections::BTreeSet::new();
+    let t = Instant::now();
+    while streaming.len() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(120), "two streams never both streamed: {streaming:?}");
+        for (i, (_, rx)) in load.iter().enumerate() {
+            if rx.try_recv().is_ok_and(|l| l == "first-token") {
+                streaming.insert(i);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = status_json(logs.path());
+    assert_eq!(before["gateway"]["in_flight"], 2, "{before}");
+    let pgid = before["nodes"][0]["engine_pgid"].as_i64().unwrap() as i32;
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL).unwrap();
     let t = Instant::now();
     let mut cut = 0;
-    for (child, rx) in &mut load {
+    for (i, (child, rx)) in load.iter_mut().enumerate() {
         let r = result_of(child, rx, Duration::from_secs(60));
-        match r["status"].as_u64() {
-            Some(200) => {
-                assert_eq!(r["error"]["code"], "upstream_stream_cut", "{r}");
-                assert_eq!(r["done"], true, "no [DONE] after the error event: {r}");
-                cut += 1;
-            }
-            Some(503) => assert!(r["retry_after"].is_string(), "{r}"),
-            _ => panic!("a stream under the kill neither ended with the error event nor got 503: {r}"),
+        if streaming.contains(&i) {
+            assert_eq!(r["status"], 200, "stream {i} was in flight at the kill: {r}");
+            assert_eq!(r["error"]["code"], "upstream_stream_cut", "stream {i} in flight at the kill: {r}");
+            assert_eq!(r["done"], true, "stream {i}: no [DONE] after the error event: {r}");
+            assert!(r["transport_error"].is_null(), "stream {i}: the socket was cut, not the stream: {r}");
+            cut += 1;
+        } else {
+            assert_eq!(r["status"], 503, "stream {i} was queued at the kill: {r}");
+            assert!(r["retry_after"].is_string(), "{r}");
         }
     }
-    assert!(cut >= 1, "no in-flight stream was cut");
+    assert_eq!(cut, 2);
     eprintln!("{cut} in-flight streams ended with the error event {:.1} s after the kill", t.elapsed().as_secs_f64());
     let mut statuses = Vec::new();
     loop {
@@ -301,4 +381,24 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     }
     let code = u.child.wait().unwrap();
     assert!(code.success(), "up after down: {code}");
+
+    // 6. Keys are never written: not in the banner, not in any log, snapshot or socket file
+    //    (the key file this test wrote is the only place).
+    for key in [ENV_KEY, FILE_KEY] {
+        assert!(!banner.iter().any(|l| l.contains(key)), "the banner shows a key: {banner:?}");
+        let mut dirs = vec![logs.path().to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap().filter_map(Result::ok) {
+                let p = e.path();
+                let kind = e.file_type().unwrap();
+                if kind.is_dir() {
+                    dirs.push(p);
+                } else if kind.is_file() && p != key_file {
+                    let bytes = std::fs::read(&p).unwrap_or_default();
+                    let text = String::from_utf8_lossy(&bytes);
+                    assert!(!text.contains(key), "{} contains an API key", p.display());
+                }
+            }
+        }
+    }
 }

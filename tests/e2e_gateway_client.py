@@ -91,6 +91,23 @@ def one_stream(base, key, max_tokens, prompt):
     return r
 
 
+def abandon(base, key, request_id):
+    """A stream (vLLM's request id from X-Request-Id) left after its first text: the connection closes."""
+    body = {"model": MODEL, "prompt": "# abandon\nimport", "max_tokens": 480, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {key}", "X-Request-Id": request_id}
+    r = {"status": None, "text_events": 0}
+    with httpx.stream("POST", base + "/completions", json=body, headers=headers,
+                      timeout=httpx.Timeout(180, connect=10)) as resp:
+        r["status"] = resp.status_code
+        for line in resp.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:]).get("choices"):
+                r["text_events"] += 1
+                break
+    # Leaving the `with` closes the connection mid-stream.
+    return r
+
+
 def streams(base, key, n, max_tokens):
     out = [None] * int(n)
 
@@ -113,6 +130,8 @@ def main():
         r = over(base, key, *args)
     elif phase == "stream":
         r = one_stream(base, key, int(args[0]), args[1])
+    elif phase == "abandon":
+        r = abandon(base, key, *args)
     elif phase == "streams":
         r = streams(base, key, *args)
     else:
