@@ -64,8 +64,9 @@ fn with_survivors(f: Failure, args: &crate::cli::KitArgs, env: &[(String, String
     Failure {
         message: format!("{}; containers of it from an earlier run on this node: {}", f.message, named.join(", ")),
         hint: Some(format!(
-            "remove them (`docker rm -f {}`), or start over them with `spark-kit up --replace`",
-            names.join(" ")
+            "remove them (`docker rm -f {}`), or start over them with {}",
+            names.join(" "),
+            crate::hints::KitRef::new(args.kit.as_deref()).quoted("up", &["--replace"])
         )),
         ..f
     }
