@@ -19,8 +19,8 @@ use crate::engine::argv::node_ranks;
 use crate::error::Failure;
 use crate::kit::schema::{Kit, Transport};
 use crate::node::checks::Verdict;
-use crate::node::facts::{gather, NodeFacts};
-use crate::node::preflight::{request_for, PreflightInput, Report};
+use crate::node::facts::gather;
+use crate::node::preflight::{request_for, Facts, FactsError, PreflightInput, Report};
 use crate::node::probe::LocalProbe;
 use crate::supervisor::bringup::{evaluate, FACTS_TIMEOUT_S};
 
@@ -55,14 +55,14 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 
 /// Gather every node's facts: nodes on this machine directly, the others through a node agent
 /// started for the purpose (over the node's transport, the binary pushed when it differs).
-fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<NodeFacts, String>> {
+fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Facts> {
     let local = |i: usize| kit.nodes[i].transport == Transport::Local;
-    let mut facts: Vec<Result<NodeFacts, String>> = (0..kit.nodes.len())
+    let mut facts: Vec<Facts> = (0..kit.nodes.len())
         .map(|i| {
             if local(i) {
                 Ok(gather(&LocalProbe { timeout_s: 10 }, &request_for(kit, &kit.nodes[i], input)))
             } else {
-                Err(String::new())
+                Err(FactsError::NotAsked { node: kit.nodes[i].name.clone() })
             }
         })
         .collect();
@@ -98,16 +98,15 @@ fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<
             agents[i] = Some(agent);
             asked
         });
-        facts[i] = hello.and_then(|()| {
-            client::wait_for(&rx, i, Duration::from_secs(FACTS_TIMEOUT_S), &mut held, |ev| match ev {
-                Event::Facts { facts } => Some(*facts),
-                _ => None,
+        facts[i] = hello
+            .and_then(|()| {
+                client::wait_for(&rx, i, Duration::from_secs(FACTS_TIMEOUT_S), &mut held, |ev| match ev {
+                    Event::Facts { facts } => Some(*facts),
+                    _ => None,
+                })
+                .map_err(|e| e.to_string())
             })
-            .map_err(|e| e.to_string())
-        });
-        if let Err(why) = &facts[i] {
-            facts[i] = Err(format!("{}'s node agent: {why}", node.name));
-        }
+            .map_err(|why| FactsError::Unreachable { node: node.name.clone(), why });
     }
     let deadline = Instant::now() + Duration::from_secs(15);
     for a in agents.iter_mut().flatten() {
