@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use super::{io_failure, load, Context};
 use crate::cli::GuardArgs;
-use crate::dirs::Dirs;
 use crate::engine::dockerctl;
 use crate::error::Failure;
 use crate::kit::bytes::ByteSize;
@@ -48,8 +47,8 @@ pub fn parse_policy(v: &str) -> Result<GuardPolicy, Failure> {
 
 /// The guard configuration from the kit and the flags (flags win).
 pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathBuf), Failure> {
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
-    let kit = &resolved.kit;
+    let settings = load::settings(&args.kit, &ctx.env)?;
+    let kit = &settings.kit;
     let node = kit.nodes.iter().find(|n| n.transport == Transport::Local).map_or("local", |n| n.name.as_str());
     let mut cfg = GuardConfig::from_kit(kit, node);
     if let Some(v) = &args.soft {
@@ -99,8 +98,7 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
                 .with_hint("pass a live pid whose descendants may be killed"));
         }
     }
-    let receipts =
-        args.receipts.clone().unwrap_or_else(|| Dirs::from_env(&ctx.env).expand(&kit.paths.logs).join("guard"));
+    let receipts = args.receipts.clone().unwrap_or_else(|| settings.logs.join("guard"));
     Ok((cfg, receipts))
 }
 

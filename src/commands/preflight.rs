@@ -13,8 +13,6 @@ use crate::cli::PreflightArgs;
 use crate::cluster::client::{self, AgentProc};
 use crate::cluster::protocol::{Command, Event};
 use crate::cluster::push;
-use crate::dirs::logs_dir;
-use crate::dirs::Dirs;
 use crate::engine::argv::node_ranks;
 use crate::error::Failure;
 use crate::kit::schema::{Kit, Transport};
@@ -25,12 +23,11 @@ use crate::node::probe::LocalProbe;
 use crate::supervisor::bringup::{evaluate, FACTS_TIMEOUT_S};
 
 pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
-    let kit = &resolved.kit;
+    let settings = load::settings(&args.kit, &ctx.env)?;
+    let kit = &settings.kit;
     let input = input(kit, &ctx.env, args.kit.kit.as_deref());
     let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}", kit.nodes.len(), kit.name);
-    let logs = logs_dir(kit, &Dirs::from_env(&ctx.env));
-    let facts = through_agents(kit, &input, &logs);
+    let facts = through_agents(kit, &input, &settings.logs);
     let report = evaluate(kit, &input, &facts);
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
@@ -48,7 +45,7 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Verdict::NotChecked => Err(Failure::runtime(format!(
             "preflight incomplete: {unchecked} check(s) could not run (a node did not answer)"
         ))
-        .with_hint(format!("see the node agents' logs in {}", logs.display()))),
+        .with_hint(format!("see the node agents' logs in {}", settings.logs.display()))),
         _ => Ok(()),
     }
 }
