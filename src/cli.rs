@@ -2,6 +2,8 @@
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod values;
+
 /// Serve DeepSeek V4.1 Flash (EXL3) across two DGX Spark nodes with one command.
 ///
 /// Exit codes: 0 success, 1 runtime failure, 2 usage or configuration error.
@@ -228,7 +230,7 @@ pub struct DownloadArgs {
     #[arg(long, value_enum)]
     pub only: Option<Only>,
     /// Concurrent range requests across all files.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = values::download_jobs)]
     pub jobs: usize,
     /// Show what would be fetched (files, sizes, what is cached) without downloading.
     #[arg(long)]
@@ -244,14 +246,14 @@ pub struct DownloadArgs {
     #[arg(long, short)]
     pub quiet: bool,
     /// Seconds without a byte before a range request is abandoned and retried.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = values::idle_timeout)]
     pub idle_timeout: u64,
     /// Attempts per range request (the count restarts whenever bytes arrive).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = values::retries)]
     pub retries: u32,
     /// Bytes per range request.
-    #[arg(long, value_name = "BYTES", default_value = "32MiB", hide = true)]
-    pub range_size: String,
+    #[arg(long, value_name = "BYTES", default_value = "32MiB", hide = true, value_parser = values::range_size)]
+    pub range_size: crate::kit::bytes::ByteSize,
     #[command(flatten)]
     pub kit: KitArgs,
 }
@@ -371,25 +373,25 @@ pub struct BenchRunArgs {
     #[arg(long, value_name = "LEN,LEN,...")]
     pub prefill: Option<String>,
     /// Requests per prefill length.
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = values::prefill_repeats)]
     pub prefill_repeats: u32,
     /// Tokens generated per decode stream (default 256, less if max_model_len is smaller).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = values::decode_tokens)]
     pub decode_tokens: Option<u64>,
     /// Prompt length of decode streams in tokens (default 256, less if max_model_len is smaller).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = values::decode_prompt_tokens)]
     pub decode_prompt_tokens: Option<u64>,
     /// Waves per concurrency level, run back to back (more samples on a noisy host).
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = values::decode_repeats)]
     pub decode_repeats: u32,
     /// Seconds one decode request may take (prefill: min(2700, 60 + 0.008 x tokens)).
-    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0, value_parser = values::bench_timeout)]
     pub timeout: f64,
     /// Let the model think (sent as chat_template_kwargs); off by default, as in the reference numbers.
     #[arg(long)]
     pub thinking: bool,
     /// Sampling temperature.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = values::temperature)]
     pub temperature: f64,
     /// Environment variable holding the API key (sent as Authorization: Bearer; never printed).
     #[arg(long, value_name = "NAME", conflicts_with = "api_key_file")]
@@ -449,7 +451,7 @@ pub struct GuardArgs {
     #[arg(long, value_name = "PID")]
     pub victims_under: Option<i32>,
     /// Seconds between SIGTERM and SIGKILL of the engine group (default: engine.shutdown_timeout_s, at most 10).
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = values::drain)]
     pub drain: Option<f64>,
     /// The node's idle MemAvailable for the restart gate (default: measured at start if no engine runs).
     #[arg(long, value_name = "SIZE")]

@@ -25,5 +25,7 @@ pub mod live;
 pub mod memguard;
 pub mod node;
 pub mod plan;
+pub mod settings;
+pub mod signals;
 pub mod supervisor;
 pub mod weights;

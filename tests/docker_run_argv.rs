@@ -2,9 +2,10 @@
 //! (tests/common/docker.rs) for the tiny-cpu-docker kit: the daemon accepts every flag, the
 //! container carries the name and labels of deployment, node and rank, the weights and the
 //! overlay are mounted read-only, the overlay is on PYTHONPATH, oom_score_adj is 1000 and the
-//! image's `vllm serve` gets the kit's arguments with the model at /model. Preflight then names
-//! the container as a survivor of this deployment. The image is the test base image plus a
-//! `vllm` stand-in that prints its argv (made with `docker commit`, offline).
+//! image's `vllm serve` gets the kit's arguments with the model at /model. Preflight, and
+//! `status` with nothing running, then name the container as a survivor of this deployment.
+//! The image is the test base image plus a `vllm` stand-in that prints its argv (made with
+//! `docker commit`, offline).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 mod common;
@@ -96,6 +97,22 @@ fn the_engine_container_logs_tagged_lines_and_stops_to_nothing() {
     by_hand.insert(2, "--detach".into());
     let refs: Vec<&str> = by_hand[1..].iter().map(String::as_str).collect();
     d.ok(&refs);
+    // With nothing running, `status` names it, and the fix.
+    let kit_file = dir.path().join("launch-test.yaml");
+    let yaml = std::fs::read_to_string("launch-kits/tiny-cpu-docker.yaml").unwrap();
+    std::fs::write(&kit_file, yaml.replace("name: tiny-cpu-docker", "name: launch-test")).unwrap();
+    let out = spark_kit()
+        .env("DOCKER_HOST", &d.host)
+        .args(["status", "--kit"])
+        .arg(&kit_file)
+        .args(["--set", &format!("paths.logs={}", dir.path().display())])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let id = d.ok(&["inspect", "--format", "{{.Id}}", &name]);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("from an earlier run on this node: {name} ({}, running)", &id[..12])), "{err}");
+    assert!(err.contains(&format!("remove them (`docker rm -f {name}`), or start over them with")), "{err}");
     let removed = spark_kit::engine::container::remove_deployment("launch-test").unwrap();
     assert_eq!(removed, [name]);
     let left = d.ok(&[

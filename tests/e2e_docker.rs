@@ -252,6 +252,14 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     let (id, pid) = env.running();
     let inspect = env.d.ok(&["inspect", "--format", "{{.Config.Image}} {{.HostConfig.NetworkMode}}", &id]);
     assert_eq!(inspect, format!("{IMAGE} host"));
+    // The node's compile caches are mounted read-write (a restart does not compile again).
+    let mounts =
+        env.d.ok(&["inspect", "--format", "{{range .Mounts}}{{.Source}}>{{.Destination}}>{{.RW}} {{end}}", &id]);
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    for c in spark_kit::engine::docker::CACHES {
+        let want = format!("{home}/{c}>/root/{c}>true");
+        assert!(mounts.split_whitespace().any(|m| m == want), "{want} not among {mounts}");
+    }
     // `status --json` names the container and its image per rank.
     let s = env.status();
     assert_eq!(s["nodes"][0]["container_id"].as_str(), Some(id.as_str()), "{s}");

@@ -120,7 +120,15 @@ async fn upstream_on(listener: TcpListener) -> Arc<Seen> {
         .route("/health", get(|| async { "" }))
         .route("/metrics", get(|| async { "vllm:num_requests_running 0\n" }))
         .with_state(seen.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    tokio::spawn(async move {
+        use axum::serve::ListenerExt as _;
+        // TCP_NODELAY as vLLM's server has it (asyncio sets it on every TCP transport): an
+        // upstream with Nagle on holds its first event ~40 ms for the ACK of the response head.
+        let l = listener.tap_io(|t| {
+            let _ = t.set_nodelay(true);
+        });
+        axum::serve(l, app).await.unwrap()
+    });
     seen
 }
 
@@ -233,7 +241,7 @@ async fn over_the_plan_is_400_and_the_engine_never_sees_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_slots_and_queue_is_429_with_retry_after() {
-    let (up, _seen) = upstream().await;
+    let (up, seen) = upstream().await;
     let g = gateway(&up, |c| {
         c.max_in_flight = 1;
         c.queue_len = 1;
@@ -253,6 +261,7 @@ async fn beyond_slots_and_queue_is_429_with_retry_after() {
     assert_eq!(third.headers()["retry-after"], "5");
     let v: Value = third.json().await.unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("all 1 engine slots are busy"), "{v}");
+    assert_eq!(seen.tokenize.load(Ordering::SeqCst), 2, "the refused request cost the engine a /tokenize");
     assert!(first.await.unwrap().ends_with("data: [DONE]\n\n"));
     assert!(second.await.unwrap().ends_with("data: [DONE]\n\n"), "the queued request ran after the first");
 }
@@ -493,4 +502,37 @@ async fn a_chunked_body_over_the_cap_is_413_before_the_engine() {
     assert!(v["error"]["message"].as_str().unwrap().contains("at most 1000 bytes"), "{v}");
     assert_eq!(seen.tokenize.load(Ordering::SeqCst) + seen.plain.load(Ordering::SeqCst), 0);
     assert!(g.gw.metrics_text().contains("spark_gateway_refused_total{reason=\"body_too_large\"} 1\n"));
+}
+
+/// Time to the first event of a streamed chat: the gateway (its /tokenize round trip included)
+/// against the same upstream straight, interleaved. With Nagle on the gateway's accepted sockets
+/// the first event waited for the client's delayed ACK: +40 ms (measured, TCP_NODELAY off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_event_is_not_held_by_the_gateway() {
+    let (up, _seen) = upstream().await;
+    let g = gateway(&up, |_| {}).await;
+    let mut body = chat_body(20, 2);
+    body["interval_ms"] = json!(0);
+    let c = client();
+    let (mut via, mut direct) = (Vec::new(), Vec::new());
+    for round in 0..45 {
+        for (side, base) in [(&mut via, g.url.as_str()), (&mut direct, up.as_str())] {
+            let t0 = Instant::now();
+            let mut s = c.post(format!("{base}/v1/chat/completions")).json(&body).send().await.unwrap().bytes_stream();
+            s.next().await.unwrap().unwrap();
+            let ms = t0.elapsed().as_secs_f64() * 1000.0;
+            while s.next().await.is_some() {}
+            // The first rounds warm the connection pools.
+            if round >= 5 {
+                side.push(ms);
+            }
+        }
+    }
+    let p50 = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (g50, d50) = (p50(&mut via), p50(&mut direct));
+    eprintln!("first event p50: through the gateway {g50:.2} ms, straight {d50:.2} ms");
+    assert!(g50 < d50 + 15.0, "the gateway holds the first event: p50 {g50:.2} ms vs {d50:.2} ms straight");
 }

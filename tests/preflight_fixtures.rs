@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use spark_kit::cluster::protocol::{decode, encode, Event};
 use spark_kit::kit::{self, schema::Kit};
 use spark_kit::node::checks::{Check, Verdict};
-use spark_kit::node::facts::{gather, FactRequest, NodeFacts};
-use spark_kit::node::preflight::{run, PreflightInput};
+use spark_kit::node::facts::{gather, FactRequest};
+use spark_kit::node::preflight::{run, FactsError, PreflightInput};
 use spark_kit::node::{RecordedProbe, Report};
 
 const GIB: u64 = 1 << 30;
@@ -38,10 +38,10 @@ fn input() -> PreflightInput {
 /// Run preflight on the 2x Spark kit with the head and worker replayed from fixtures.
 fn preflight(kit: &Kit, head: &str, worker: Option<&str>) -> Report {
     let (head, worker) = (fixture(head), worker.map(fixture));
-    let source = |n: &kit::schema::Node, req: &FactRequest| -> Result<NodeFacts, String> {
+    let source = |n: &kit::schema::Node, req: &FactRequest| -> spark_kit::node::preflight::Facts {
         let root = if n.name == "spark-1" { Some(head.clone()) } else { worker.clone() };
         root.map(|root| gather(&RecordedProbe { root }, req))
-            .ok_or_else(|| format!("{}'s node agent: no answer", n.name))
+            .ok_or_else(|| FactsError::Unreachable { node: n.name.clone(), why: "no answer".into() })
     };
     run(kit, &input(), &source)
 }
@@ -178,7 +178,7 @@ fn a_leftover_vllm_only_warns_for_a_cpu_kit() {
     // The CPU build's engine memory is ordinary memory the kernel sees: another vLLM only competes
     // for cores. The GPU processes nvidia-smi lists are not looked at for a CPU kit.
     let kit = kit::resolve(kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
-    let source = |_: &kit::schema::Node, req: &FactRequest| -> Result<NodeFacts, String> {
+    let source = |_: &kit::schema::Node, req: &FactRequest| -> spark_kit::node::preflight::Facts {
         Ok(gather(&RecordedProbe { root: fixture("leftover-gpu-process") }, req))
     };
     let r = run(&kit, &PreflightInput { disk_path: "/models/tiny".into(), ..PreflightInput::default() }, &source);
@@ -236,7 +236,7 @@ fn the_facts_survive_the_agent_protocol() {
     // The worker's facts travel as JSON (protocol Event::Facts): the verdicts must not change.
     let kit = kit_2x();
     let direct = preflight(&kit, "gb10-healthy", Some("worker-old-driver"));
-    let source = |n: &kit::schema::Node, req: &FactRequest| -> Result<NodeFacts, String> {
+    let source = |n: &kit::schema::Node, req: &FactRequest| -> spark_kit::node::preflight::Facts {
         let root = fixture(if n.name == "spark-1" { "gb10-healthy" } else { "worker-old-driver" });
         let facts = gather(&RecordedProbe { root }, req);
         let line = encode(&Event::Facts { facts: Box::new(facts) }).unwrap();
@@ -253,7 +253,7 @@ fn the_facts_survive_the_agent_protocol() {
 #[test]
 fn a_cpu_kit_skips_the_gpu_checks() {
     let kit = kit::resolve(kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
-    let source = |_: &kit::schema::Node, req: &FactRequest| -> Result<NodeFacts, String> {
+    let source = |_: &kit::schema::Node, req: &FactRequest| -> spark_kit::node::preflight::Facts {
         Ok(gather(&RecordedProbe { root: fixture("gb10-healthy") }, req))
     };
     let r = run(&kit, &PreflightInput { disk_path: "/models/tiny".into(), ..PreflightInput::default() }, &source);

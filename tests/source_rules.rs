@@ -10,10 +10,9 @@ use source_scan::{is_ident, rs_files, sources, strip};
 /// Longest a source file may be.
 const MAX_LINES: usize = 600;
 
-/// Files that may write to the process's stdout / stderr: the reporter, the agent's protocol
-/// channel (`spark-kit node` speaks JSON lines on stdout), and, not yet moved to the reporter,
-/// `up`'s banner and progress.
-const TERMINAL_FILES: &[&str] = &["commands/reporter.rs", "commands/node.rs", "commands/up.rs"];
+/// Files that may write to the process's stdout / stderr: the reporter and the agent's protocol
+/// channel (`spark-kit node` speaks JSON lines on stdout).
+const TERMINAL_FILES: &[&str] = &["commands/reporter.rs", "commands/node.rs"];
 
 /// Where `code` writes to the terminal directly: `io::stdout()` / `io::stderr()` or a print macro.
 fn terminal_writes(code: &str) -> Vec<usize> {

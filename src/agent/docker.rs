@@ -1,13 +1,14 @@
 //! The docker runtime: the same overlay, model and Engram files as the venv runtime
 //! ([`prepare_files`]), the engine run as a container of `engine.docker_image`
 //! ([`crate::engine::docker::run_argv`]) whose `docker run` client is the engine process
-//! ([`container::launch`]: own process group, tagged log, hang sink). The memory guard follows
+//! ([`container::launch`]: own process group, tagged log, hang sink), the node's compile caches
+//! mounted read-write ([`crate::engine::docker::CACHES`]). The memory guard follows
 //! the container's cgroup, and stopping or losing the engine ends in `docker stop -t
 //! <shutdown_timeout_s>` then `docker rm -f` ([`container::stop`]).
 
 use super::runtime::{makes_model, prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
 use crate::dirs::Dirs;
-use crate::engine::docker::{container_name, run_argv, Mounts};
+use crate::engine::docker::{cache_mounts, container_name, run_argv, Mounts};
 use crate::engine::process::{self, Engine};
 use crate::engine::{argv, container, dockerctl, image_build};
 use crate::kit::schema::Kit;
@@ -51,12 +52,18 @@ impl Runtime for Docker {
             (Some(v), true) => (Some(v.display().to_string()), image_build::venv_mounts(v)?),
             _ => (None, Vec::new()),
         };
+        // The compile caches live on the node; made here (as the agent's user) so that docker
+        // does not make them as root.
+        let caches = cache_mounts(&Dirs::from_env(env.base).home);
+        for (host, _) in &caches {
+            std::fs::create_dir_all(host).map_err(|source| UpError::CacheDir { path: host.into(), source })?;
+        }
         let mounts = Mounts {
             model: prep.model.display().to_string(),
             engram: engram("SPARK_ENGRAM_DIR"),
             engram_packed: engram("SPARK_ENGRAM_PACKED_DIR"),
             overlay: prep.overlay.display().to_string(),
-            caches: Vec::new(),
+            caches,
             venv,
             same_path,
             // Secrets (the API key) travel in the client's environment, not on its command line.

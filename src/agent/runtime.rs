@@ -164,6 +164,8 @@ pub enum UpError {
     Port { host: String, port: u32, why: String },
     #[error(transparent)]
     Spawn(#[from] process::SpawnError),
+    #[error("cannot create the engine's cache directory {}: {source}", path.display())]
+    CacheDir { path: std::path::PathBuf, source: std::io::Error },
     #[error("cannot find the spark-kit executable to start the engine: {0}")]
     SelfExe(std::io::Error),
 }
@@ -177,6 +179,10 @@ impl UpError {
             Self::Setup(e) => e.log().map(|l| format!("full install log: {}", l.display())),
             Self::Model(model::ModelError::NotDownloaded { .. }) => Some("run `spark-kit download` first".into()),
             Self::Docker { source, .. } => Some(source.fix()),
+            Self::CacheDir { path, .. } => Some(format!(
+                "make {} writable by this user (or free space on its disk)",
+                path.parent().unwrap_or(path).display()
+            )),
             _ => None,
         }
     }

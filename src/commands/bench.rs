@@ -97,28 +97,8 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         })?),
         None => None,
     };
-    if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        return Err(Failure::usage(format!("--timeout {}: must be a positive number of seconds", args.timeout))
-            .with_hint("use e.g. --timeout 600"));
-    }
-    if args.prefill_repeats == 0 {
-        return Err(Failure::usage("--prefill-repeats 0: need at least one request per length")
-            .with_hint("use e.g. --prefill-repeats 3, or --prefill none to skip the ladder"));
-    }
-    if args.decode_repeats == 0 || args.decode_repeats > 10_000 {
-        return Err(Failure::usage(format!("--decode-repeats {}: out of range 1..=10000", args.decode_repeats))
-            .with_hint("use e.g. --decode-repeats 1 (one wave per concurrency level)"));
-    }
-    for (flag, v) in [("--decode-tokens", args.decode_tokens), ("--decode-prompt-tokens", args.decode_prompt_tokens)] {
-        if v == Some(0) || v.is_some_and(|v| v > 16 * 1024 * 1024) {
-            return Err(Failure::usage(format!("{flag} {}: out of range 1..=16m", v.unwrap_or(0)))
-                .with_hint(format!("use e.g. {flag} 256")));
-        }
-    }
-    if !(0.0..=2.0).contains(&args.temperature) {
-        return Err(Failure::usage(format!("--temperature {}: out of range 0..=2", args.temperature))
-            .with_hint("use --temperature 0"));
-    }
+    // --timeout, --prefill-repeats, --decode-repeats, --decode-tokens, --decode-prompt-tokens and
+    // --temperature are checked by their value parsers (src/cli/values.rs).
     if let Some(p) = &args.plot {
         plot::format_of(p).map_err(|e| Failure::usage(e.to_string()).with_hint(e.hint()))?;
         check_parent("--plot", p)?;

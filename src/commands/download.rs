@@ -16,7 +16,7 @@ use crate::hub::lockfile::LockFile;
 use crate::hub::retry::Backoff;
 use crate::hub::run::{EngramTarget, RepoRequest, Request, Summary, Want};
 use crate::kit::bytes::human_size as size;
-use crate::kit::bytes::{ByteSize, KIB};
+
 use crate::kit::schema::{Kit, ModelSource};
 
 fn requests(kit: &Kit, only: Option<Only>, dirs: &Dirs) -> Result<Vec<RepoRequest>, Failure> {
@@ -66,18 +66,7 @@ fn requests(kit: &Kit, only: Option<Only>, dirs: &Dirs) -> Result<Vec<RepoReques
 }
 
 pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    if !(1..=256).contains(&args.jobs) {
-        return Err(
-            Failure::usage(format!("--jobs {} is out of range", args.jobs)).with_hint("use 1 to 256 (default 16)")
-        );
-    }
-    let range_size: ByteSize = args.range_size.parse().map_err(|e| Failure::usage(format!("--range-size: {e}")))?;
-    if range_size.bytes() < 4 * KIB {
-        return Err(Failure::usage("--range-size is below 4KiB").with_hint("use e.g. 32MiB (the default)"));
-    }
-    if args.idle_timeout == 0 || args.retries == 0 {
-        return Err(Failure::usage("--idle-timeout and --retries must be at least 1"));
-    }
+    // --jobs, --range-size, --idle-timeout and --retries are checked by their value parsers (src/cli/values.rs).
     let resolved = load::resolve_for(&args.kit, &ctx.env, crate::kit::validate::MODEL_ONLY)?;
     let kit = &resolved.kit;
     let dirs = Dirs::from_env(&ctx.env);
@@ -85,7 +74,7 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let cache = kit_hf_cache(kit, &ctx.env, &dirs);
     let opts = Options {
         jobs: args.jobs,
-        range_size: range_size.bytes(),
+        range_size: args.range_size.bytes(),
         idle: Duration::from_secs(args.idle_timeout),
         backoff: Backoff { max_attempts: args.retries, ..Backoff::default() },
         journal_every: DEFAULT_JOURNAL_EVERY,

@@ -3,15 +3,11 @@
 //! `--json`); receipts to `--receipts`. SIGTERM or Ctrl-C stops it.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-
 use super::{io_failure, load, Context};
 use crate::cli::GuardArgs;
-use crate::dirs::Dirs;
 use crate::engine::dockerctl;
 use crate::error::Failure;
 use crate::kit::bytes::ByteSize;
@@ -19,12 +15,7 @@ use crate::kit::schema::{GuardPolicy, Transport};
 use crate::memguard::{
     ContainerId, EngineRef, EngineSource, FixedContainer, Guard, GuardConfig, GuardError, GuardEvent, GuardReporter,
 };
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: nix::libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
+use crate::signals;
 
 struct Channel(Mutex<mpsc::Sender<GuardEvent>>);
 
@@ -56,8 +47,8 @@ pub fn parse_policy(v: &str) -> Result<GuardPolicy, Failure> {
 
 /// The guard configuration from the kit and the flags (flags win).
 pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathBuf), Failure> {
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
-    let kit = &resolved.kit;
+    let settings = load::settings(&args.kit, &ctx.env)?;
+    let kit = &settings.kit;
     let node = kit.nodes.iter().find(|n| n.transport == Transport::Local).map_or("local", |n| n.name.as_str());
     let mut cfg = GuardConfig::from_kit(kit, node);
     if let Some(v) = &args.soft {
@@ -84,11 +75,7 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
         cfg.idle_baseline = Some(size("--baseline", v)?);
     }
     if let Some(d) = args.drain {
-        if !(0.0..=600.0).contains(&d) {
-            return Err(
-                Failure::usage(format!("--drain: {d} is out of range")).with_hint("give seconds between 0 and 600")
-            );
-        }
+        // 0 to 600 (its value parser).
         cfg.drain = Duration::from_secs_f64(d);
     }
     cfg.victims_under = args.victims_under;
@@ -111,8 +98,7 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
                 .with_hint("pass a live pid whose descendants may be killed"));
         }
     }
-    let receipts =
-        args.receipts.clone().unwrap_or_else(|| Dirs::from_env(&ctx.env).expand(&kit.paths.logs).join("guard"));
+    let receipts = args.receipts.clone().unwrap_or_else(|| settings.logs.join("guard"));
     Ok((cfg, receipts))
 }
 
@@ -152,18 +138,14 @@ pub fn run(args: &GuardArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         };
         Failure::runtime(e.to_string()).with_hint(hint)
     })?;
-    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
-    for s in [Signal::SIGTERM, Signal::SIGINT] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(s, &action) }.map_err(|e| Failure::runtime(format!("cannot install a {s} handler: {e}")))?;
-    }
+    signals::install(signals::Syscalls::Interrupt).map_err(|e| Failure::runtime_error(&e))?;
     if policy == GuardPolicy::Off {
         let _ = writeln!(ctx.err, "warning: guard policy `off`: the guard reports but never acts");
     }
     let worker = std::thread::Builder::new()
         .name("memguard".into())
         .spawn(move || {
-            guard.run(&STOP);
+            guard.run(&signals::STOP);
         })
         .map_err(|e| Failure::runtime(format!("cannot start the guard thread: {e}")))?;
     for event in rx {

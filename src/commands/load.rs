@@ -3,6 +3,7 @@
 use crate::cli::KitArgs;
 use crate::error::Failure;
 use crate::kit::{self, layers, KitError, Origin, Override, Resolved};
+use crate::settings::Settings;
 
 /// The flag layer: the common flags, then `--set` entries (highest precedence; later wins).
 pub fn flag_overrides(args: &KitArgs) -> Result<Vec<Override>, Failure> {
@@ -31,6 +32,11 @@ pub fn flag_overrides(args: &KitArgs) -> Result<Vec<Override>, Failure> {
 /// Resolve the kit named by `args` (or the default kit).
 pub fn resolve(args: &KitArgs, env: &[(String, String)]) -> Result<Resolved, Failure> {
     resolve_for(args, env, &kit::validate::Part::ALL)
+}
+
+/// The kit named by `args`, resolved, and its settings on this machine (src/settings.rs).
+pub fn settings(args: &KitArgs, env: &[(String, String)]) -> Result<Settings, Failure> {
+    Ok(Settings::new(resolve(args, env)?.kit, args.kit.as_deref(), env))
 }
 
 /// [`resolve`], validating only the parts of the kit the command uses.

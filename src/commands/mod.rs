@@ -27,7 +27,10 @@ pub mod setup;
 pub mod status;
 pub mod target;
 pub mod up;
+mod up_detach;
 mod up_gateway;
+mod up_prepare;
+mod up_text;
 pub mod verify;
 pub mod verify_decode;
 

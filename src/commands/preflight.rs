@@ -13,24 +13,21 @@ use crate::cli::PreflightArgs;
 use crate::cluster::client::{self, AgentProc};
 use crate::cluster::protocol::{Command, Event};
 use crate::cluster::push;
-use crate::dirs::logs_dir;
-use crate::dirs::Dirs;
 use crate::engine::argv::node_ranks;
 use crate::error::Failure;
 use crate::kit::schema::{Kit, Transport};
 use crate::node::checks::Verdict;
-use crate::node::facts::{gather, NodeFacts};
-use crate::node::preflight::{request_for, PreflightInput, Report};
+use crate::node::facts::gather;
+use crate::node::preflight::{request_for, Facts, FactsError, PreflightInput, Report};
 use crate::node::probe::LocalProbe;
 use crate::supervisor::bringup::{evaluate, FACTS_TIMEOUT_S};
 
 pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
-    let kit = &resolved.kit;
+    let settings = load::settings(&args.kit, &ctx.env)?;
+    let kit = &settings.kit;
     let input = input(kit, &ctx.env, args.kit.kit.as_deref());
     let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}", kit.nodes.len(), kit.name);
-    let logs = logs_dir(kit, &Dirs::from_env(&ctx.env));
-    let facts = through_agents(kit, &input, &logs);
+    let facts = through_agents(kit, &input, &settings.logs);
     let report = evaluate(kit, &input, &facts);
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
@@ -48,21 +45,21 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Verdict::NotChecked => Err(Failure::runtime(format!(
             "preflight incomplete: {unchecked} check(s) could not run (a node did not answer)"
         ))
-        .with_hint(format!("see the node agents' logs in {}", logs.display()))),
+        .with_hint(format!("see the node agents' logs in {}", settings.logs.display()))),
         _ => Ok(()),
     }
 }
 
 /// Gather every node's facts: nodes on this machine directly, the others through a node agent
 /// started for the purpose (over the node's transport, the binary pushed when it differs).
-fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<NodeFacts, String>> {
+fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Facts> {
     let local = |i: usize| kit.nodes[i].transport == Transport::Local;
-    let mut facts: Vec<Result<NodeFacts, String>> = (0..kit.nodes.len())
+    let mut facts: Vec<Facts> = (0..kit.nodes.len())
         .map(|i| {
             if local(i) {
                 Ok(gather(&LocalProbe { timeout_s: 10 }, &request_for(kit, &kit.nodes[i], input)))
             } else {
-                Err(String::new())
+                Err(FactsError::NotAsked { node: kit.nodes[i].name.clone() })
             }
         })
         .collect();
@@ -98,16 +95,15 @@ fn through_agents(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Result<
             agents[i] = Some(agent);
             asked
         });
-        facts[i] = hello.and_then(|()| {
-            client::wait_for(&rx, i, Duration::from_secs(FACTS_TIMEOUT_S), &mut held, |ev| match ev {
-                Event::Facts { facts } => Some(*facts),
-                _ => None,
+        facts[i] = hello
+            .and_then(|()| {
+                client::wait_for(&rx, i, Duration::from_secs(FACTS_TIMEOUT_S), &mut held, |ev| match ev {
+                    Event::Facts { facts } => Some(*facts),
+                    _ => None,
+                })
+                .map_err(|e| e.to_string())
             })
-            .map_err(|e| e.to_string())
-        });
-        if let Err(why) = &facts[i] {
-            facts[i] = Err(format!("{}'s node agent: {why}", node.name));
-        }
+            .map_err(|why| FactsError::Unreachable { node: node.name.clone(), why });
     }
     let deadline = Instant::now() + Duration::from_secs(15);
     for a in agents.iter_mut().flatten() {

@@ -1,13 +1,20 @@
 //! The terminal for progress: the one place command files write progress lines to the process's
 //! stderr from worker threads (where the command's `ctx.err` cannot go), plain lines that read
 //! well in logs and CI. Setup and bring-up phases ([`Lines`]), `pack-engram` ([`PackLines`]), and
-//! [`line`] / [`is_terminal`] for the others (`verify`, `engine`, the download bars).
+//! [`line`] / [`is_terminal`] for the others (`verify`, `engine`, the download bars), and `up`'s
+//! terminal: its lines ([`UpLines`]), the boot progress line ([`BootProgress`]), the ready banner
+//! and the `--verbose` engine log tails ([`watch_ready`]).
 
 use std::io::{IsTerminal, Write};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::agent::runtime::UpReporter;
+use crate::engine::boot_phase::{progress_line, Pacer, CLEAR_LINE};
 use crate::engine::venv::SetupReporter;
+use crate::supervisor::state::State;
+use crate::supervisor::{ClusterReporter, Snapshot};
 
 /// One progress line on stderr (a line at a time, so threads do not interleave within a line).
 pub fn line(text: &str) {
@@ -101,5 +108,140 @@ impl crate::engram::pack::PackReporter for PackLines {
     }
     fn note(&self, message: &str) {
         self.lines.line(&format!("  pack-engram: note: {message}"));
+    }
+}
+
+/// A progress line is on the terminal (redrawn in place) and must be erased before other output.
+static PROGRESS_SHOWN: AtomicBool = AtomicBool::new(false);
+
+fn clear_progress(err: &mut dyn Write) {
+    if PROGRESS_SHOWN.swap(false, Ordering::SeqCst) {
+        let _ = write!(err, "{CLEAR_LINE}");
+    }
+}
+
+/// `up`'s lines on stderr (the supervisor's, the gateway's), erasing the progress line first.
+pub struct UpLines;
+
+impl ClusterReporter for UpLines {
+    fn line(&self, text: &str) {
+        let mut err = std::io::stderr();
+        clear_progress(&mut err);
+        let _ = writeln!(err, "{text}");
+    }
+}
+
+/// While the engines boot (some started, `/health` not yet 200): seconds since the first engine
+/// started and the progress line with every started node's phase.
+fn boot_progress(s: &Snapshot) -> Option<(u64, String)> {
+    if s.state != State::Starting {
+        return None;
+    }
+    let started: Vec<_> = s.nodes.iter().filter(|n| n.engine_alive && n.uptime_s.is_some()).collect();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // whole seconds, >= 0
+    let secs = started.iter().filter_map(|n| n.uptime_s).fold(0.0, f64::max) as u64;
+    if started.is_empty() {
+        return None;
+    }
+    let phases: Vec<(String, Option<String>)> = started.iter().map(|n| (n.name.clone(), n.phase.clone())).collect();
+    Some((secs, progress_line(secs, &phases)))
+}
+
+/// The boot progress line of `up`: redrawn in place on a terminal, a line a minute otherwise.
+pub struct BootProgress {
+    pacer: Pacer,
+    tty: bool,
+}
+
+impl BootProgress {
+    #[must_use]
+    pub fn new() -> Self {
+        let tty = is_terminal();
+        Self { pacer: Pacer::new(tty), tty }
+    }
+
+    /// Show the boot progress of `s` on `err` (stderr), or erase it once the boot is over.
+    pub fn show(&mut self, s: &Snapshot, err: &mut dyn Write) {
+        match boot_progress(s) {
+            Some((secs, line)) => {
+                if let Some(text) = self.pacer.tick(secs, &line) {
+                    let _ = write!(err, "{text}");
+                    let _ = err.flush();
+                    if self.tty {
+                        PROGRESS_SHOWN.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            None => clear_progress(err),
+        }
+    }
+}
+
+impl Default for BootProgress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The ready banner's text for a snapshot and the seconds since the start.
+pub type Banner = Box<dyn Fn(&Snapshot, f64) -> String + Send>;
+
+/// A thread that shows the boot progress, prints `banner` on stdout once the deployment is
+/// ready, and with `verbose` tails the local engine logs on stderr; it ends with the deployment.
+pub fn watch_ready(snap: Arc<Mutex<Snapshot>>, verbose: bool, banner: Banner) -> std::thread::JoinHandle<()> {
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let mut tails: Vec<String> = Vec::new();
+        let mut printed = false;
+        let mut progress = BootProgress::new();
+        let mut last_tick = Instant::now();
+        loop {
+            let s = match snap.lock() {
+                Ok(s) => s.clone(),
+                Err(_) => return,
+            };
+            if verbose {
+                for log in s.nodes.iter().filter_map(|n| n.engine_log.as_ref()) {
+                    if !tails.contains(log) && std::path::Path::new(log).exists() {
+                        tails.push(log.clone());
+                        let log = log.clone();
+                        std::thread::spawn(move || tail_file(&log));
+                    }
+                }
+            }
+            if last_tick.elapsed() >= Duration::from_secs(1) || boot_progress(&s).is_none() {
+                last_tick = Instant::now();
+                progress.show(&s, &mut std::io::stderr());
+            }
+            if !printed && s.state == State::Ready {
+                printed = true;
+                let mut out = std::io::stdout();
+                let _ = writeln!(out, "{}", banner(&s, started.elapsed().as_secs_f64()));
+                let _ = out.flush();
+            }
+            if matches!(s.state, State::Stopped | State::Failed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    })
+}
+
+/// Print new lines of a local engine log (they carry their node and rank tags).
+fn tail_file(path: &str) {
+    use std::io::{BufRead, Seek};
+    let Ok(mut f) = std::fs::File::open(path) else { return };
+    let _ = f.seek(std::io::SeekFrom::End(0));
+    let mut r = std::io::BufReader::new(f);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => std::thread::sleep(Duration::from_millis(200)),
+            Ok(_) => {
+                let _ = writeln!(std::io::stderr(), "{}", line.trim_end());
+            }
+            Err(_) => return,
+        }
     }
 }

@@ -45,8 +45,37 @@ pub fn render(s: &Snapshot) -> String {
     out
 }
 
+/// With no deployment running, a docker kit's containers left on this node by an earlier run
+/// (found by label) are named in the error, with how to remove them.
+fn with_survivors(f: Failure, args: &crate::cli::KitArgs, env: &[(String, String)]) -> Failure {
+    let Ok(Some(kit)) = super::target::given_kit(args, env) else { return f };
+    if kit.engine.runtime != crate::kit::schema::Runtime::Docker {
+        return f;
+    }
+    let Ok(left) = crate::engine::dockerctl::containers_labelled(crate::engine::dockerctl::LABEL_KIT, &kit.name) else {
+        return f;
+    };
+    if left.is_empty() {
+        return f;
+    }
+    let named: Vec<String> =
+        left.iter().map(|c| format!("{} ({}, {})", c.name, &c.id[..c.id.len().min(12)], c.state)).collect();
+    let names: Vec<&str> = left.iter().map(|c| c.name.as_str()).collect();
+    Failure {
+        message: format!("{}; containers of it from an earlier run on this node: {}", f.message, named.join(", ")),
+        hint: Some(format!(
+            "remove them (`docker rm -f {}`), or start over them with {}",
+            names.join(" "),
+            crate::hints::KitRef::new(args.kit.as_deref()).quoted("up", &["--replace"])
+        )),
+        ..f
+    }
+}
+
 pub fn run(args: &StatusArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let snap = super::target::find(&args.kit, &ctx.env, "status")?.snapshot;
+    let snap = super::target::find(&args.kit, &ctx.env, "status")
+        .map_err(|f| with_survivors(f, &args.kit, &ctx.env))?
+        .snapshot;
     let text = if args.json {
         serde_json::to_string_pretty(&snap).map_err(|e| Failure::runtime(e.to_string()))?
     } else {

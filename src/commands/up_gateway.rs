@@ -6,12 +6,12 @@ use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
 use crate::checkpoint::virtual_ckpt::DeepSeekV41Dims;
 use crate::checkpoint::Origin;
-use crate::dirs::Dirs;
-use crate::engine::endpoint::{api_keys, internal_port};
+use crate::engine::endpoint::api_keys;
 use crate::error::Failure;
 use crate::gateway::GatewayConfig;
-use crate::kit::schema::{Kit, Role, Transport};
+use crate::kit::schema::Kit;
 use crate::plan::{input_from_kit, kv, plan, Plan};
+use crate::settings::Settings;
 
 /// The band of a weight figure from modelled shapes, per mille (as `spark-kit plan`).
 const MODELLED_BAND_PER_MILLE: u64 = 5;
@@ -50,25 +50,18 @@ fn plan_of(kit: &Kit, env: &[(String, String)]) -> (Plan, Option<String>) {
     (plan(&input), note)
 }
 
-/// The gateway's settings for `kit`, or the one-line reason it cannot run. Also returns a note
-/// on limits the plan could not give.
-pub(super) fn config(
-    kit: &Kit,
-    env: &[(String, String)],
-    dirs: &Dirs,
-) -> Result<(GatewayConfig, Option<String>), Failure> {
-    if let Some(head) = kit.nodes.iter().find(|n| n.role == Role::Head && n.transport != Transport::Local) {
+/// The gateway's settings for the kit of `s`, or the one-line reason it cannot run. Also returns
+/// a note on limits the plan could not give.
+pub(super) fn config(s: &Settings, env: &[(String, String)]) -> Result<(GatewayConfig, Option<String>), Failure> {
+    if let Some(head) = s.remote_head() {
         return Err(Failure::usage(format!(
-            "nodes: the head node `{}` is not local: the gateway runs in `up`'s process and reaches the engine on \
-             the head's loopback; set the head's transport to local and run `spark-kit up` on the head",
-            head.name
+            "nodes: the head node `{head}` is not local: the gateway runs in `up`'s process and reaches the engine on \
+             the head's loopback; set the head's transport to local and run `spark-kit up` on the head"
         )));
     }
-    let keys = api_keys(kit, env, dirs).map_err(|e| Failure::usage(e.to_string()))?;
-    let port = internal_port(kit);
-    let port = u16::try_from(port).map_err(|_| {
-        Failure::usage(format!("engine.internal_port {port} is not a TCP port: set engine.internal_port to 1-65535"))
-    })?;
+    let kit = &s.kit;
+    let keys = api_keys(kit, env, &s.dirs).map_err(|e| Failure::usage(e.to_string()))?;
+    let port = s.ports.internal_tcp().map_err(|e| Failure::usage(e.to_string()))?;
     let (p, note) = plan_of(kit, env);
     let cfg = GatewayConfig::from_kit(kit, &p, keys, port).map_err(|e| Failure::usage(e.to_string()))?;
     Ok((cfg, note))
@@ -100,9 +93,14 @@ pub(super) fn summary(cfg: &GatewayConfig, note: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kit::schema::Transport;
 
     fn kit(name: &str) -> Kit {
         crate::kit::resolve(crate::kit::source(Some(name)).unwrap(), &[], &[]).unwrap().kit
+    }
+
+    fn config(k: &Kit, env: &[(String, String)]) -> Result<(GatewayConfig, Option<String>), Failure> {
+        super::config(&Settings::new(k.clone(), None, env), env)
     }
 
     #[test]
@@ -110,7 +108,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let env = vec![("HOME".to_string(), d.path().display().to_string()), ("VLLM_API_KEY".into(), "k".into())];
         let k = kit("dgx-spark-2x-dsv41-exl3");
-        let (cfg, note) = config(&k, &env, &Dirs::from_env(&env)).unwrap();
+        let (cfg, note) = config(&k, &env).unwrap();
         assert_eq!(note, None);
         assert!(cfg.limits.kv_pool_tokens.is_some() && cfg.limits.safe_max_prompt.is_some(), "{:?}", cfg.limits);
         assert_eq!(cfg.upstream, format!("http://127.0.0.1:{}", k.engine.port + 10000));
@@ -121,7 +119,7 @@ mod tests {
     fn tiny_cpu_has_no_prefill_budget_and_says_why() {
         let d = tempfile::tempdir().unwrap();
         let env = vec![("HOME".to_string(), d.path().display().to_string())];
-        let (cfg, note) = config(&kit("tiny-cpu"), &env, &Dirs::from_env(&env)).unwrap();
+        let (cfg, note) = config(&kit("tiny-cpu"), &env).unwrap();
         assert_eq!(cfg.limits.safe_max_prompt, None);
         assert_eq!(cfg.limits.max_model_len, 512);
         let line = summary(&cfg, note.as_deref());
@@ -135,10 +133,10 @@ mod tests {
         let env = vec![("HOME".to_string(), d.path().display().to_string())];
         let mut k = kit("tiny-cpu");
         k.engine.api_keys.file = Some(d.path().join("nope").display().to_string());
-        let e = config(&k, &env, &Dirs::from_env(&env)).unwrap_err();
+        let e = config(&k, &env).unwrap_err();
         assert!(e.to_string().starts_with("engine.api_keys.file "), "{e}");
         k.nodes[0].transport = Transport::Ssh;
-        let e = config(&k, &env, &Dirs::from_env(&env)).unwrap_err();
+        let e = config(&k, &env).unwrap_err();
         assert!(e.to_string().contains("the head node `local` is not local"), "{e}");
     }
 }

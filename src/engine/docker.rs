@@ -32,6 +32,18 @@ pub struct Mounts {
     pub pass_env: Vec<String>,
 }
 
+/// The engine's compile and JIT caches, kept on the node across containers so that a restart
+/// (or the next `up`) does not compile again: vLLM's (torch.compile artefacts), Triton's and
+/// TileLang's kernels — the reference kit's per-node caches — relative to the home directory,
+/// mounted read-write at the same place under the container's `/root` (its images run as root).
+pub const CACHES: [&str; 3] = [".cache/vllm", ".triton/cache", ".tilelang/cache"];
+
+/// `(host, container)` paths of [`CACHES`] for a node whose home directory is `home`.
+#[must_use]
+pub fn cache_mounts(home: &std::path::Path) -> Vec<(String, String)> {
+    CACHES.iter().map(|c| (home.join(c).display().to_string(), format!("/root/{c}"))).collect()
+}
+
 /// The engine's open-files limit (GPU kits): above the 65535 vLLM asks for, well under the
 /// kernel's default `fs.nr_open` (1048576).
 pub const NOFILE: &str = "--ulimit=nofile=65536:65536";
@@ -132,6 +144,8 @@ mod tests {
             pass_env: vec!["VLLM_API_KEY".into()],
         };
         let a = run_argv(&k, 1, &spec, &m);
+        let caches = cache_mounts(std::path::Path::new("/home/me"));
+        assert_eq!(caches[1], ("/home/me/.triton/cache".to_string(), "/root/.triton/cache".to_string()));
         for flag in [
             "--gpus=all",
             "--network=host",

@@ -124,13 +124,33 @@ fn ssh_probe(n: &Node) -> (String, Vec<String>) {
     (n.name.clone(), argv)
 }
 
+/// Why a node's facts are missing: the node's `not checked:` reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FactsError {
+    #[error("{node} has no agent connection")]
+    NoConnection { node: String },
+    #[error("the agent of {node} went away")]
+    AgentGone { node: String },
+    #[error("{node} did not report its facts within {secs} s")]
+    Timeout { node: String, secs: u64 },
+    #[error("{node} is not in the kit")]
+    NotInKit { node: String },
+    #[error("{node}: not asked yet")]
+    NotAsked { node: String },
+    /// The node's agent said why (its `Error` event).
+    #[error("{0}")]
+    Agent(String),
+    /// The node's agent could not be started, reached or heard from.
+    #[error("{node}'s node agent: {why}")]
+    Unreachable { node: String, why: String },
+}
+
+/// A node's facts, or why they are missing.
+pub type Facts = Result<NodeFacts, FactsError>;
+
 /// Run preflight. `facts` gathers a node's facts for a request (here, or on the node through its
 /// agent), or says why it could not.
-pub fn run(
-    kit: &Kit,
-    input: &PreflightInput,
-    facts_of: &dyn Fn(&Node, &FactRequest) -> Result<NodeFacts, String>,
-) -> Report {
+pub fn run(kit: &Kit, input: &PreflightInput, facts_of: &dyn Fn(&Node, &FactRequest) -> Facts) -> Report {
     let mut checks = Vec::new();
     let mut facts: Vec<(String, NodeFacts)> = Vec::new();
     let mut unreachable = false;

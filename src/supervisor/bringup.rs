@@ -9,8 +9,7 @@ use crate::cluster::protocol::{Command, Event};
 use crate::cluster::push;
 use crate::kit::schema::{Kit, ModelSource, Role, WeightSync};
 use crate::node::checks::Verdict;
-use crate::node::facts::NodeFacts;
-use crate::node::preflight::{self, PreflightInput, Report};
+use crate::node::preflight::{self, Facts, FactsError, PreflightInput, Report};
 use crate::weights::listing::{self, WeightTree};
 use crate::weights::rsync;
 
@@ -60,22 +59,24 @@ pub fn gather_all(
     rx: &Receiver<Msg>,
     send: &mut dyn FnMut(usize, &Command) -> bool,
     held: &mut Vec<Msg>,
-) -> Vec<Result<NodeFacts, String>> {
+) -> Vec<Facts> {
     let n = kit.nodes.len();
-    let mut got: Vec<Option<Result<NodeFacts, String>>> = (0..n).map(|_| None).collect();
+    let mut got: Vec<Option<Facts>> = (0..n).map(|_| None).collect();
     for (i, node) in kit.nodes.iter().enumerate() {
         let request = preflight::request_for(kit, node, input);
         if !send(i, &Command::Preflight { request }) {
-            got[i] = Some(Err(format!("{} has no agent connection", node.name)));
+            got[i] = Some(Err(FactsError::NoConnection { node: node.name.clone() }));
         }
     }
     let deadline = Instant::now() + Duration::from_secs(FACTS_TIMEOUT_S);
     while got.iter().any(Option::is_none) {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(Msg::Event(i, Event::Facts { facts })) if got[i].is_none() => got[i] = Some(Ok(*facts)),
-            Ok(Msg::Event(i, Event::Error { message, .. })) if got[i].is_none() => got[i] = Some(Err(message)),
+            Ok(Msg::Event(i, Event::Error { message, .. })) if got[i].is_none() => {
+                got[i] = Some(Err(FactsError::Agent(message)))
+            }
             Ok(Msg::Lost(i)) if got[i].is_none() => {
-                got[i] = Some(Err(format!("the agent of {} went away", kit.nodes[i].name)));
+                got[i] = Some(Err(FactsError::AgentGone { node: kit.nodes[i].name.clone() }));
                 held.push(Msg::Lost(i));
             }
             Ok(other) => held.push(other),
@@ -85,19 +86,17 @@ pub fn gather_all(
     got.into_iter()
         .enumerate()
         .map(|(i, g)| {
-            g.unwrap_or_else(|| {
-                Err(format!("{} did not report its facts within {FACTS_TIMEOUT_S} s", kit.nodes[i].name))
-            })
+            g.unwrap_or_else(|| Err(FactsError::Timeout { node: kit.nodes[i].name.clone(), secs: FACTS_TIMEOUT_S }))
         })
         .collect()
 }
 
 /// The report over gathered facts (pure).
 #[must_use]
-pub fn evaluate(kit: &Kit, input: &PreflightInput, facts: &[Result<NodeFacts, String>]) -> Report {
+pub fn evaluate(kit: &Kit, input: &PreflightInput, facts: &[Facts]) -> Report {
     preflight::run(kit, input, &|node, _| {
         let i = kit.nodes.iter().position(|n| n.name == node.name).unwrap_or(usize::MAX);
-        facts.get(i).cloned().unwrap_or_else(|| Err(format!("{} is not in the kit", node.name)))
+        facts.get(i).cloned().unwrap_or_else(|| Err(FactsError::NotInKit { node: node.name.clone() }))
     })
 }
 
