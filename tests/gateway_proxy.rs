@@ -241,7 +241,7 @@ async fn over_the_plan_is_400_and_the_engine_never_sees_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_slots_and_queue_is_429_with_retry_after() {
-    let (up, _seen) = upstream().await;
+    let (up, seen) = upstream().await;
     let g = gateway(&up, |c| {
         c.max_in_flight = 1;
         c.queue_len = 1;
@@ -261,6 +261,7 @@ async fn beyond_slots_and_queue_is_429_with_retry_after() {
     assert_eq!(third.headers()["retry-after"], "5");
     let v: Value = third.json().await.unwrap();
     assert!(v["error"]["message"].as_str().unwrap().contains("all 1 engine slots are busy"), "{v}");
+    assert_eq!(seen.tokenize.load(Ordering::SeqCst), 2, "the refused request cost the engine a /tokenize");
     assert!(first.await.unwrap().ends_with("data: [DONE]\n\n"));
     assert!(second.await.unwrap().ends_with("data: [DONE]\n\n"), "the queued request ran after the first");
 }

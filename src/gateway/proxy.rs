@@ -103,6 +103,9 @@ async fn dispatch(gw: &Arc<Gateway>, req: Request) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
+    if matches!(route, Route::Generate { .. } | Route::Embed) && gw.saturated() {
+        return queue_full(gw, SlotRefusal::QueueFull);
+    }
     let slot = match route {
         Route::Generate { chat } => {
             if let Err(r) = admission(gw, chat, &body).await {
@@ -217,18 +220,21 @@ async fn tokenize(gw: &Gateway, req: &Value) -> Result<u64, Response> {
         .ok_or_else(|| unavailable(gw, "its /tokenize answer has no count"))
 }
 
+/// 429 + Retry-After: every slot busy and the queue full, or the queue's wait ran out.
+fn queue_full(gw: &Gateway, why: SlotRefusal) -> Response {
+    gw.metrics.refused("queue_full");
+    let n = gw.cfg.max_in_flight;
+    let how = match why {
+        SlotRefusal::QueueFull => format!("all {n} engine slots are busy and the queue is full"),
+        SlotRefusal::QueueTimeout => format!("all {n} engine slots stayed busy for the queue's wait"),
+    };
+    let msg = format!("{how}: retry after the Retry-After seconds");
+    error(StatusCode::TOO_MANY_REQUESTS, &msg, "rate_limit_error", "queue_full", Some(gw.cfg.retry_after_s))
+}
+
 /// A slot, or 429; a request that got its slot from the queue after the drain began gets 503.
 async fn take_slot(gw: &Arc<Gateway>) -> Result<InFlight, Response> {
-    let slot = gw.slot().await.map_err(|why| {
-        gw.metrics.refused("queue_full");
-        let n = gw.cfg.max_in_flight;
-        let how = match why {
-            SlotRefusal::QueueFull => format!("all {n} engine slots are busy and the queue is full"),
-            SlotRefusal::QueueTimeout => format!("all {n} engine slots stayed busy for the queue's wait"),
-        };
-        let msg = format!("{how}: retry after the Retry-After seconds");
-        error(StatusCode::TOO_MANY_REQUESTS, &msg, "rate_limit_error", "queue_full", Some(gw.cfg.retry_after_s))
-    })?;
+    let slot = gw.slot().await.map_err(|why| queue_full(gw, why))?;
     if gw.engine_state() != EngineState::Ready {
         drop(slot);
         return Err(unavailable(gw, "it stopped while the request was queued"));

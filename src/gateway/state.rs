@@ -168,6 +168,13 @@ impl Gateway {
         super::metrics::render(&self.metrics.snapshot(self.queued() as u64, self.in_flight() as u64))
     }
 
+    /// Every slot busy and the queue full: a request now would get 429 (checked before
+    /// admission, so a refused request costs the engine no `/tokenize`).
+    #[must_use]
+    pub(crate) fn saturated(&self) -> bool {
+        self.slots.available_permits() == 0 && self.queued() >= self.cfg.queue_len
+    }
+
     /// Take a slot, waiting in the bounded queue when all are busy.
     pub(crate) async fn slot(self: &Arc<Self>) -> Result<InFlight, SlotRefusal> {
         let permit = match self.slots.clone().try_acquire_owned() {
