@@ -36,10 +36,16 @@ impl Ports {
         u16::try_from(self.internal).map_err(|_| SettingsError::InternalPort(self.internal))
     }
 
-    /// The client-facing endpoint, `http://host:port/v1` (the host as a client reaches it).
+    /// The client-facing base URL, `http://host:port` (the host as a client reaches it).
+    #[must_use]
+    pub fn base_url(&self) -> String {
+        base_url(probe_host(&self.host), self.api)
+    }
+
+    /// The client-facing endpoint, `http://host:port/v1`.
     #[must_use]
     pub fn endpoint(&self) -> String {
-        format!("{}/v1", base_url(probe_host(&self.host), self.api))
+        format!("{}/v1", self.base_url())
     }
 }
 

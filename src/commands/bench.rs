@@ -12,7 +12,6 @@ use crate::bench::run::{self, BenchReporter, Lengths, Plan};
 use crate::bench::{compare, plot, sizes, table};
 use crate::cli::{BenchArgs, BenchCommand, BenchRunArgs};
 use crate::dirs::Dirs;
-use crate::engine::endpoint::{base_url, probe_host};
 use crate::error::Failure;
 
 pub fn run(args: &BenchArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
@@ -108,11 +107,11 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
 
     let resolved =
-        if args.kit.kit.is_some() || args.url.is_none() { Some(load::resolve(&args.kit, &ctx.env)?) } else { None };
+        if args.kit.kit.is_some() || args.url.is_none() { Some(load::settings(&args.kit, &ctx.env)?) } else { None };
     let kit = resolved.as_ref().map(|r| &r.kit);
-    let url = match (&args.url, kit) {
+    let url = match (&args.url, &resolved) {
         (Some(u), _) => u.clone(),
-        (None, Some(k)) => base_url(probe_host(&k.engine.host), k.engine.port),
+        (None, Some(s)) => s.ports.base_url(),
         // Unreachable by construction (no --url loads a kit); kept total for safety.
         (None, None) => return Err(Failure::usage("pass --url URL or --kit K")),
     };
