@@ -2,8 +2,10 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 pub mod docker;
+pub mod netns;
 pub mod sshd;
 pub mod up;
+pub mod wait;
 
 use std::path::PathBuf;
 use std::process::Command;
