@@ -86,9 +86,9 @@ fn start(tag: &str) -> Result<Daemon, String> {
     Ok(d)
 }
 
-/// `dockerd` with roots under [`paths`]`(tag)`, in network namespace `netns` when given
-/// (`nsenter --net`: only the network changes, so its mounts are the host's and its
-/// `--network=host` containers get that namespace's interfaces).
+/// `dockerd` with roots under [`paths`]`(tag)`; in network namespace `netns` when given
+/// (`nsenter --net`, so its `--network=host` containers get that namespace's interfaces), and
+/// then in a mount namespace of its own (host mounts propagate in) with its own /dev/shm.
 fn spawn(tag: &str, netns: Option<&str>) -> Result<(Daemon, Child), String> {
     if let Some(why) = unavailable() {
         return Err(why);
@@ -101,9 +101,15 @@ fn spawn(tag: &str, netns: Option<&str>) -> Result<(Daemon, Child), String> {
     }
     let log = std::fs::File::create(dir.join("dockerd.log")).map_err(|e| e.to_string())?;
     let mut cmd = match netns {
+        // Each "node" also gets a /dev/shm of its own, as separate machines have: the
+        // containers' `--ipc=host` mounts the daemon's /dev/shm, and vLLM decides which ranks
+        // share a node by opening a shared-memory segment (a rank that can would then wait on
+        // a ZMQ IPC socket under the other container's /tmp, forever).
         Some(ns) => {
             let mut c = Command::new("nsenter");
-            c.arg(format!("--net=/run/netns/{ns}")).arg("dockerd");
+            c.arg(format!("--net=/run/netns/{ns}"));
+            c.args(["unshare", "--mount", "--propagation=slave", "sh", "-c"]);
+            c.args([r#"mount -t tmpfs -o mode=1777 shm /dev/shm && exec dockerd "$@""#, "dockerd"]);
             c
         }
         None => Command::new("dockerd"),
@@ -116,8 +122,8 @@ fn spawn(tag: &str, netns: Option<&str>) -> Result<(Daemon, Child), String> {
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log);
-    // SAFETY: prctl in the child between fork and exec; async-signal-safe. (nsenter execs
-    // dockerd in the same process: the death signal stays.)
+    // SAFETY: prctl in the child between fork and exec; async-signal-safe. (nsenter, unshare
+    // and sh exec one another in the same process, then dockerd: the death signal stays.)
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {
