@@ -365,7 +365,7 @@ impl Endpoint {
             };
             let now = epoch.elapsed().as_secs_f64();
             for data in parser.feed(&bytes) {
-                match parse_event(&data).map_err(RequestError::Stream)? {
+                match parse_event(&data).map_err(|e| RequestError::Stream(e.to_string()))? {
                     Event::Done => done = true,
                     Event::Chunk(c) => {
                         if let Some(e) = c.error {
