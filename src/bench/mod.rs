@@ -5,7 +5,9 @@
 pub mod client;
 pub mod compare;
 pub mod host;
+pub mod key;
 pub mod levels;
+pub mod lines;
 pub mod metrics;
 pub mod noise;
 pub mod plot;

@@ -68,6 +68,15 @@ pub struct KitReceipt {
     pub sha256: String,
 }
 
+impl KitReceipt {
+    /// The receipt of an effective kit: its name and the SHA-256 of its JSON.
+    pub fn of(kit: &crate::kit::Kit) -> Result<Self, serde_json::Error> {
+        use sha2::{Digest, Sha256};
+        let bytes = serde_json::to_vec(kit)?;
+        Ok(Self { name: kit.name.clone(), sha256: crate::hex::encode(&Sha256::digest(&bytes)) })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelReceipt {

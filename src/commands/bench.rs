@@ -3,15 +3,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-
 use super::{io_failure, load, Context};
 use crate::bench::client::{BenchError, Endpoint};
-use crate::bench::result::{self, BenchResult, KitReceipt, Request};
-use crate::bench::run::{self, BenchReporter, Lengths, Plan};
+use crate::bench::key::{api_key, KeyFrom};
+use crate::bench::lines::Lines;
+use crate::bench::result::{self, BenchResult, KitReceipt};
+use crate::bench::run::{self, Lengths, Plan};
 use crate::bench::{compare, plot, sizes, table};
 use crate::cli::{BenchArgs, BenchCommand, BenchRunArgs};
-use crate::dirs::Dirs;
 use crate::error::Failure;
 
 pub fn run(args: &BenchArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
@@ -46,46 +45,6 @@ fn check_parent(flag: &str, path: &Path) -> Result<(), Failure> {
     }
 }
 
-fn api_key(args: &BenchRunArgs, kit: Option<&crate::kit::Kit>, ctx: &Context<'_>) -> Result<Option<String>, Failure> {
-    if let Some(name) = &args.api_key_env {
-        let v = ctx.env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.trim().to_string());
-        return match v.filter(|v| !v.is_empty()) {
-            Some(v) => Ok(Some(first_key(&v))),
-            None => Err(Failure::usage(format!("--api-key-env {name}: the variable is not set or empty"))
-                .with_hint(format!("export {name}=<key>, or pass --api-key-file PATH"))),
-        };
-    }
-    if let Some(path) = &args.api_key_file {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Failure::usage(format!("--api-key-file {}: {e}", path.display()))
-                .with_hint("check the path and its permissions")
-        })?;
-        return match text.lines().map(str::trim).find(|l| !l.is_empty()) {
-            Some(k) => Ok(Some(k.to_string())),
-            None => Err(Failure::usage(format!("--api-key-file {}: the file is empty", path.display()))
-                .with_hint("put the key on the first line")),
-        };
-    }
-    match kit {
-        Some(k) => crate::engine::endpoint::api_key(k, &ctx.env, &Dirs::from_env(&ctx.env))
-            .map(|k| k.map(|k| first_key(&k)))
-            .map_err(|e| {
-                Failure::usage(e.to_string()).with_hint("fix the kit's engine.api_keys, or pass --api-key-env NAME")
-            }),
-        None => Ok(None),
-    }
-}
-
-/// The first of comma-separated keys.
-fn first_key(v: &str) -> String {
-    v.split(',').map(str::trim).find(|k| !k.is_empty()).unwrap_or(v).to_string()
-}
-
-fn kit_hash(kit: &crate::kit::Kit) -> Result<String, Failure> {
-    let bytes = serde_json::to_vec(kit).map_err(|e| Failure::runtime(format!("cannot hash the kit: {e}")))?;
-    Ok(Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect())
-}
-
 fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let concurrency = sizes::parse_concurrency(&args.concurrency).map_err(|e| {
         Failure::usage(format!("--concurrency {}: {e}", args.concurrency)).with_hint("use e.g. --concurrency 1,2,4")
@@ -117,9 +76,15 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     };
     let model =
         args.model.clone().or_else(|| kit.map(|k| k.engine.served_model_name.clone()).filter(|m| !m.is_empty()));
-    let key = api_key(args, kit, ctx)?;
-    let kit_receipt = match &resolved {
-        Some(r) => Some(KitReceipt { name: r.kit.name.clone(), sha256: kit_hash(&r.kit)? }),
+    let from = match (&args.api_key_env, &args.api_key_file, &resolved) {
+        (Some(name), _, _) => KeyFrom::Env(name),
+        (None, Some(path), _) => KeyFrom::File(path),
+        (None, None, Some(s)) => KeyFrom::Kit(&s.kit, &s.dirs),
+        (None, None, None) => KeyFrom::None,
+    };
+    let key = api_key(&from, &ctx.env).map_err(|e| Failure::usage(e.to_string()).with_hint(e.hint()))?;
+    let kit_receipt = match kit {
+        Some(k) => Some(KitReceipt::of(k).map_err(|e| Failure::runtime(format!("cannot hash the kit: {e}")))?),
         None => None,
     };
     let endpoint = Endpoint::new(&url, key).map_err(|e| bench_failure(&e))?;
@@ -148,7 +113,7 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if !args.quiet {
         let _ = writeln!(ctx.err, "==> bench: {}/v1", endpoint.base);
     }
-    let mut rep = Progress { out: &mut *ctx.err, quiet: args.quiet };
+    let mut rep = Lines { out: &mut *ctx.err, quiet: args.quiet };
     let result = rt.block_on(run::run(&endpoint, &plan, kit_receipt, &mut rep)).map_err(|e| bench_failure(&e))?;
     write_outputs(args, &result, ctx)?;
     if result.failures.is_empty() {
@@ -189,46 +154,6 @@ fn write_outputs(args: &BenchRunArgs, result: &BenchResult, ctx: &mut Context<'_
         }
     }
     Ok(())
-}
-
-/// Progress lines on stderr.
-struct Progress<'a> {
-    out: &'a mut dyn std::io::Write,
-    quiet: bool,
-}
-
-impl BenchReporter for Progress<'_> {
-    fn phase(&mut self, name: &str, detail: &str) {
-        if !self.quiet {
-            let _ = writeln!(self.out, "==> {name}: {detail}");
-        }
-    }
-    fn note(&mut self, message: &str) {
-        let _ = writeln!(self.out, "note: {message}");
-    }
-    fn request(&mut self, phase: &str, outcome: Result<&Request, &str>) {
-        match outcome {
-            Ok(r) if !self.quiet => {
-                // Only a decode stream's rate means something here: a prefill or calibration
-                // request generates a handful of tokens, and its rate is the table's to compute.
-                let decode = r
-                    .decode_tok_s
-                    .filter(|_| phase.starts_with("decode"))
-                    .map_or_else(String::new, |d| format!(", decode {d:.1} tok/s/stream"));
-                let _ = writeln!(
-                    self.out,
-                    "    {phase}: TTFT {:.0} ms, {} prompt + {} completion tokens{decode}",
-                    r.ttft_s * 1000.0,
-                    r.prompt_tokens,
-                    r.completion_tokens
-                );
-            }
-            Ok(_) => {}
-            Err(e) => {
-                let _ = writeln!(self.out, "    {phase}: FAILED: {e}");
-            }
-        }
-    }
 }
 
 fn read_result(path: &Path) -> Result<BenchResult, Failure> {

@@ -4,7 +4,6 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use super::reporter::PackLines;
 use super::{io_failure, load, Context};
 use crate::cli::PackEngramArgs;
 use crate::dirs::Dirs;
@@ -13,6 +12,7 @@ use crate::engram::table::{checkpoint_table, open_source};
 use crate::engram::EngramError;
 use crate::error::Failure;
 use crate::kit::bytes::human_size as size;
+use crate::reporter::PackLines;
 
 fn failure(e: &EngramError) -> Failure {
     let f = if e.is_config() { Failure::usage(e.to_string()) } else { Failure::runtime(e.to_string()) };

@@ -1,12 +1,13 @@
 //! `spark-kit setup`: the kit's engine venv.
 
-use super::{io_failure, load, reporter::Lines, Context};
+use super::{io_failure, load, Context};
 use crate::cli::SetupArgs;
 use crate::dirs::Dirs;
 use crate::engine::prune::prune;
 use crate::engine::{recipe::Recipe, venv};
 use crate::error::Failure;
 use crate::kit::schema::Runtime;
+use crate::reporter::Lines;
 
 pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let resolved = load::resolve(&args.kit, &ctx.env)?;

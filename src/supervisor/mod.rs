@@ -12,6 +12,7 @@ pub mod health;
 pub mod run;
 pub mod snapshot;
 pub mod state;
+pub mod status_text;
 pub mod watch;
 
 pub use run::{run, ClusterError, ClusterReporter, Gates};
