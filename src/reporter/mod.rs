@@ -57,6 +57,42 @@ impl Every {
     }
 }
 
+/// Lines on a command's writer (its `ctx.err`) from `image sync` / `image build` and the venv
+/// build `image build` may need first (`setup [i/n] label`).
+pub struct WriterLines<'a>(Mutex<&'a mut dyn Write>);
+
+impl<'a> WriterLines<'a> {
+    #[must_use]
+    pub fn new(out: &'a mut dyn Write) -> Self {
+        Self(Mutex::new(out))
+    }
+
+    fn write(&self, text: &str) {
+        if let Ok(mut w) = self.0.lock() {
+            let _ = writeln!(w, "{text}");
+        }
+    }
+}
+
+impl crate::image_sync::SyncReporter for WriterLines<'_> {
+    fn line(&self, text: &str) {
+        self.write(text);
+    }
+}
+
+impl crate::engine::image_build::BuildReporter for WriterLines<'_> {
+    fn line(&self, text: &str) {
+        self.write(text);
+    }
+}
+
+impl SetupReporter for WriterLines<'_> {
+    fn step(&self, index: usize, total: usize, label: &str) {
+        self.write(&format!("setup [{index}/{total}] {label}"));
+    }
+    fn step_done(&self, _: &str, _: f64) {}
+}
+
 /// Writes `[i/n] label …` and `done in X s` lines to stderr.
 pub struct Lines {
     quiet: bool,

@@ -9,6 +9,7 @@ pub mod bringup;
 pub mod control;
 mod events;
 pub mod health;
+pub mod preflight;
 pub mod run;
 pub mod snapshot;
 pub mod state;
