@@ -430,14 +430,14 @@ pub struct GuardArgs {
     #[arg(long, value_name = "NAME")]
     pub container: Option<String>,
     /// Soft floor on MemAvailable, e.g. 4GiB (memory.guard.soft_floor): drop model page cache, warn.
-    #[arg(long, value_name = "SIZE")]
-    pub soft: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = values::guard_soft)]
+    pub soft: Option<u64>,
     /// Hard floor on MemAvailable, e.g. 2.5GiB (memory.guard.hard_floor): act per the policy.
-    #[arg(long, value_name = "SIZE")]
-    pub hard: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = values::guard_hard)]
+    pub hard: Option<u64>,
     /// protect-host, kill-offender or off (memory.guard.policy).
-    #[arg(long, value_name = "POLICY")]
-    pub policy: Option<String>,
+    #[arg(long, value_name = "POLICY", value_parser = values::guard_policy)]
+    pub policy: Option<crate::kit::schema::GuardPolicy>,
     /// Directory for the JSON receipts (default: the kit's paths.logs/guard).
     #[arg(long, value_name = "DIR")]
     pub receipts: Option<std::path::PathBuf>,
@@ -454,8 +454,8 @@ pub struct GuardArgs {
     #[arg(long, value_name = "SECONDS", value_parser = values::drain)]
     pub drain: Option<f64>,
     /// The node's idle MemAvailable for the restart gate (default: measured at start if no engine runs).
-    #[arg(long, value_name = "SIZE")]
-    pub baseline: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = values::guard_baseline)]
+    pub baseline: Option<u64>,
     /// One JSON object per event on stdout.
     #[arg(long)]
     pub json: bool,

@@ -25,6 +25,7 @@ pub mod live;
 pub mod memguard;
 pub mod node;
 pub mod plan;
+pub mod reporter;
 pub mod settings;
 pub mod signals;
 pub mod supervisor;

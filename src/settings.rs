@@ -1,6 +1,6 @@
 //! Resolved settings: a resolved kit and this machine's environment turned into the values the
 //! commands use — paths (logs, control socket, pid file, supervisor log, live records, Hugging
-//! Face cache, engram dir), the ports and endpoint, where the API key comes from, and the kit as
+//! Face cache, engram dir, lock file, packed Engram dir, spark-kit's cache, the venv), the ports and endpoint, where the API key comes from, and the kit as
 //! the user named it (for printed commands). Commands read these here rather than from the kit
 //! or the environment; pure over the environment pairs `main` hands in.
 
@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use crate::dirs::{logs_dir, Dirs};
 use crate::engine::endpoint::{base_url, internal_port, probe_host};
+use crate::engram::packed_dir;
 use crate::hints::{KeySource, KitRef};
+use crate::hub::kit_files::lock_path;
 use crate::kit::schema::{Kit, Role, Transport};
 use crate::live::run_dir;
 use crate::supervisor::control::{pid_path, socket_path};
@@ -70,6 +72,14 @@ pub struct Settings {
     pub hf_cache: PathBuf,
     /// `paths.engram_dir`, expanded.
     pub engram_dir: PathBuf,
+    /// Where `download` records what it fetched (`<paths.data_dir>/<kit>/spark-kit.lock`).
+    pub lock_file: PathBuf,
+    /// Where `pack-engram` puts the packed shards by default (`<paths.data_dir>/<kit>/engram-packed`).
+    pub packed_dir: PathBuf,
+    /// spark-kit's own cache (`SPARK_KIT_CACHE`): engine venvs, image build contexts, pushed binaries.
+    pub cache: PathBuf,
+    /// `engine.venv`, expanded (None: the venv `setup` makes from `engine.requirements`).
+    pub venv: Option<PathBuf>,
     pub ports: Ports,
     /// Where the API key comes from, when the kit has keys.
     pub key: Option<KeySource>,
@@ -95,6 +105,10 @@ impl Settings {
             run_dir: run_dir(&dirs),
             hf_cache,
             engram_dir: dirs.expand(&kit.paths.engram_dir),
+            lock_file: lock_path(&kit, &dirs),
+            packed_dir: packed_dir(&kit, &dirs),
+            cache: dirs.cache.clone(),
+            venv: kit.engine.venv.as_deref().map(|p| dirs.expand(p)),
             ports: Ports { host: kit.engine.host.clone(), api: kit.engine.port, internal: internal_port(&kit) },
             key: KeySource::of(&kit.engine.api_keys, env),
             logs,
@@ -130,6 +144,9 @@ mod tests {
         let s = Settings::new(kit("tiny-cpu"), Some("tiny-cpu"), &env);
         assert!(s.socket.starts_with(&s.logs) && s.pid_file.starts_with(&s.logs), "{s:?}");
         assert_eq!(s.supervisor_log, s.logs.join("tiny-cpu-supervisor.log"));
+        assert!(s.lock_file.ends_with("tiny-cpu/spark-kit.lock"), "{}", s.lock_file.display());
+        assert_eq!(s.packed_dir, s.lock_file.with_file_name("engram-packed"));
+        assert_eq!(s.cache, s.dirs.cache);
         assert_eq!(s.ports.internal, s.kit.engine.effective_internal_port());
         assert_eq!(s.ports.internal_tcp().unwrap(), u16::try_from(s.ports.internal).unwrap());
         assert!(s.ports.endpoint().ends_with(&format!(":{}/v1", s.kit.engine.port)), "{}", s.ports.endpoint());

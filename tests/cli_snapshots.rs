@@ -122,6 +122,11 @@ fn status_with_nothing_running() {
     insta::assert_snapshot!("status_none", r.snapshot(&["status"]));
     insta::assert_snapshot!("status_none_json", r.snapshot(&["status", "--json"]));
     insta::assert_snapshot!("status_tiny_cpu_none", r.snapshot(&["status", "--kit", "tiny-cpu"]));
+    insta::assert_snapshot!("status_tiny_cpu_none_json", r.snapshot(&["status", "--kit", "tiny-cpu", "--json"]));
+    // A script reads one JSON value on stdout, and the exit code is the human form's.
+    let (code, stdout, _) = r.output(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("status --json prints JSON when nothing runs");
+    assert_eq!((code, v["running"].as_bool(), v["state"].as_str()), (1, Some(false), Some("stopped")), "{stdout}");
 }
 
 #[test]

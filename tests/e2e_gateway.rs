@@ -3,7 +3,7 @@
 //! streams from the engine venv (tests/e2e_gateway_client.py). One deployment, phases in order:
 //! the printed `try:` curl, keys from the variable and the file, chat / stream / completion,
 //! a prompt over the limit refused before the engine sees it, a client leaving mid-stream (vLLM
-//! aborts it), 16 streams over 2 slots, `/metrics`, kill -9 of the engine under load, `down`
+//! aborts it), 16 clients streaming for 60 s over 2 slots, `/metrics`, kill -9 of the engine under load, `down`
 //! during a long stream, no key in any log.
 //!
 //! Needs SPARK_KIT_TEST_E2E=1 and the tiny-cpu engine venv (see tests/e2e_tiny_cpu.rs).
@@ -11,12 +11,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::Receiver;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::gateway::{post, result_of, spawn_stream, wait_line, CLIENT};
 use common::up::{e2e_enabled, up_tiny_cpu};
 use common::{free_port, group_members, spark_kit, venv_python};
 use serde_json::Value;
@@ -24,7 +24,6 @@ use serde_json::Value;
 const KEY_VAR: &str = "SPARK_GW_E2E_KEY";
 const ENV_KEY: &str = "gw-key-from-env";
 const FILE_KEY: &str = "gw-key-from-file";
-const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e_gateway_client.py");
 
 /// Run a client phase to its end (at most `limit`): its JSON answer.
 fn client(base: &str, args: &[&str], limit: Duration) -> Value {
@@ -37,6 +36,15 @@ fn client(base: &str, args: &[&str], limit: Duration) -> Value {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Read while it runs: the load phase's answer is larger than a pipe holds.
+    let read = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let (out, err) = (read(Box::new(child.stdout.take().unwrap())), read(Box::new(child.stderr.take().unwrap())));
     let t = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if t.elapsed() > limit {
@@ -45,69 +53,14 @@ fn client(base: &str, args: &[&str], limit: Duration) -> Value {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let mut out = String::new();
-    let mut err = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
     let last = out.lines().last().unwrap_or_default();
     serde_json::from_str(last).unwrap_or_else(|e| panic!("client {args:?}: {e}: {out}\n{err}"))
 }
 
-/// A raw SSE stream in the background: its lines ("first-token", then the JSON result).
-fn spawn_stream(base: &str, max_tokens: u32, prompt: &str) -> (Child, Receiver<String>) {
-    let mut child = Command::new(venv_python())
-        .args([CLIENT, "stream", base, FILE_KEY, &max_tokens.to_string(), prompt])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (child, rx)
-}
-
-fn wait_line(rx: &Receiver<String>, want: &str, limit: Duration) {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if rx.recv_timeout(Duration::from_millis(200)).is_ok_and(|l| l == want) {
-            return;
-        }
-    }
-    panic!("no {want:?} within {limit:?}");
-}
-
-fn result_of(child: &mut Child, rx: &Receiver<String>, limit: Duration) -> Value {
-    let t = Instant::now();
-    loop {
-        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
-            if line.starts_with('{') {
-                let _ = child.wait();
-                return serde_json::from_str(&line).unwrap();
-            }
-        }
-        assert!(t.elapsed() < limit, "stream gave no result within {limit:?}");
-    }
-}
-
-/// POST a one-token completion over plain HTTP/1.0: the status, or None when the connection
-/// itself failed (refused: what the gateway must never do).
+/// POST a one-token completion: the status, or None when the connection itself failed.
 fn post_status(port: u16) -> Option<u16> {
-    let body = r#"{"model":"tiny-llama","prompt":"hi","max_tokens":1}"#;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    let req = format!(
-        "POST /v1/completions HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {ENV_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut head = String::new();
-    BufReader::new(s).read_line(&mut head).ok()?;
-    head.split_whitespace().nth(1)?.parse().ok()
+    post(port, ENV_KEY).map(|(status, _)| status)
 }
 
 /// GET `path` over plain HTTP/1.0 with `key` (if any): (status, body).
@@ -136,10 +89,11 @@ fn status_json(logs: &Path) -> Value {
 }
 
 /// Every stream either completed (all its tokens by its usage chunk, no error event, [DONE]) or got 429 with
-/// Retry-After; returns (completed, refused).
+/// Retry-After, and none hung (past its deadline or silent); returns (completed, refused).
 fn check_streams(rs: &[Value], max_tokens: u64) -> (usize, usize) {
     let (mut ok, mut refused) = (0, 0);
     for r in rs {
+        assert!(r["hung"].is_null(), "a request hung: {r}");
         match r["status"].as_u64() {
             Some(200) => {
                 assert!(r["done"] == true && r["error"].is_null(), "stream did not complete: {r}");
@@ -243,10 +197,16 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    // 3. 16 concurrent streams over 2 slots (queue 8): all complete or get 429; none hang.
-    //    `status` shows the slots full and the queue.
+    // 3. 16 clients streaming at once for 60 s over 2 slots (queue 8): each client sends one
+    //    stream after another until 60 s have passed, and after a 429 waits its Retry-After.
+    //    Every request completes or gets 429; none hangs (each has a 120 s deadline and a 60 s
+    //    read timeout); `status` shows the slots full and the queue; afterwards nothing is in
+    //    flight or queued.
+    const LOAD_TOKENS: u64 = 256;
     let b = base.clone();
-    let load = std::thread::spawn(move || client(&b, &["streams", FILE_KEY, "16", "480"], Duration::from_secs(300)));
+    let load = std::thread::spawn(move || {
+        client(&b, &["load", FILE_KEY, "16", "60", &LOAD_TOKENS.to_string(), "120"], Duration::from_secs(300))
+    });
     let mut seen = (0, 0);
     while !load.is_finished() {
         let g = &status_json(logs.path())["gateway"];
@@ -254,15 +214,31 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
         std::thread::sleep(Duration::from_millis(500));
     }
     let r = load.join().unwrap();
-    let (ok, refused) = check_streams(r["streams"].as_array().unwrap(), 480);
-    let secs: Vec<f64> = r["streams"].as_array().unwrap().iter().filter_map(|s| s["seconds"].as_f64()).collect();
+    let streams = r["streams"].as_array().unwrap();
+    let (ok, refused) = check_streams(streams, LOAD_TOKENS);
+    let secs = r["seconds"].as_f64().unwrap();
+    let longest = streams.iter().filter_map(|s| s["seconds"].as_f64()).fold(0.0, f64::max);
+    let clients: std::collections::BTreeSet<u64> = streams.iter().filter_map(|s| s["client"].as_u64()).collect();
+    let late = streams.iter().filter_map(|s| s["started"].as_f64()).fold(0.0, f64::max);
     eprintln!(
-        "16 streams: {ok} completed, {refused} got 429; longest {:.1} s; status saw {seen:?}",
-        secs.iter().fold(0.0, |a: f64, b| a.max(*b))
+        "load: 16 clients for {secs:.1} s: {} requests, {ok} completed ({LOAD_TOKENS} tokens each), {refused} got 429; \
+         longest request {longest:.1} s; last started at {late:.1} s; status saw {seen:?} (in flight, queued)",
+        streams.len()
     );
-    assert!(ok >= 2 && refused >= 1 && ok + refused == 16, "{r}");
+    assert!(secs >= 60.0, "the load phase lasted {secs} s");
+    assert_eq!(clients.len(), 16, "not every client sent: {clients:?}");
+    assert!(ok >= 4 && refused >= 1, "{ok} completed, {refused} refused");
     assert_eq!(seen.0, 2, "status never showed both slots in flight");
     assert!(seen.1 >= 1, "status never showed a queued request");
+    let t = Instant::now();
+    loop {
+        let g = status_json(logs.path())["gateway"].clone();
+        if g["in_flight"] == 0 && g["queued"] == 0 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "requests left in flight or queued after the load: {g}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let human = spark_kit()
         .args(["status", "--kit", "tiny-cpu", "--set", &format!("paths.logs={}", logs.path().display())])
         .output()
@@ -299,7 +275,7 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     // 4. kill -9 of the engine under load: every in-flight stream (both slots, each past its
     //    first token) ends with the error event and [DONE]; the queued ones and new requests
     //    get 503 (never a refused connection) until the restart, then 200.
-    let mut load: Vec<_> = (0..4).map(|i| spawn_stream(&base, 480, &format!("# kill {i}\nimport"))).collect();
+    let mut load: Vec<_> = (0..4).map(|i| spawn_stream(&base, FILE_KEY, 480, &format!("# kill {i}\nimport"))).collect();
     let mut streaming = std::collections::BTreeSet::new();
     let t = Instant::now();
     while streaming.len() < 2 {
@@ -352,7 +328,7 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
 
     // 5. `down` during a long stream: new requests get 503 (draining), the stream completes,
     //    then everything stops.
-    let (mut child, rx) = spawn_stream(&base, 490, "# drain\nimport");
+    let (mut child, rx) = spawn_stream(&base, FILE_KEY, 490, "# drain\nimport");
     wait_line(&rx, "first-token", Duration::from_secs(120));
     let pgid = status_json(logs.path())["nodes"][0]["engine_pgid"].as_i64().unwrap() as i32;
     let mut down = spark_kit()

@@ -52,22 +52,30 @@ def over(base, key, seed, words):
         return {"status": e.status_code, "body": e.response.json()}
 
 
-def one_stream(base, key, max_tokens, prompt):
-    """A raw SSE completion stream: status, text events, the terminal error event, [DONE]."""
+def one_stream(base, key, max_tokens, prompt, deadline=None, quiet=False):
+    """A raw SSE completion stream: status, text events, the terminal error event, [DONE].
+
+    With `deadline` (seconds): a request not ended by then, or silent for 60 s, is left and
+    marked `hung`."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     r = {"status": None, "events": 0, "tokens": None, "done": False, "error": None, "finish": None,
          "retry_after": None}
     t = time.time()
+    read = 180 if deadline is None else 60
     try:
         with httpx.stream("POST", base + "/completions", json=body, headers={"Authorization": f"Bearer {key}"},
-                          timeout=httpx.Timeout(180, connect=10)) as resp:
+                          timeout=httpx.Timeout(read, connect=10)) as resp:
             r["status"] = resp.status_code
             r["retry_after"] = resp.headers.get("retry-after")
             if resp.status_code != 200:
                 r["body"] = json.loads(resp.read())
+                r["seconds"] = round(time.time() - t, 2)
                 return r
             for line in resp.iter_lines():
+                if deadline is not None and time.time() - t > deadline:
+                    r["hung"] = True
+                    break
                 if not line.startswith("data: "):
                     continue
                 data = line[6:]
@@ -81,10 +89,13 @@ def one_stream(base, key, max_tokens, prompt):
                 if ev.get("usage"):
                     r["tokens"] = ev["usage"]["completion_tokens"]
                 if ev.get("choices"):
-                    if r["events"] == 0:
+                    if r["events"] == 0 and not quiet:
                         print("first-token", flush=True)
                     r["events"] += 1
                     r["finish"] = ev["choices"][0].get("finish_reason") or r["finish"]
+    except httpx.TimeoutException as e:
+        r["hung"] = True
+        r["transport_error"] = repr(e)
     except httpx.HTTPError as e:
         r["transport_error"] = repr(e)
     r["seconds"] = round(time.time() - t, 2)
@@ -108,18 +119,33 @@ def abandon(base, key, request_id):
     return r
 
 
-def streams(base, key, n, max_tokens):
-    out = [None] * int(n)
+def load(base, key, n, seconds, max_tokens, deadline):
+    """`n` clients at once, each streaming one request after another until `seconds` have passed
+    (the last one started before then runs to its end); after a 429 a client waits the
+    Retry-After seconds, then tries again. Every request's result (in the order they ended, with
+    its client and start second) and the phase's wall time."""
+    out, lock = [], threading.Lock()
+    start = time.time()
+    end = start + float(seconds)
 
     def run(i):
-        out[i] = one_stream(base, key, int(max_tokens), f"# stream {i}\nimport")
+        k = 0
+        while time.time() < end:
+            t = time.time()
+            r = one_stream(base, key, int(max_tokens), f"# load {i}.{k}\nimport", deadline=float(deadline), quiet=True)
+            r["client"], r["started"] = i, round(t - start, 2)
+            with lock:
+                out.append(r)
+            k += 1
+            if r["status"] == 429:
+                time.sleep(float(r["retry_after"] or 1))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(int(n))]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    return {"streams": out}
+    return {"streams": out, "seconds": round(time.time() - start, 2)}
 
 
 def main():
@@ -132,8 +158,8 @@ def main():
         r = one_stream(base, key, int(args[0]), args[1])
     elif phase == "abandon":
         r = abandon(base, key, *args)
-    elif phase == "streams":
-        r = streams(base, key, *args)
+    elif phase == "load":
+        r = load(base, key, *args)
     else:
         raise SystemExit(f"unknown phase {phase}")
     print(json.dumps(r), flush=True)

@@ -12,7 +12,7 @@ const MAX_LINES: usize = 600;
 
 /// Files that may write to the process's stdout / stderr: the reporter and the agent's protocol
 /// channel (`spark-kit node` speaks JSON lines on stdout).
-const TERMINAL_FILES: &[&str] = &["commands/reporter.rs", "commands/node.rs"];
+const TERMINAL_FILES: &[&str] = &["reporter/mod.rs", "commands/node.rs"];
 
 /// Where `code` writes to the terminal directly: `io::stdout()` / `io::stderr()` or a print macro.
 fn terminal_writes(code: &str) -> Vec<usize> {
@@ -39,7 +39,7 @@ fn only_the_reporter_writes_to_the_terminal() {
     }
     assert!(
         bad.is_empty(),
-        "library code writes to stdout/stderr (use the writer a command is given, or commands/reporter.rs): {}",
+        "library code writes to stdout/stderr (use the writer a command is given, or src/reporter/): {}",
         bad.join(", ")
     );
 }

@@ -5,9 +5,12 @@
 pub mod client;
 pub mod compare;
 pub mod host;
+pub mod key;
 pub mod levels;
+pub mod lines;
 pub mod metrics;
 pub mod noise;
+pub mod options;
 pub mod plot;
 pub mod prompt;
 pub mod result;

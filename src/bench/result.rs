@@ -68,6 +68,15 @@ pub struct KitReceipt {
     pub sha256: String,
 }
 
+impl KitReceipt {
+    /// The receipt of an effective kit: its name and the SHA-256 of its JSON.
+    pub fn of(kit: &crate::kit::Kit) -> Result<Self, serde_json::Error> {
+        use sha2::{Digest, Sha256};
+        let bytes = serde_json::to_vec(kit)?;
+        Ok(Self { name: kit.name.clone(), sha256: crate::hex::encode(&Sha256::digest(&bytes)) })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelReceipt {
@@ -217,6 +226,29 @@ pub fn schema_json() -> String {
     let mut s = serde_json::to_string_pretty(&schema).unwrap_or_default();
     s.push('\n');
     s
+}
+
+/// Why a result file cannot be read (`bench compare`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: std::path::PathBuf,
+        #[source]
+        source: ResultError,
+    },
+}
+
+/// Read and parse the result file at `path`.
+pub fn read(path: &std::path::Path) -> Result<BenchResult, ReadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io { path: path.into(), source })?;
+    parse(&text).map_err(|source| ReadError::Parse { path: path.into(), source })
 }
 
 /// Why a file is not a bench result this spark-kit reads.

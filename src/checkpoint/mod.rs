@@ -12,11 +12,13 @@ pub mod exl3_audit;
 pub mod exl3_decode;
 pub mod finding;
 pub mod k_map;
+pub mod kit_plan;
 pub mod names;
 mod packed_check;
 pub mod quant_ledger;
 pub mod safetensors;
 pub mod tensor_data;
+pub mod text;
 pub mod virtual_ckpt;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -3,6 +3,7 @@
 //! `main` prints (`error: …`) and its fix (`hint: …`), as the checks in the commands said.
 
 use crate::kit::bytes::{ByteSize, KIB};
+use crate::kit::schema::GuardPolicy;
 
 /// A flag value that is refused: the message names the flag and the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -136,6 +137,40 @@ pub fn drain(v: &str) -> Result<f64, FlagError> {
     }
 }
 
+fn guard_size(flag: &str, v: &str) -> Result<u64, FlagError> {
+    v.parse::<ByteSize>().map(|b| b.bytes()).map_err(|e| {
+        refuse(format!("{flag}: {e}"), format!("e.g. {flag} 2.5GiB (units: B, KiB, MiB, GiB, kB, MB, GB)"))
+    })
+}
+
+/// `guard --soft`: a byte size.
+pub fn guard_soft(v: &str) -> Result<u64, FlagError> {
+    guard_size("--soft", v)
+}
+
+/// `guard --hard`: a byte size.
+pub fn guard_hard(v: &str) -> Result<u64, FlagError> {
+    guard_size("--hard", v)
+}
+
+/// `guard --baseline`: a byte size.
+pub fn guard_baseline(v: &str) -> Result<u64, FlagError> {
+    guard_size("--baseline", v)
+}
+
+/// `guard --policy`: protect-host, kill-offender or off.
+pub fn guard_policy(v: &str) -> Result<GuardPolicy, FlagError> {
+    match v {
+        "protect-host" => Ok(GuardPolicy::ProtectHost),
+        "kill-offender" => Ok(GuardPolicy::KillOffender),
+        "off" => Ok(GuardPolicy::Off),
+        _ => Err(refuse(
+            format!("--policy: `{v}` is not a guard policy"),
+            "use protect-host (default), kill-offender or off",
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +192,9 @@ mod tests {
         assert!(prefill_repeats("0").is_err() && prefill_repeats("3") == Ok(3));
         assert_eq!(drain("601").unwrap_err().message, "--drain: 601 is out of range");
         assert_eq!(drain("2.5"), Ok(2.5));
+        assert_eq!(guard_soft("1KiB"), Ok(1024));
+        assert_eq!(guard_hard("x").unwrap_err().hint, "e.g. --hard 2.5GiB (units: B, KiB, MiB, GiB, kB, MB, GB)");
+        assert!(guard_baseline("2GiB").is_ok() && guard_policy("off") == Ok(GuardPolicy::Off));
+        assert_eq!(guard_policy("x").unwrap_err().message, "--policy: `x` is not a guard policy");
     }
 }

@@ -8,10 +8,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::Failure;
 use crate::kit::schema::Kit;
 
-/// Whether the kit serves the checkpoint the virtual model describes.
-pub(super) fn is_dsv41_flash_exl3(kit: &Kit) -> bool {
-    kit.model.repo.to_ascii_lowercase().contains("deepseek-v4.1-flash-exl3")
-}
+pub(super) use crate::checkpoint::kit_plan::is_dsv41_flash_exl3;
 
 /// The snapshot directory `download` put the kit's model in, from `spark-kit.lock`.
 fn downloaded_model(kit: &Kit, env: &[(String, String)]) -> Option<PathBuf> {

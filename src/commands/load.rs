@@ -39,6 +39,15 @@ pub fn settings(args: &KitArgs, env: &[(String, String)]) -> Result<Settings, Fa
     Ok(Settings::new(resolve(args, env)?.kit, args.kit.as_deref(), env))
 }
 
+/// [`settings`], validating only the parts of the kit the command uses.
+pub fn settings_for(
+    args: &KitArgs,
+    env: &[(String, String)],
+    parts: &[kit::validate::Part],
+) -> Result<Settings, Failure> {
+    Ok(Settings::new(resolve_for(args, env, parts)?.kit, args.kit.as_deref(), env))
+}
+
 /// [`resolve`], validating only the parts of the kit the command uses.
 pub fn resolve_for(
     args: &KitArgs,

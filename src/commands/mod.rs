@@ -3,7 +3,6 @@
 //! Commands write their output to the `out` they are given and return a [`Failure`] on error;
 //! only `main.rs` touches the real stdout/stderr and exits.
 
-pub mod audit_text;
 pub mod bench;
 pub mod cache_capped;
 pub mod checkpoint_source;
@@ -12,7 +11,7 @@ pub mod config;
 pub mod download;
 pub mod engine;
 pub mod guard;
-pub mod hub_output;
+pub mod hub_run;
 pub mod image;
 pub mod kits;
 pub mod load;
@@ -22,7 +21,6 @@ pub mod pack_engram;
 pub mod plan;
 pub mod preflight;
 pub mod preflight_input;
-pub mod reporter;
 pub mod setup;
 pub mod status;
 pub mod target;

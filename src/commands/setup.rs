@@ -1,16 +1,16 @@
 //! `spark-kit setup`: the kit's engine venv.
 
-use super::{io_failure, load, reporter::Lines, Context};
+use super::{io_failure, load, Context};
 use crate::cli::SetupArgs;
-use crate::dirs::Dirs;
 use crate::engine::prune::prune;
 use crate::engine::{recipe::Recipe, venv};
 use crate::error::Failure;
 use crate::kit::schema::Runtime;
+use crate::reporter::Lines;
 
 pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
-    let kit = &resolved.kit;
+    let s = load::settings(&args.kit, &ctx.env)?;
+    let kit = &s.kit;
     if kit.engine.runtime == Runtime::Docker {
         return Err(Failure::usage(format!(
             "kit {} runs the engine from the docker image {}; `setup` makes venvs only",
@@ -18,18 +18,17 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             kit.engine.docker_image.as_deref().unwrap_or("?")
         )));
     }
-    let dirs = Dirs::from_env(&ctx.env);
     let recipe = Recipe::load(&kit.engine.requirements).map_err(|e| Failure::usage(e.to_string()))?;
     let reporter = Lines::new(args.quiet || args.json);
-    let info = venv::ensure(&dirs.cache, &recipe, &reporter).map_err(|e| {
-        let hint = e.log().map(|l| format!("full install log: {}", l.display())).or_else(|| e.cache_hint(&dirs.cache));
+    let info = venv::ensure(&s.cache, &recipe, &reporter).map_err(|e| {
+        let hint = e.log().map(|l| format!("full install log: {}", l.display())).or_else(|| e.cache_hint(&s.cache));
         let f = Failure::runtime(e.to_string());
         match hint {
             Some(h) => f.with_hint(h),
             None => f,
         }
     })?;
-    let pruned = if args.keep_old { Vec::new() } else { prune(&dirs.cache.join("venvs"), &recipe.name, &info.path) };
+    let pruned = if args.keep_old { Vec::new() } else { prune(&s.cache.join("venvs"), &recipe.name, &info.path) };
     if args.json {
         let mut v = serde_json::to_value(&info).map_err(|e| Failure::runtime(e.to_string()))?;
         if let serde_json::Value::Object(m) = &mut v {

@@ -5,45 +5,10 @@ use std::time::Duration;
 use super::{io_failure, Context};
 use crate::cli::{ControlArgs, StatusArgs};
 use crate::error::Failure;
+use crate::hints::KitRef;
+use crate::live::LocateError;
 use crate::supervisor::control::request;
-use crate::supervisor::Snapshot;
-
-fn gib(b: Option<u64>) -> String {
-    #[allow(clippy::cast_precision_loss)] // display only
-    b.map_or_else(|| "-".into(), |b| format!("{:.1} GiB", b as f64 / f64::from(1u32 << 30)))
-}
-
-/// Human table of a snapshot.
-#[must_use]
-pub fn render(s: &Snapshot) -> String {
-    let mut out = format!(
-        "kit {}  state {:?}  restarts {}  up {:.0} s  supervisor pid {}\nendpoint {}  model {}\n",
-        s.kit, s.state, s.restarts, s.uptime_s, s.supervisor_pid, s.endpoint, s.model
-    );
-    if let Some(r) = &s.reason {
-        out.push_str(&format!("last event: {r}\n"));
-    }
-    if let Some(g) = &s.gateway {
-        out.push_str(&format!("gateway {}  {}  in flight {}  queued {}\n", g.listen, g.state, g.in_flight, g.queued));
-    }
-    out.push_str("NODE        RANK  AGENT   ENGINE PGID  ALIVE  HEALTH  MEMAVAILABLE  TOK/S   UPTIME  NOTE\n");
-    for n in &s.nodes {
-        out.push_str(&format!(
-            "{:<11} {:>4}  {:<7} {:>11}  {:<5}  {:<6}  {:>12}  {:>6}  {:>6}  {}\n",
-            n.name,
-            n.rank,
-            if n.agent_connected { "ok" } else { "lost" },
-            n.engine_pgid.map_or_else(|| "-".into(), |p| p.to_string()),
-            if n.engine_alive { "yes" } else { "no" },
-            n.healthy.map_or("-", |h| if h { "ok" } else { "fail" }),
-            gib(n.mem_available),
-            n.tokens_per_s.map_or_else(|| "-".into(), |t| format!("{t:.1}")),
-            n.uptime_s.map_or_else(|| "-".into(), |u| format!("{u:.0}s")),
-            n.last_error.as_deref().or(n.phase.as_deref()).unwrap_or(""),
-        ));
-    }
-    out
-}
+use crate::supervisor::status_text::{not_running_json, render, running_json};
 
 /// With no deployment running, a docker kit's containers left on this node by an earlier run
 /// (found by label) are named in the error, with how to remove them.
@@ -66,21 +31,32 @@ fn with_survivors(f: Failure, args: &crate::cli::KitArgs, env: &[(String, String
         hint: Some(format!(
             "remove them (`docker rm -f {}`), or start over them with {}",
             names.join(" "),
-            crate::hints::KitRef::new(args.kit.as_deref()).quoted("up", &["--replace"])
+            KitRef::new(args.kit.as_deref()).quoted("up", &["--replace"])
         )),
         ..f
     }
 }
 
 pub fn run(args: &StatusArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let snap = super::target::find(&args.kit, &ctx.env, "status")
-        .map_err(|f| with_survivors(f, &args.kit, &ctx.env))?
-        .snapshot;
-    let text = if args.json {
-        serde_json::to_string_pretty(&snap).map_err(|e| Failure::runtime(e.to_string()))?
-    } else {
-        render(&snap)
+    let snap = match super::target::locate(&args.kit, &ctx.env)? {
+        Ok(t) => t.snapshot,
+        Err(e) => {
+            let f = with_survivors(
+                super::target::failure(&e, "status", &KitRef::new(args.kit.kit.as_deref())),
+                &args.kit,
+                &ctx.env,
+            );
+            if let (true, LocateError::NotRunning { kit }) = (args.json, &e) {
+                // Scripts read a JSON value either way; the exit code is the human form's.
+                let text = not_running_json(kit.as_deref(), &f.message, f.hint.as_deref())
+                    .map_err(|e| Failure::runtime(e.to_string()))?;
+                writeln!(ctx.out, "{text}").map_err(|e| io_failure(&e))?;
+            }
+            return Err(f);
+        }
     };
+    let text =
+        if args.json { running_json(&snap).map_err(|e| Failure::runtime(e.to_string()))? } else { render(&snap) };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))
 }
 

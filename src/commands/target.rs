@@ -27,13 +27,18 @@ pub fn given_kit(args: &KitArgs, env: &[(String, String)]) -> Result<Option<Kit>
 
 /// Find the deployment; `sub` is the command, for the hint that names one of several.
 pub fn find(args: &KitArgs, env: &[(String, String)], sub: &str) -> Result<Target, Failure> {
+    locate(args, env)?.map_err(|e| failure(&e, sub, &KitRef::new(args.kit.as_deref())))
+}
+
+/// [`find`], with why none was found kept (`status --json` prints a value when nothing runs);
+/// the outer error is the kit's.
+pub fn locate(args: &KitArgs, env: &[(String, String)]) -> Result<Result<Target, LocateError>, Failure> {
     let dirs = Dirs::from_env(env);
     let kit_ref = KitRef::new(args.kit.as_deref());
     let given = given_kit(args, env)?;
     // No kit flags: the default kit is still tried at its own socket (its record may be missing).
     let fallback = if given.is_none() { load::resolve(args, env).ok().map(|r| r.kit) } else { None };
-    live::locate(&dirs, given.as_ref().map(|k| (k, &kit_ref)), fallback.as_ref())
-        .map_err(|e| failure(&e, sub, &kit_ref))
+    Ok(live::locate(&dirs, given.as_ref().map(|k| (k, &kit_ref)), fallback.as_ref()))
 }
 
 /// The error for a deployment that could not be found (`kit_ref`: the kit as the user named it).

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::reporter::{watch_ready, UpLines};
 use super::up_prepare::{check_free, gates, is_running, settings, Registration};
 use super::up_text::{banner, failure_from};
 use super::{io_failure, up_detach, up_gateway, Context};
 use crate::cli::UpArgs;
 use crate::error::Failure;
 use crate::gateway::{DrainOutcome, Front};
+use crate::reporter::{watch_ready, UpLines};
 use crate::signals;
 use crate::supervisor::control::{request, serve, wait_answered};
 use crate::supervisor::state::Policy;

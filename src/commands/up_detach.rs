@@ -5,10 +5,10 @@ use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use super::reporter::BootProgress;
 use super::up_text::{banner, failure_from, still_running_hint};
 use super::{io_failure, Context};
 use crate::error::Failure;
+use crate::reporter::BootProgress;
 use crate::settings::Settings;
 use crate::supervisor::control::request;
 use crate::supervisor::state::State;

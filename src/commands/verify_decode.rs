@@ -1,20 +1,16 @@
 //! `spark-kit verify --decode [--json]`: the structural audit, then a sampled decode of every
 //! packed matrix with the Rust EXL3 decoder (`checkpoint::decode_check`).
 
-use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::io_failure;
-use crate::checkpoint::decode_check::{decode_check, DecodeOptions, DecodeReport};
+use crate::checkpoint::decode_check::{decode_check, DecodeOptions};
 use crate::checkpoint::exl3_audit::{num_hidden_layers, AuditReport};
+use crate::checkpoint::text;
 use crate::checkpoint::{Checkpoint, Origin};
 use crate::cli::VerifyArgs;
 use crate::error::Failure;
-use crate::kit::bytes::human_size as size;
 
-/// Findings printed in the human report before "… and N more".
-const MAX_SHOWN: usize = 40;
 /// Seconds between progress lines on stderr.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -44,17 +40,11 @@ pub(super) fn run(
         num_hidden_layers: num_hidden_layers(k_map),
     };
     let started = Instant::now();
-    let last = Mutex::new(started);
     // A status line on stderr every 5 s (worker threads report; ctx.err is not shared across them,
     // so this goes through the reporter, as `verify`'s hashing progress does).
+    let every = crate::reporter::Every::new(PROGRESS_EVERY);
     let progress = |done: usize, total: usize| {
-        if let Ok(mut t) = last.lock() {
-            if t.elapsed() >= PROGRESS_EVERY {
-                *t = Instant::now();
-                let line = format!("verify: decoded samples of {done} of {total} packed matrices\n");
-                super::reporter::line(&line);
-            }
-        }
+        every.tick(|| format!("verify: decoded samples of {done} of {total} packed matrices"));
     };
     let report = decode_check(ckpt, &opts, &progress).map_err(|e| Failure::runtime(e.to_string()))?;
     let seconds = started.elapsed().as_secs_f64();
@@ -65,7 +55,7 @@ pub(super) fn run(
         v["decode"] = d;
         serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?
     } else {
-        format!("{}\n\n{}", super::audit_text::human(audit, label).trim_end(), human(&report, seconds))
+        format!("{}\n\n{}", text::audit(audit, label).trim_end(), text::decode(&report, seconds))
     };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let structural = audit.errors();
@@ -82,39 +72,4 @@ pub(super) fn run(
             .with_hint("a checkpoint with structural errors will not load; re-download the named shards"));
     }
     Ok(())
-}
-
-fn human(r: &DecodeReport, seconds: f64) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "decode: {} packed matrices, {} block(s) of 128×128 each, {} tiles decoded, {} read in {seconds:.1} s",
-        r.matrices,
-        r.blocks_per_matrix,
-        r.tiles_decoded,
-        size(r.bytes_read)
-    );
-    let _ = writeln!(s, "\n{:<15} {:>8} {:>12} {:>12} {:>12}", "CLASS", "MATRICES", "W RMS MED", "MIN", "MAX");
-    for (class, c) in &r.classes {
-        let _ = writeln!(
-            s,
-            "{class:<15} {:>8} {:>12.3e} {:>12.3e} {:>12.3e}",
-            c.matrices, c.median_w_rms, c.min_w_rms, c.max_w_rms
-        );
-    }
-    for k in &r.skipped {
-        let _ = writeln!(s, "skipped: {}", k.message);
-    }
-    if r.findings.is_empty() {
-        let _ = writeln!(s, "\nno decode problems: every sampled weight is finite and sanely scaled");
-    } else {
-        let _ = writeln!(s);
-        for f in r.findings.iter().take(MAX_SHOWN) {
-            let _ = writeln!(s, "error: {}", f.message);
-        }
-        if r.findings.len() > MAX_SHOWN {
-            let _ = writeln!(s, "… and {} more (see --json)", r.findings.len() - MAX_SHOWN);
-        }
-    }
-    s
 }

@@ -19,6 +19,7 @@ pub mod error;
 pub mod header;
 pub mod layout;
 pub mod pack;
+pub mod pack_jobs;
 pub mod store;
 pub mod table;
 

@@ -26,6 +26,7 @@ pub mod report;
 pub mod retry;
 pub mod reuse;
 pub mod run;
+pub mod text;
 pub mod verify;
 
 pub use error::HubError;

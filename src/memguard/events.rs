@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{mpsc, Mutex};
 
 use serde::Serialize;
 
@@ -12,6 +13,24 @@ use super::gate::{Gate, OomAdjCheck};
 /// Receives the guard's events (the node agent forwards them; the `guard` command prints them).
 pub trait GuardReporter: Send + Sync {
     fn event(&self, event: &GuardEvent);
+}
+
+/// A reporter that sends each event down a channel (to the thread that prints them).
+pub struct Channel(Mutex<mpsc::Sender<GuardEvent>>);
+
+impl Channel {
+    #[must_use]
+    pub fn new(tx: mpsc::Sender<GuardEvent>) -> Self {
+        Self(Mutex::new(tx))
+    }
+}
+
+impl GuardReporter for Channel {
+    fn event(&self, event: &GuardEvent) {
+        if let Ok(tx) = self.0.lock() {
+            let _ = tx.send(event.clone());
+        }
+    }
 }
 
 /// What the guard reports.

@@ -27,8 +27,9 @@ pub mod psi;
 pub mod receipt;
 pub mod responder;
 pub mod sampler;
+pub mod text;
 
 pub use config::GuardConfig;
 pub use engine::{ContainerId, EngineRef, EngineSource, FixedContainer};
-pub use events::{GuardError, GuardEvent, GuardReporter, GuardStatus};
+pub use events::{Channel, GuardError, GuardEvent, GuardReporter, GuardStatus};
 pub use sampler::Guard;

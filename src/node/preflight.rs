@@ -40,6 +40,27 @@ pub struct Report {
 }
 
 impl Report {
+    /// The human table: one line per check, the fix under each warning, failure or unchecked
+    /// one, then the counts.
+    #[must_use]
+    pub fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let r = self;
+        let mut s = String::new();
+        let _ = writeln!(s, "{:<12} {:<16} {:<12} MESSAGE", "NODE", "CHECK", "VERDICT");
+        for c in &r.checks {
+            let _ = writeln!(s, "{:<12} {:<16} {:<12} {}", c.node, c.id, c.verdict.label(), c.message);
+            if let Some(fix) = &c.fix {
+                if matches!(c.verdict, Verdict::Warn | Verdict::Fail | Verdict::NotChecked) {
+                    let _ = writeln!(s, "{:<42} fix: {fix}", "");
+                }
+            }
+        }
+        let (pass, warn, fail, unchecked) = r.counts();
+        let _ = writeln!(s, "\n{pass} pass, {warn} warn, {fail} fail, {unchecked} not checked");
+        s
+    }
+
     /// Counts of (pass, warn, fail, not checked).
     #[must_use]
     pub fn counts(&self) -> (usize, usize, usize, usize) {
@@ -213,5 +234,30 @@ const fn transport_name(t: Transport) -> &'static str {
         Transport::Local => "local",
         Transport::Ssh => "ssh",
         Transport::Exec => "an exec prefix",
+    }
+}
+
+#[cfg(test)]
+mod text_tests {
+    use super::*;
+
+    #[test]
+    fn the_table_shows_fixes_of_failures_only_then_counts() {
+        let check = |id, verdict, fix: &str| Check {
+            node: "a".into(),
+            id,
+            verdict,
+            message: "m".into(),
+            fix: Some(fix.into()),
+        };
+        let r = Report {
+            kit: "k".into(),
+            status: Verdict::Fail,
+            checks: vec![check("one", Verdict::Pass, "never shown"), check("two", Verdict::Fail, "do this")],
+        };
+        let t = r.text();
+        assert!(t.starts_with("NODE         CHECK            VERDICT      MESSAGE\n"), "{t}");
+        assert!(t.contains("fix: do this") && !t.contains("never shown"), "{t}");
+        assert!(t.ends_with("\n1 pass, 0 warn, 1 fail, 0 not checked\n"), "{t}");
     }
 }

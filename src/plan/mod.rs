@@ -20,6 +20,7 @@ pub mod kv;
 mod prefill;
 pub mod reference;
 pub mod replay;
+pub mod text;
 
 use prefill::prefill_plan;
 pub use prefill::{PrefillPlan, PromptLimit};

@@ -9,9 +9,11 @@ pub mod bringup;
 pub mod control;
 mod events;
 pub mod health;
+pub mod preflight;
 pub mod run;
 pub mod snapshot;
 pub mod state;
+pub mod status_text;
 pub mod watch;
 
 pub use run::{run, ClusterError, ClusterReporter, Gates};

@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 pub mod docker;
+pub mod gateway;
 pub mod netns;
 pub mod sshd;
 pub mod up;

@@ -42,7 +42,7 @@ pub struct Serving {
 impl Drop for Serving {
     /// A test that failed before `interrupt` still stops its server (SIGINT, then SIGKILL).
     fn drop(&mut self) {
-        if self.stopped {
+        if self.stopped || matches!(self.child.try_wait(), Ok(Some(_))) {
             return;
         }
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
@@ -112,6 +112,23 @@ impl Serving {
             }
         }
         &self.stdout
+    }
+
+    /// Send `sig` to `up` (the test then watches what follows; `wait_exit` reaps it).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// Wait up to `limit` for `up` to exit; its exit status.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(t.elapsed() < limit, "up still running {limit:?} after the signal");
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// SIGINT to `up`; its engine group must be empty within 30 s and `up` must exit 130 (as

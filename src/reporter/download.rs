@@ -1,5 +1,5 @@
-//! Output and glue shared by `download` and `verify --repair`: progress reporters (bars on a
-//! terminal, plain lines otherwise), running a download, and Hub errors as command failures.
+//! `download`'s and `verify --repair`'s progress: bars on a terminal (a total bar and one per
+//! file in flight), plain lines for logs and CI, nothing with `--quiet`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -7,62 +7,23 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::dirs::Dirs;
-use crate::error::Failure;
-use crate::hub::api::HubClient;
-use crate::hub::auth::find_token;
 use crate::hub::report::{Reporter, Silent};
-use crate::hub::run::{download, Request, Summary};
-use crate::hub::{endpoint, HubError};
+use crate::hub::text::rate;
 use crate::kit::bytes::human_size as size;
 
 /// Seconds between plain progress lines when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
-/// A library error as a command failure (configuration problems exit 2).
-pub(super) fn hub_failure(e: &HubError) -> Failure {
-    let f = if e.is_config() { Failure::usage(e.to_string()) } else { Failure::runtime(e.to_string()) };
-    match e.hint() {
-        Some(h) => f.with_hint(h),
-        None => f,
-    }
-}
-
 /// Bars on a terminal, plain lines otherwise, nothing with `quiet`.
-pub(super) fn reporter(quiet: bool) -> Arc<dyn Reporter> {
+#[must_use]
+pub fn download(quiet: bool) -> Arc<dyn Reporter> {
     if quiet {
         Arc::new(Silent)
-    } else if super::reporter::is_terminal() {
+    } else if super::is_terminal() {
         Arc::new(Bars::new())
     } else {
         Arc::new(Lines::new())
     }
-}
-
-/// Run `req` against `HF_ENDPOINT` with the token the environment names.
-pub(super) fn run_download(
-    req: &Request,
-    env: &[(String, String)],
-    dirs: &Dirs,
-    reporter: Arc<dyn Reporter>,
-) -> Result<Summary, Failure> {
-    let token = find_token(env, &dirs.home, |p| std::fs::read_to_string(p).ok());
-    let client = HubClient::new(&endpoint(env), token, req.opts.jobs, req.opts.backoff, req.opts.idle)
-        .map_err(|e| hub_failure(&e))?
-        .with_reporter(reporter.clone());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::runtime(format!("cannot start the async runtime: {e}")))?;
-    let summary = rt.block_on(download(Arc::new(client), req, reporter)).map_err(|e| hub_failure(&e));
-    drop(rt);
-    summary
-}
-
-#[allow(clippy::cast_precision_loss)]
-pub(super) fn rate(bytes: u64, secs: f64) -> String {
-    format!("{}/s", size((bytes as f64 / secs.max(1e-3)) as u64))
 }
 
 /// Terminal progress: a total bar (bytes, rate, ETA) and one bar per file in flight.
@@ -145,7 +106,7 @@ impl Lines {
         Self { start: now, state: Mutex::new((now, 0, 0)) }
     }
     fn line(text: &str) {
-        super::reporter::line(text);
+        super::line(text);
     }
 }
 

@@ -1,9 +1,14 @@
-//! The terminal for progress: the one place command files write progress lines to the process's
-//! stderr from worker threads (where the command's `ctx.err` cannot go), plain lines that read
-//! well in logs and CI. Setup and bring-up phases ([`Lines`]), `pack-engram` ([`PackLines`]), and
-//! [`line`] / [`is_terminal`] for the others (`verify`, `engine`, the download bars), and `up`'s
-//! terminal: its lines ([`UpLines`]), the boot progress line ([`BootProgress`]), the ready banner
-//! and the `--verbose` engine log tails ([`watch_ready`]).
+//! The terminal for progress: the one module that writes progress to the process's stderr from
+//! worker threads (where a command's `ctx.err` cannot go), plain lines that read well in logs
+//! and CI, bars on a terminal. Setup and bring-up phases ([`Lines`]), `pack-engram`
+//! ([`PackLines`]), `download` and `verify --repair` ([`download`]), a line every few seconds
+//! ([`Every`], `verify`'s hashing and decoding), [`line`] / [`is_terminal`] for the others
+//! (`engine`'s child exits), and `up`'s terminal: its lines ([`UpLines`]), the boot progress line
+//! ([`BootProgress`]), the ready banner and the `--verbose` engine log tails ([`watch_ready`]).
+//! Commands hand these to the library through its reporter traits; nothing below `commands`
+//! imports this module.
+
+pub mod download;
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +31,66 @@ pub fn line(text: &str) {
 #[must_use]
 pub fn is_terminal() -> bool {
     std::io::stderr().is_terminal()
+}
+
+/// At most one progress line per period, from any thread (the first after `period` has passed
+/// since the start or the last line).
+pub struct Every {
+    period: Duration,
+    last: Mutex<Instant>,
+}
+
+impl Every {
+    #[must_use]
+    pub fn new(period: Duration) -> Self {
+        Self { period, last: Mutex::new(Instant::now()) }
+    }
+
+    /// Print `text()` as a [`line`] if the period has passed.
+    pub fn tick(&self, text: impl FnOnce() -> String) {
+        if let Ok(mut t) = self.last.lock() {
+            if t.elapsed() >= self.period {
+                *t = Instant::now();
+                line(&text());
+            }
+        }
+    }
+}
+
+/// Lines on a command's writer (its `ctx.err`) from `image sync` / `image build` and the venv
+/// build `image build` may need first (`setup [i/n] label`).
+pub struct WriterLines<'a>(Mutex<&'a mut dyn Write>);
+
+impl<'a> WriterLines<'a> {
+    #[must_use]
+    pub fn new(out: &'a mut dyn Write) -> Self {
+        Self(Mutex::new(out))
+    }
+
+    fn write(&self, text: &str) {
+        if let Ok(mut w) = self.0.lock() {
+            let _ = writeln!(w, "{text}");
+        }
+    }
+}
+
+impl crate::image_sync::SyncReporter for WriterLines<'_> {
+    fn line(&self, text: &str) {
+        self.write(text);
+    }
+}
+
+impl crate::engine::image_build::BuildReporter for WriterLines<'_> {
+    fn line(&self, text: &str) {
+        self.write(text);
+    }
+}
+
+impl SetupReporter for WriterLines<'_> {
+    fn step(&self, index: usize, total: usize, label: &str) {
+        self.write(&format!("setup [{index}/{total}] {label}"));
+    }
+    fn step_done(&self, _: &str, _: f64) {}
 }
 
 /// Writes `[i/n] label …` and `done in X s` lines to stderr.
