@@ -1,7 +1,7 @@
-//! Two "nodes" on one machine (tests/common/netns.rs): network namespaces `spark1` and `spark2` joined by a veth pair
-//! (10.77.0.1 / 10.77.0.2), a real sshd in each, the supervisor running in `spark1` (as it
-//! would on the head machine). The `tiny-cpu-2node` kit boots tensor parallel 2 across them
-//! through vLLM's `--nnodes/--headless` mode. Then: kill -9 the worker's engine (restart),
+//! Two "nodes" on one machine (tests/common/netns.rs): network namespaces `spark1` and `spark2`
+//! joined by a veth pair (10.77.0.1 / 10.77.0.2), a real sshd in each, the supervisor running in
+//! `spark1` (as it would on the head machine). The `tiny-cpu-2node` kit boots tensor parallel 2
+//! across them through vLLM's `--nnodes/--headless` mode. Then: kill -9 the worker's engine (restart),
 //! SIGSTOP the head's engine (stall detector), take the link down (detected; `restart` after it
 //! is back, detached), `down` of that deployment, and kill -9 of a booting supervisor (agents
 //! stop their engines).

@@ -183,7 +183,10 @@ fn kits_lists_builtins_and_kit_show_prints_text() {
     assert!(o.status.success());
     let v: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
     let names: Vec<&str> = v.iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["dgx-spark-2x-dsv41-exl3", "tiny-cpu", "tiny-cpu-2node", "tiny-cpu-docker", "tiny-cpu-docker-2node"]);
+    assert_eq!(
+        names,
+        ["dgx-spark-2x-dsv41-exl3", "tiny-cpu", "tiny-cpu-2node", "tiny-cpu-docker", "tiny-cpu-docker-2node"]
+    );
     let o = spark(&["kit", "show", "tiny-cpu"], &[]);
     let text = String::from_utf8(o.stdout).unwrap();
     assert_eq!(
