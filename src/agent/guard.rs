@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::cluster::protocol::Event;
 use crate::dirs::Dirs;
 use crate::kit::schema::Kit;
-use crate::memguard::{EngineRef, EngineSource};
+use crate::memguard::{EngineRef, EngineSource, GuardError};
 
 /// The node's memory guard, hosted by the agent on its own thread; it follows the engine
 /// across restarts — its process group, or its container (what the runtime's `guard_target`
@@ -26,6 +26,15 @@ impl EngineSource for Follow {
     }
 }
 
+/// Why the hosted guard did not start (the agent reports it as a non-fatal `Error` event).
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("memory guard: {0}")]
+    Guard(#[source] GuardError),
+    #[error("memory guard thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
 /// Guard events go to the supervisor through the agent's event channel.
 struct GuardToEvents(std::sync::mpsc::Sender<Event>);
 impl crate::memguard::GuardReporter for GuardToEvents {
@@ -42,19 +51,17 @@ pub fn start(
     node: usize,
     dirs: &Dirs,
     events: std::sync::mpsc::Sender<Event>,
-) -> Result<HostedGuard, String> {
+) -> Result<HostedGuard, HostError> {
     let cfg = crate::memguard::GuardConfig::from_kit(kit, &kit.nodes[node].name);
     let target = Arc::new(Mutex::new(None));
     let stop = Arc::new(AtomicBool::new(false));
     let provider = Follow(Arc::clone(&target));
     let receipts = dirs.expand(&kit.paths.logs).join("receipts");
     let mut guard = crate::memguard::Guard::new(cfg, Box::new(provider), &receipts, Arc::new(GuardToEvents(events)))
-        .map_err(|e| format!("memory guard: {e}"))?;
+        .map_err(HostError::Guard)?;
     let s = Arc::clone(&stop);
-    let thread = std::thread::Builder::new()
-        .name("memguard".into())
-        .spawn(move || guard.run(&s))
-        .map_err(|e| format!("memory guard thread: {e}"))?;
+    let thread =
+        std::thread::Builder::new().name("memguard".into()).spawn(move || guard.run(&s)).map_err(HostError::Thread)?;
     Ok(HostedGuard { target, stop, thread })
 }
 

@@ -130,7 +130,7 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                     if guard.is_none() && kit.memory.guard.policy != crate::kit::schema::GuardPolicy::Off {
                         match guard::start(&kit, node, &dirs, guard_tx.clone()) {
                             Ok(g) => guard = Some(g),
-                            Err(message) => out.emit(&Event::Error { message, fatal: false }),
+                            Err(e) => out.emit(&Event::Error { message: e.to_string(), fatal: false }),
                         }
                     }
                     let api_key = api_key(&kit, env, &dirs).ok().flatten();

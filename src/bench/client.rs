@@ -33,6 +33,8 @@ pub enum BenchError {
     TooLong(#[from] super::run::TooLong),
     #[error("the first request failed: {0}")]
     FirstRequest(String),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl BenchError {
@@ -59,7 +61,14 @@ impl BenchError {
                 "lower --decode-tokens / --decode-prompt-tokens, or serve with a longer max_model_len".into()
             }
             Self::FirstRequest(_) => "see the error above; try the same request with curl to check the server".into(),
+            Self::Runtime(_) => return None,
         })
+    }
+
+    /// A problem of the flags (exit 2) rather than of the server.
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::BadUrl(_) | Self::TooLong(_))
     }
 }
 
@@ -356,7 +365,7 @@ impl Endpoint {
             };
             let now = epoch.elapsed().as_secs_f64();
             for data in parser.feed(&bytes) {
-                match parse_event(&data).map_err(RequestError::Stream)? {
+                match parse_event(&data).map_err(|e| RequestError::Stream(e.to_string()))? {
                     Event::Done => done = true,
                     Event::Chunk(c) => {
                         if let Some(e) = c.error {

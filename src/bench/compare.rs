@@ -27,6 +27,12 @@ fn row(metric: String, unit: &str, a: Option<f64>, b: Option<f64>) -> Row {
     Row { metric, unit: unit.into(), a, b, ratio }
 }
 
+/// `bench compare --json`: the two files and the rows.
+#[must_use]
+pub fn json(a_name: &str, b_name: &str, rows: &[Row]) -> serde_json::Value {
+    serde_json::json!({"a": a_name, "b": b_name, "rows": rows})
+}
+
 /// The rows: overhead, then per concurrency level present in either, then per prefill length.
 #[must_use]
 pub fn rows(a: &BenchResult, b: &BenchResult) -> Vec<Row> {

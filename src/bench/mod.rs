@@ -10,6 +10,7 @@ pub mod levels;
 pub mod lines;
 pub mod metrics;
 pub mod noise;
+pub mod options;
 pub mod plot;
 pub mod prompt;
 pub mod result;

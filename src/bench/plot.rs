@@ -21,8 +21,23 @@ pub enum PlotError {
     Extension(String),
     #[error("cannot draw the plot: no TrueType font found (looked for DejaVu Sans, Liberation Sans, Noto Sans and any .ttf under {0})")]
     NoFont(String),
-    #[error("cannot draw the plot {path}: {detail}")]
-    Draw { path: String, detail: String },
+    #[error("cannot draw the plot {path}: {source}")]
+    Draw {
+        path: String,
+        #[source]
+        source: DrawError,
+    },
+}
+
+/// A drawing backend's error, whichever backend drew (SVG: I/O, PNG: the bitmap encoder).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct DrawError(Box<dyn std::error::Error + Send + Sync>);
+
+impl<E: std::error::Error + Send + Sync + 'static> From<DrawingAreaErrorKind<E>> for DrawError {
+    fn from(e: DrawingAreaErrorKind<E>) -> Self {
+        Self(Box::new(e))
+    }
 }
 
 impl PlotError {
@@ -97,30 +112,31 @@ fn ensure_font() -> Result<(), PlotError> {
 pub fn draw(r: &BenchResult, path: &Path) -> Result<(), PlotError> {
     let format = format_of(path)?;
     ensure_font()?;
-    let err = |e: String| PlotError::Draw { path: path.display().to_string(), detail: e };
-    match format {
+    let drawn = match format {
         Format::Svg => {
             let root = SVGBackend::new(path, SIZE).into_drawing_area();
-            panels(r, &root).map_err(err)?;
-            root.present().map_err(|e| err(e.to_string()))
+            panels(r, &root).and_then(|()| Ok(root.present()?))
         }
         Format::Png => {
             let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-            panels(r, &root).map_err(err)?;
-            root.present().map_err(|e| err(e.to_string()))
+            panels(r, &root).and_then(|()| Ok(root.present()?))
         }
-    }
+    };
+    drawn.map_err(|source| PlotError::Draw { path: path.display().to_string(), source })
 }
 
 type Area<'a, DB> = DrawingArea<DB, Shift>;
 
-fn panels<DB: DrawingBackend>(r: &BenchResult, root: &Area<'_, DB>) -> Result<(), String> {
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+fn panels<DB: DrawingBackend>(r: &BenchResult, root: &Area<'_, DB>) -> Result<(), DrawError>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
     let title = title(r);
-    let root = root.titled(&title, ("sans-serif", 18)).map_err(|e| e.to_string())?;
+    let root = root.titled(&title, ("sans-serif", 18))?;
     let (left, right) = root.split_horizontally(SIZE.0 / 2);
-    decode_panel(r, &left).map_err(|e| e.to_string())?;
-    prefill_panel(r, &right).map_err(|e| e.to_string())?;
+    decode_panel(r, &left)?;
+    prefill_panel(r, &right)?;
     Ok(())
 }
 

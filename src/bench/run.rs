@@ -411,6 +411,17 @@ impl Runner<'_> {
     }
 }
 
+/// [`run`] on a runtime of its own (the command's thread waits for it).
+pub fn run_blocking(
+    ep: &Endpoint,
+    plan: &Plan,
+    kit: Option<KitReceipt>,
+    rep: &mut dyn BenchReporter,
+) -> Result<BenchResult, BenchError> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(BenchError::Runtime)?;
+    rt.block_on(run(ep, plan, kit, rep))
+}
+
 /// Run the whole benchmark against `ep`.
 pub async fn run(
     ep: &Endpoint,

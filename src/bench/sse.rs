@@ -115,14 +115,29 @@ impl Chunk {
     }
 }
 
-/// Decode one event payload. Errors are one-line descriptions of malformed payloads.
-pub fn parse_event(data: &str) -> Result<Event, String> {
+/// A malformed event payload (clipped to 160 bytes in the message).
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("stream event is not JSON ({source}): {data}")]
+    NotJson {
+        data: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("stream event is not a JSON object: {0}")]
+    NotObject(String),
+    #[error("usage block without prompt_tokens/completion_tokens: {0}")]
+    Usage(String),
+}
+
+/// Decode one event payload.
+pub fn parse_event(data: &str) -> Result<Event, EventError> {
     let data = data.trim();
     if data == "[DONE]" {
         return Ok(Event::Done);
     }
     let v: serde_json::Value =
-        serde_json::from_str(data).map_err(|e| format!("stream event is not JSON ({e}): {}", clip(data)))?;
+        serde_json::from_str(data).map_err(|source| EventError::NotJson { data: clip(data), source })?;
     let mut chunk = Chunk::default();
     if let Some(err) = v.get("error") {
         let msg =
@@ -131,7 +146,7 @@ pub fn parse_event(data: &str) -> Result<Event, String> {
         return Ok(Event::Chunk(chunk));
     }
     if !v.is_object() {
-        return Err(format!("stream event is not a JSON object: {}", clip(data)));
+        return Err(EventError::NotObject(clip(data)));
     }
     if let Some(choices) = v.get("choices").and_then(serde_json::Value::as_array) {
         for choice in choices {
@@ -150,7 +165,7 @@ pub fn parse_event(data: &str) -> Result<Event, String> {
         let n = |x: Option<&serde_json::Value>| x.and_then(serde_json::Value::as_u64);
         let (Some(prompt_tokens), Some(completion_tokens)) = (n(u.get("prompt_tokens")), n(u.get("completion_tokens")))
         else {
-            return Err(format!("usage block without prompt_tokens/completion_tokens: {}", clip(&u.to_string())));
+            return Err(EventError::Usage(clip(&u.to_string())));
         };
         let cached_tokens = n(u.get("prompt_tokens_details").and_then(|d| d.get("cached_tokens"))).unwrap_or(0);
         chunk.usage = Some(Usage { prompt_tokens, completion_tokens, cached_tokens });
@@ -231,8 +246,8 @@ mod tests {
         let e = r#"{"error":{"message":"out of memory","code":500}}"#;
         let Event::Chunk(ch) = parse_event(e).unwrap() else { panic!() };
         assert_eq!(ch.error.as_deref(), Some("out of memory"));
-        assert!(parse_event("not json").unwrap_err().contains("not JSON"));
-        assert!(parse_event("[1,2]").unwrap_err().contains("not a JSON object"));
-        assert!(parse_event(r#"{"usage":{"total_tokens":3}}"#).unwrap_err().contains("usage block"));
+        assert!(parse_event("not json").unwrap_err().to_string().contains("not JSON"));
+        assert!(parse_event("[1,2]").unwrap_err().to_string().contains("not a JSON object"));
+        assert!(parse_event(r#"{"usage":{"total_tokens":3}}"#).unwrap_err().to_string().contains("usage block"));
     }
 }

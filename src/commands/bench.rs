@@ -7,9 +7,11 @@ use super::{io_failure, load, Context};
 use crate::bench::client::{BenchError, Endpoint};
 use crate::bench::key::{api_key, KeyFrom};
 use crate::bench::lines::Lines;
+use crate::bench::options::{self, Levels};
 use crate::bench::result::{self, BenchResult, KitReceipt};
 use crate::bench::run::{self, Lengths, Plan};
-use crate::bench::{compare, plot, sizes, table};
+use crate::bench::{compare, plot, table};
+use crate::cli::values::FlagError;
 use crate::cli::{BenchArgs, BenchCommand, BenchRunArgs};
 use crate::error::Failure;
 
@@ -21,49 +23,16 @@ pub fn run(args: &BenchArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 }
 
 fn bench_failure(e: &BenchError) -> Failure {
-    let f = match e {
-        BenchError::BadUrl(_) | BenchError::TooLong(_) => Failure::usage(e.to_string()),
-        _ => Failure::runtime(e.to_string()),
-    };
-    match e.hint() {
-        Some(h) => f.with_hint(h),
-        None => f,
-    }
-}
-
-/// A parent directory that must exist before a long run, so the result is not lost at the end.
-fn check_parent(flag: &str, path: &Path) -> Result<(), Failure> {
-    if path == Path::new("-") {
-        return Ok(());
-    }
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if parent.is_dir() {
-        Ok(())
-    } else {
-        Err(Failure::usage(format!("{flag} {}: directory {} does not exist", path.display(), parent.display()))
-            .with_hint("create the directory or pick another path"))
-    }
+    let f = if e.is_usage() { Failure::usage(e.to_string()) } else { Failure::runtime(e.to_string()) };
+    f.with_hint_opt(e.hint())
 }
 
 fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let concurrency = sizes::parse_concurrency(&args.concurrency).map_err(|e| {
-        Failure::usage(format!("--concurrency {}: {e}", args.concurrency)).with_hint("use e.g. --concurrency 1,2,4")
-    })?;
-    let prefill = match &args.prefill {
-        Some(p) => Some(sizes::parse_lengths(p).map_err(|e| {
-            Failure::usage(format!("--prefill {p}: {e}")).with_hint("use e.g. --prefill 1k,8k,32k or --prefill none")
-        })?),
-        None => None,
-    };
     // --timeout, --prefill-repeats, --decode-repeats, --decode-tokens, --decode-prompt-tokens and
     // --temperature are checked by their value parsers (src/cli/values.rs).
-    if let Some(p) = &args.plot {
-        plot::format_of(p).map_err(|e| Failure::usage(e.to_string()).with_hint(e.hint()))?;
-        check_parent("--plot", p)?;
-    }
-    if let Some(j) = &args.json {
-        check_parent("--json", j)?;
-    }
+    let flag = |e: FlagError| Failure::usage(e.message).with_hint(e.hint);
+    let Levels { concurrency, prefill } = options::levels(&args.concurrency, args.prefill.as_deref()).map_err(flag)?;
+    options::check_outputs(args.plot.as_deref(), args.json.as_deref()).map_err(flag)?;
 
     let resolved =
         if args.kit.kit.is_some() || args.url.is_none() { Some(load::settings(&args.kit, &ctx.env)?) } else { None };
@@ -106,15 +75,11 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         request_timeout: Duration::from_secs_f64(args.timeout),
     };
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::runtime(format!("cannot start the async runtime: {e}")))?;
     if !args.quiet {
         let _ = writeln!(ctx.err, "==> bench: {}/v1", endpoint.base);
     }
     let mut rep = Lines { out: &mut *ctx.err, quiet: args.quiet };
-    let result = rt.block_on(run::run(&endpoint, &plan, kit_receipt, &mut rep)).map_err(|e| bench_failure(&e))?;
+    let result = run::run_blocking(&endpoint, &plan, kit_receipt, &mut rep).map_err(|e| bench_failure(&e))?;
     write_outputs(args, &result, ctx)?;
     if result.failures.is_empty() {
         Ok(())
@@ -172,11 +137,11 @@ fn compare_files(a: &Path, b: &Path, json: bool, ctx: &mut Context<'_>) -> Resul
     let ra = read_result(a)?;
     let rb = read_result(b)?;
     let rows = compare::rows(&ra, &rb);
+    let (a, b) = (a.display().to_string(), b.display().to_string());
     let text = if json {
-        let v = serde_json::json!({"a": a.display().to_string(), "b": b.display().to_string(), "rows": rows});
-        serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))? + "\n"
+        serde_json::to_string_pretty(&compare::json(&a, &b, &rows)).map_err(|e| Failure::runtime(e.to_string()))? + "\n"
     } else {
-        compare::render(&a.display().to_string(), &b.display().to_string(), &ra, &rb, &rows)
+        compare::render(&a, &b, &ra, &rb, &rows)
     };
     write!(ctx.out, "{text}").map_err(|e| io_failure(&e))
 }

@@ -76,7 +76,7 @@ fn initialise(python: &Path, argv: &[String]) -> Result<(), EmbedError> {
         let mut config = config.assume_init();
         config.parse_argv = 0;
         config.install_signal_handlers = 1;
-        let check = |status: pyo3::ffi::PyStatus| -> Result<(), String> {
+        let check = |status: pyo3::ffi::PyStatus| -> Result<(), EmbedError> {
             if pyo3::ffi::PyStatus_Exception(status) == 0 {
                 return Ok(());
             }
@@ -85,7 +85,7 @@ fn initialise(python: &Path, argv: &[String]) -> Result<(), EmbedError> {
             } else {
                 CStr::from_ptr(status.err_msg).to_string_lossy().into_owned()
             };
-            Err(msg)
+            Err(fail(msg))
         };
         let program_name = std::ptr::addr_of_mut!(config.program_name);
         let step = check(pyo3::ffi::PyConfig_SetBytesString(&raw mut config, program_name, prog.as_ptr()))
@@ -95,7 +95,7 @@ fn initialise(python: &Path, argv: &[String]) -> Result<(), EmbedError> {
             })
             .and_then(|()| check(pyo3::ffi::Py_InitializeFromConfig(&raw const config)));
         pyo3::ffi::PyConfig_Clear(&raw mut config);
-        step.map_err(fail)?;
+        step?;
         // Release the GIL taken by initialisation; PyO3 re-acquires it in `attach`.
         pyo3::ffi::PyEval_SaveThread();
     }

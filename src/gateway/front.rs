@@ -24,8 +24,19 @@ pub enum FrontError {
     Runtime(String),
 }
 
+/// Why the gateway stopped serving on its own (its accept loop failed); cloned to every reader.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(transparent)]
+pub struct ServeError(Arc<std::io::Error>);
+
+impl PartialEq for ServeError {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.kind() == other.0.kind() && self.0.to_string() == other.0.to_string()
+    }
+}
+
 /// How the gateway's serving ended.
-type Finished = Option<Result<DrainOutcome, String>>;
+type Finished = Option<Result<DrainOutcome, ServeError>>;
 
 /// A running gateway: serving until [`Front::begin_drain`], then draining, then closed.
 #[derive(Debug)]
@@ -71,7 +82,7 @@ impl Front {
                     // A dropped sender (the front gone) stops the gateway too.
                     let _ = rx.await;
                 };
-                let out = rt.block_on(super::serve::serve(listener, g, stop)).map_err(|e| e.to_string());
+                let out = rt.block_on(super::serve::serve(listener, g, stop)).map_err(|e| ServeError(Arc::new(e)));
                 if let Ok(mut slot) = f.lock() {
                     *slot = Some(out);
                 }

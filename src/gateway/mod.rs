@@ -16,6 +16,6 @@ mod state;
 mod stream;
 
 pub use config::{ConfigError, GatewayConfig};
-pub use front::{Front, FrontError};
+pub use front::{Front, FrontError, ServeError};
 pub use serve::{router, serve};
 pub use state::{DrainOutcome, EngineState, Gateway};

@@ -59,11 +59,11 @@ impl Guard {
                     let t = Target::Container { id, pid };
                     (t, docker_kill(id, "SIGTERM").map(|c| pending.push(("SIGTERM", c))))
                 }
-                _ => (Target::Group(pgid), killpg(Pid::from_raw(pgid), Signal::SIGTERM).map_err(|e| e.to_string())),
+                _ => (Target::Group(pgid), killpg(Pid::from_raw(pgid), Signal::SIGTERM).map_err(SignalError::Kill)),
             },
             Decision::KillProcess { grower, .. } => {
                 let starttime = self.table.starttime(grower.pid).unwrap_or(0);
-                let sent = kill(Pid::from_raw(grower.pid), Signal::SIGTERM).map_err(|e| e.to_string());
+                let sent = kill(Pid::from_raw(grower.pid), Signal::SIGTERM).map_err(SignalError::Kill);
                 (Target::Process { pid: grower.pid, starttime }, sent)
             }
             _ => return None,
@@ -74,7 +74,7 @@ impl Guard {
         let reaction = ms(sent.duration_since(crossed.0));
         let mut r = self.receipt(d, &crossed.1, m, a, drop, bucket_len);
         r.reaction_ms = Some(reaction);
-        r.signals.push(signal_record(target, "SIGTERM", reaction, result.err()));
+        r.signals.push(signal_record(target, "SIGTERM", reaction, result.err().map(|e| e.to_string())));
         let grace = match target {
             Target::Group(_) | Target::Container { .. } => self.cfg.drain,
             Target::Process { .. } => self.cfg.kill_grace,
@@ -113,12 +113,12 @@ impl Guard {
         if !act.escalated && (now.duration_since(act.started) >= act.grace || emergency) {
             act.escalated = true;
             let result = match act.target {
-                Target::Group(pgid) => killpg(Pid::from_raw(pgid), Signal::SIGKILL).map_err(|e| e.to_string()),
+                Target::Group(pgid) => killpg(Pid::from_raw(pgid), Signal::SIGKILL).map_err(SignalError::Kill),
                 Target::Container { id, .. } => docker_kill(id, "SIGKILL").map(|c| act.pending.push(("SIGKILL", c))),
-                Target::Process { pid, .. } => kill(Pid::from_raw(pid), Signal::SIGKILL).map_err(|e| e.to_string()),
+                Target::Process { pid, .. } => kill(Pid::from_raw(pid), Signal::SIGKILL).map_err(SignalError::Kill),
             };
             let after = ms(Instant::now().duration_since(act.crossing));
-            act.receipt.signals.push(signal_record(act.target, "SIGKILL", after, result.err()));
+            act.receipt.signals.push(signal_record(act.target, "SIGKILL", after, result.err().map(|e| e.to_string())));
         }
         now.duration_since(act.started) >= act.grace + Duration::from_secs(10)
     }
@@ -222,14 +222,23 @@ fn signal_record(target: Target, signal: &'static str, after: f64, err: Option<S
 
 /// `docker kill --signal SIG <id>`, started, not waited for (the signal is what counts; the
 /// child is reaped when the action ends).
-fn docker_kill(id: ContainerId, signal: &str) -> Result<Child, String> {
+fn docker_kill(id: ContainerId, signal: &str) -> Result<Child, SignalError> {
     Command::new("docker")
         .args(["kill", "--signal", signal, id.as_str()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run docker kill: {e}"))
+        .map_err(SignalError::DockerKill)
+}
+
+/// Why a signal could not be sent (its text goes into the receipt).
+#[derive(Debug, thiserror::Error)]
+pub enum SignalError {
+    #[error("{0}")]
+    Kill(#[source] nix::errno::Errno),
+    #[error("cannot run docker kill: {0}")]
+    DockerKill(#[source] std::io::Error),
 }
 
 /// The error of a finished `docker kill`, if it failed.

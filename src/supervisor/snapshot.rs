@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::state::State;
 use crate::engine::argv::node_ranks;
 use crate::engine::endpoint::{base_url, probe_host};
-use crate::gateway::{DrainOutcome, EngineState, Front};
+use crate::gateway::{DrainOutcome, EngineState, Front, ServeError};
 use crate::kit::schema::{Kit, Role};
 
 /// One node in the status snapshot (`status --json`, schema in docs/operations.md).
@@ -137,7 +137,7 @@ impl Handles {
 
     /// How the gateway's drain ended, once it has.
     #[must_use]
-    pub fn drained(&self) -> Option<Result<DrainOutcome, String>> {
+    pub fn drained(&self) -> Option<Result<DrainOutcome, ServeError>> {
         self.front.as_ref().and_then(|f| f.finished())
     }
 
