@@ -44,6 +44,19 @@ pub enum KeyFrom<'a> {
     None,
 }
 
+impl<'a> KeyFrom<'a> {
+    /// `--api-key-env` wins over `--api-key-file`, which wins over the kit's keys.
+    #[must_use]
+    pub fn of(env: Option<&'a str>, file: Option<&'a Path>, kit: Option<(&'a Kit, &'a Dirs)>) -> Self {
+        match (env, file, kit) {
+            (Some(name), _, _) => Self::Env(name),
+            (None, Some(path), _) => Self::File(path),
+            (None, None, Some((kit, dirs))) => Self::Kit(kit, dirs),
+            (None, None, None) => Self::None,
+        }
+    }
+}
+
 /// The key, if any.
 pub fn api_key(from: &KeyFrom<'_>, env: &[(String, String)]) -> Result<Option<String>, KeyError> {
     match from {

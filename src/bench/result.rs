@@ -228,6 +228,29 @@ pub fn schema_json() -> String {
     s
 }
 
+/// Why a result file cannot be read (`bench compare`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: std::path::PathBuf,
+        #[source]
+        source: ResultError,
+    },
+}
+
+/// Read and parse the result file at `path`.
+pub fn read(path: &std::path::Path) -> Result<BenchResult, ReadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io { path: path.into(), source })?;
+    parse(&text).map_err(|source| ReadError::Parse { path: path.into(), source })
+}
+
 /// Why a file is not a bench result this spark-kit reads.
 #[derive(Debug, thiserror::Error)]
 pub enum ResultError {

@@ -45,12 +45,11 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     };
     let model =
         args.model.clone().or_else(|| kit.map(|k| k.engine.served_model_name.clone()).filter(|m| !m.is_empty()));
-    let from = match (&args.api_key_env, &args.api_key_file, &resolved) {
-        (Some(name), _, _) => KeyFrom::Env(name),
-        (None, Some(path), _) => KeyFrom::File(path),
-        (None, None, Some(s)) => KeyFrom::Kit(&s.kit, &s.dirs),
-        (None, None, None) => KeyFrom::None,
-    };
+    let from = KeyFrom::of(
+        args.api_key_env.as_deref(),
+        args.api_key_file.as_deref(),
+        resolved.as_ref().map(|s| (&s.kit, &s.dirs)),
+    );
     let key = api_key(&from, &ctx.env).map_err(|e| Failure::usage(e.to_string()).with_hint(e.hint()))?;
     let kit_receipt = match kit {
         Some(k) => Some(KitReceipt::of(k).map_err(|e| Failure::runtime(format!("cannot hash the kit: {e}")))?),
@@ -122,15 +121,8 @@ fn write_outputs(args: &BenchRunArgs, result: &BenchResult, ctx: &mut Context<'_
 }
 
 fn read_result(path: &Path) -> Result<BenchResult, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Failure::usage(format!("{}: {e}", path.display()))
-            .with_hint("pass two files written by `spark-kit bench --json`")
-    })?;
-    result::parse(&text).map_err(|e| {
-        Failure::usage(format!("{}: {e}", path.display()))
-            .caused_by_chain_of(&e)
-            .with_hint("pass two files written by `spark-kit bench --json`")
-    })
+    result::read(path)
+        .map_err(|e| Failure::usage_error(&e).with_hint("pass two files written by `spark-kit bench --json`"))
 }
 
 fn compare_files(a: &Path, b: &Path, json: bool, ctx: &mut Context<'_>) -> Result<(), Failure> {
