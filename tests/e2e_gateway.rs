@@ -60,7 +60,7 @@ fn client(base: &str, args: &[&str], limit: Duration) -> Value {
 
 /// POST a one-token completion: the status, or None when the connection itself failed.
 fn post_status(port: u16) -> Option<u16> {
-    post(port, ENV_KEY).map(|(status, _)| status)
+    post(port, ENV_KEY).map(|(status, _, _)| status)
 }
 
 /// GET `path` over plain HTTP/1.0 with `key` (if any): (status, body).
@@ -274,7 +274,7 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
 
     // 4. kill -9 of the engine under load: every in-flight stream (both slots, each past its
     //    first token) ends with the error event and [DONE]; the queued ones and new requests
-    //    get 503 (never a refused connection) until the restart, then 200.
+    //    get 503 + Retry-After (never a refused connection) until the restart, then 200.
     let mut load: Vec<_> = (0..4).map(|i| spawn_stream(&base, FILE_KEY, 480, &format!("# kill {i}\nimport"))).collect();
     let mut streaming = std::collections::BTreeSet::new();
     let t = Instant::now();
@@ -310,7 +310,8 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     eprintln!("{cut} in-flight streams ended with the error event {:.1} s after the kill", t.elapsed().as_secs_f64());
     let mut statuses = Vec::new();
     loop {
-        let s = post_status(port).expect("the gateway refused a connection during the restart");
+        let (s, head, _) = post(port, ENV_KEY).expect("the gateway refused a connection during the restart");
+        assert!(s != 503 || head.to_ascii_lowercase().contains("\r\nretry-after: "), "503 without Retry-After: {head}");
         if statuses.last() != Some(&s) {
             statuses.push(s);
         }

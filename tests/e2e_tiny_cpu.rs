@@ -44,7 +44,7 @@ fn sigterm_drains(mut u: Serving, port: u16) {
     let t = Instant::now();
     let refused = loop {
         match post(port, "none") {
-            Some((503, body)) => break body,
+            Some((503, _, body)) => break body,
             other => assert!(t.elapsed() < Duration::from_secs(20), "no 503 while draining: {other:?}"),
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::checkpoint_source::checkpoint_in;
-use super::hub_run::{hub_failure, run_download};
+use super::hub_run::hub_failure;
 use super::{io_failure, load, Context};
 use crate::checkpoint::exl3_audit::{audit, AuditOptions};
 use crate::cli::VerifyArgs;
@@ -100,16 +100,10 @@ fn repair(s: &Settings, bad: &[&LockEntry], threads: usize, ctx: &mut Context<'_
             writeln!(ctx.out, "moved {} aside to {}", blob.display(), aside.display()).map_err(|e| io_failure(&e))?;
         }
     }
-    let req = crate::hub::run::Request {
-        hf_cache: s.hf_cache.clone(),
-        repos: repair_requests(&s.kit, bad, &s.engram_dir),
-        opts: crate::hub::fetch::Options::default(),
-        dry_run: false,
-        verify_cached: false,
-    };
-    run_download(&req, &ctx.env, &s.dirs, crate::reporter::download::download(false))?;
-    let entries: Vec<LockEntry> = bad.iter().map(|e| (*e).clone()).collect();
-    let again = verify(&s.hf_cache, &entries, false, threads, &|_| {});
+    let repos = repair_requests(&s.kit, bad, &s.engram_dir);
+    let reporter = crate::reporter::download::download(false);
+    let again = crate::hub::repair::refetch(&s.hf_cache, bad, repos, threads, (&ctx.env, &s.dirs.home), reporter)
+        .map_err(|e| hub_failure(&e))?;
     let still: Vec<_> = again.iter().filter(|c| c.status != Status::Ok).collect();
     writeln!(ctx.out, "repaired {} of {} file(s)", again.len() - still.len(), again.len())
         .map_err(|e| io_failure(&e))?;

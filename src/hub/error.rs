@@ -81,6 +81,8 @@ pub enum HubError {
     LockVersion { path: PathBuf, found: u32, expected: u32 },
     #[error("internal: {0}")]
     Internal(&'static str),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl HubError {
@@ -171,7 +173,7 @@ impl HubError {
             Self::Engram(_) | Self::Slim { .. } => {
                 "check engram.files and engram.layers against the repo's model.safetensors.index.json".into()
             }
-            Self::Json { .. } | Self::Internal(_) => return None,
+            Self::Json { .. } | Self::Internal(_) | Self::Runtime(_) => return None,
             Self::BadLock { .. } | Self::LockVersion { .. } => {
                 "rerun `spark-kit download`: it rewrites the lock file from the cache".into()
             }

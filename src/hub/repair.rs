@@ -1,13 +1,16 @@
-//! `verify --repair`: move the blobs of files that failed verification aside and describe the
-//! download that fetches exactly those files again, at the commit the lock file recorded.
+//! `verify --repair`: move the blobs of files that failed verification aside, fetch exactly those
+//! files again at the commit the lock file recorded, and check them once more.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::cache::RepoCache;
 use super::error::HubError;
+use super::fetch::Options;
 use super::lockfile::LockEntry;
-use super::run::{RepoRequest, Want};
+use super::report::Reporter;
+use super::run::{download_blocking, RepoRequest, Request, Want};
+use super::verify::{verify, Checked};
 use crate::kit::schema::ExpectedFile;
 
 /// The cache blob of a lock entry: named by the git blob id (regular files) or the SHA-256.
@@ -51,4 +54,26 @@ pub fn requests(entries: &[&LockEntry]) -> Vec<RepoRequest> {
             engram: None,
         })
         .collect()
+}
+
+/// After [`move_aside`]: fetch `repos` (what `kit_files::repair_requests` says for `bad`) and
+/// check `bad` again with `threads` readers.
+pub fn refetch(
+    hf_cache: &Path,
+    bad: &[&LockEntry],
+    repos: Vec<RepoRequest>,
+    threads: usize,
+    (env, home): (&[(String, String)], &Path),
+    reporter: std::sync::Arc<dyn Reporter>,
+) -> Result<Vec<Checked>, HubError> {
+    let req = Request {
+        hf_cache: hf_cache.to_path_buf(),
+        repos,
+        opts: Options::default(),
+        dry_run: false,
+        verify_cached: false,
+    };
+    download_blocking(&req, env, home, reporter)?;
+    let entries: Vec<LockEntry> = bad.iter().map(|e| (*e).clone()).collect();
+    Ok(verify(hf_cache, &entries, false, threads, &|_| {}))
 }

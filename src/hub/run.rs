@@ -153,6 +153,27 @@ async fn preflight(
 }
 
 /// Plan, check and fetch every repo of `req`.
+/// [`download`] from `HF_ENDPOINT` with the token the environment names (`home`: where the
+/// Hugging Face token file is looked for), on a runtime of its own.
+pub fn download_blocking(
+    req: &Request,
+    env: &[(String, String)],
+    home: &std::path::Path,
+    reporter: Arc<dyn Reporter>,
+) -> Result<Summary, HubError> {
+    let token = super::auth::find_token(env, home, |p| std::fs::read_to_string(p).ok());
+    let client = HubClient::new(&super::endpoint(env), token, req.opts.jobs, req.opts.backoff, req.opts.idle)?
+        .with_reporter(reporter.clone());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
+        .enable_all()
+        .build()
+        .map_err(HubError::Runtime)?;
+    let summary = rt.block_on(download(Arc::new(client), req, reporter));
+    drop(rt);
+    summary
+}
+
 pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn Reporter>) -> Result<Summary, HubError> {
     let started = Instant::now();
     let counters = Arc::new(Counters::default());

@@ -61,9 +61,9 @@ pub fn result_of(child: &mut Child, rx: &Receiver<String>, limit: Duration) -> V
     }
 }
 
-/// POST a one-token completion over plain HTTP/1.0 with `key`: (status, body), or None when
-/// the connection itself failed (refused: what the gateway must never do while it serves).
-pub fn post(port: u16, key: &str) -> Option<(u16, String)> {
+/// POST a one-token completion over plain HTTP/1.0 with `key`: (status, head, body), or None
+/// when the connection itself failed (refused: what the gateway must never do while it serves).
+pub fn post(port: u16, key: &str) -> Option<(u16, String, String)> {
     let body = r#"{"model":"tiny-llama","prompt":"hi","max_tokens":1}"#;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
@@ -75,5 +75,5 @@ pub fn post(port: u16, key: &str) -> Option<(u16, String)> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    Some((head.split_whitespace().nth(1)?.parse().ok()?, body.to_string()))
+    Some((head.split_whitespace().nth(1)?.parse().ok()?, head.to_string(), body.to_string()))
 }
