@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn spark_worker_command() {
-        let k = kit::resolve(kit::source(Some("dgx-spark-2x-dsv41-exl3")).unwrap(), &[], &[]).unwrap().kit;
+        let k = kit::builtin_kit("dgx-spark-2x-dsv41-exl3");
         let spec = argv::build(&k, 1, "/host/model", "/host/overlay");
         let m = Mounts {
             model: "/host/model".into(),
@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn a_cpu_kit_asks_for_no_gpu_or_infiniband() {
-        let k = kit::resolve(kit::source(Some("tiny-cpu-docker")).unwrap(), &[], &[]).unwrap().kit;
+        let k = kit::builtin_kit("tiny-cpu-docker");
         let spec = argv::build(&k, 0, "/host/model", "/host/overlay");
         let m = Mounts {
             model: "/m".into(),
@@ -202,7 +202,7 @@ mod tests {
 
     #[test]
     fn a_two_node_cpu_worker_runs_headless_on_its_fabric() {
-        let k = kit::resolve(kit::source(Some("tiny-cpu-docker-2node")).unwrap(), &[], &[]).unwrap().kit;
+        let k = kit::builtin_kit("tiny-cpu-docker-2node");
         let spec = argv::build(&k, 1, "/host/model", "/host/overlay");
         let m = Mounts {
             model: "/m".into(),
