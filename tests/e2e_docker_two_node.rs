@@ -194,7 +194,9 @@ fn two_nodes_serve_tp2_in_containers_restart_and_leave_none() {
     assert!(text.contains("preflight failed") && text.contains("node-b image"), "{text}");
     let line = text.lines().find(|l| l.contains(&format!("image `{IMAGE}` is not on this node"))).unwrap_or_default();
     assert!(line.contains("node-b"), "the missing image is named on node-b: {text}");
-    assert!(text.contains("spark-kit image sync"), "the fix names image sync: {text}");
+    // The fix carries the kit as the user named it (step 3 runs that command).
+    let fix = format!("copy the head's image here: run `spark-kit image sync --kit {KIT}` on the head");
+    assert!(text.contains(&fix), "the fix names image sync with the kit: {text}");
     assert!(!text.contains("starting its engine"), "an engine was started: {text}");
     assert_eq!(env.containers(), [Vec::<String>::new(), Vec::new()]);
 

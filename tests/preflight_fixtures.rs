@@ -31,6 +31,7 @@ fn input() -> PreflightInput {
         disk_path: "/models/dsv41".into(),
         vllm_python: Some("/opt/engine/bin/python".into()),
         image_build: None,
+        image_sync: None,
         gateway_holds_api_port: false,
     }
 }

@@ -54,12 +54,15 @@ pub fn input(kit: &Kit, env: &[(String, String)], kit_arg: Option<&str>) -> Pref
         .map(|v| v.path.join("bin/python").display().to_string());
     let image_build =
         kit.engine.docker_mount_venv.then(|| crate::hints::KitRef::new(kit_arg).command("image build", &[]));
+    let image_sync =
+        (kit.engine.runtime == Runtime::Docker).then(|| crate::hints::KitRef::new(kit_arg).command("image sync", &[]));
     PreflightInput {
         weights_per_rank,
         weights_on_disk,
         disk_path: disk_path.display().to_string(),
         vllm_python,
         image_build,
+        image_sync,
         gateway_holds_api_port: false,
     }
 }

@@ -30,10 +30,28 @@ pub fn image_id(f: &DockerFacts) -> Option<&str> {
     f.image_id.as_ref().ok().map(|s| s.trim()).filter(|s| !s.is_empty())
 }
 
-/// Checks of one node. `make` is the command that makes the image here, when spark-kit can
-/// (`spark-kit image build --kit K`): a missing image's fix names it.
+/// The command a missing image's fix names, as the user can run it.
+#[derive(Debug, Clone, Copy)]
+pub enum ImageFix<'a> {
+    /// The head makes it (`spark-kit image build --kit K`).
+    Build(&'a str),
+    /// A worker gets the head's (`spark-kit image sync --kit K`, run on the head).
+    Sync(&'a str),
+}
+
+impl ImageFix<'_> {
+    fn text(self) -> String {
+        match self {
+            Self::Build(m) => format!("make it here, offline: `{m}`"),
+            Self::Sync(m) => format!("copy the head's image here: run `{m}` on the head"),
+        }
+    }
+}
+
+/// Checks of one node. `make` is the command that puts the image here, when spark-kit can: a
+/// missing image's fix names it.
 #[must_use]
-pub fn node_checks(node: &str, f: &DockerFacts, make: Option<&str>) -> Vec<Check> {
+pub fn node_checks(node: &str, f: &DockerFacts, make: Option<ImageFix<'_>>) -> Vec<Check> {
     let mut out = Vec::new();
     if let Err(e) = &f.info {
         let e = error_of(e, "info", None);
@@ -48,13 +66,13 @@ pub fn node_checks(node: &str, f: &DockerFacts, make: Option<&str>) -> Vec<Check
         }
         (Ok(_), None) => {
             let e = DockerError::NoImage(f.image.clone());
-            let fix = make.map_or_else(|| e.fix(), |m| format!("make it here, offline: `{m}`"));
+            let fix = make.map_or_else(|| e.fix(), ImageFix::text);
             out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(fix)));
         }
         (Err(e), _) => {
             let e = error_of(e, "image inspect", Some(&f.image));
             let fix = match (&e, make) {
-                (DockerError::NoImage(_), Some(m)) => format!("make it here, offline: `{m}`"),
+                (DockerError::NoImage(_), Some(m)) => m.text(),
                 _ => e.fix(),
             };
             out.push(check(node, "image", Verdict::Fail, e.to_string(), Some(fix)));
@@ -88,9 +106,10 @@ pub fn node_checks(node: &str, f: &DockerFacts, make: Option<&str>) -> Vec<Check
     out
 }
 
-/// Every node that has the image has the same image id (a mismatch names both ids).
+/// Every node that has the image has the same image id (a mismatch names both ids). `sync` is
+/// the `spark-kit image sync --kit K` the fix names (None: the bare command).
 #[must_use]
-pub fn cross_checks(nodes: &[(&str, &DockerFacts)]) -> Vec<Check> {
+pub fn cross_checks(nodes: &[(&str, &DockerFacts)], sync: Option<&str>) -> Vec<Check> {
     let ids: Vec<(&str, &str)> = nodes.iter().filter_map(|(n, f)| image_id(f).map(|id| (*n, id))).collect();
     if ids.len() < 2 {
         return Vec::new();
@@ -104,7 +123,8 @@ pub fn cross_checks(nodes: &[(&str, &DockerFacts)]) -> Vec<Check> {
             Verdict::Fail,
             format!("image {image} differs between nodes: {first_node} has {first}, {other_node} has {other}"),
             Some(format!(
-                "run `spark-kit image sync` to copy the head's image to the workers (or `docker load` the same image on {other_node})"
+                "run `{}` to copy the head's image to the workers (or `docker load` the same image on {other_node})",
+                sync.unwrap_or("spark-kit image sync")
             )),
         )];
     }
@@ -177,11 +197,19 @@ mod tests {
         );
         // A kit whose image spark-kit makes names that command.
         for f in [facts(Ok(""), ""), facts(missing_again(), "")] {
-            let c = node_checks("local", &f, Some("spark-kit image build --kit k"));
+            let c = node_checks("local", &f, Some(ImageFix::Build("spark-kit image build --kit k")));
             let made = c.iter().find(|c| c.id == "image").unwrap();
             assert_eq!(made.verdict, Verdict::Fail);
             assert_eq!(made.fix.as_deref(), Some("make it here, offline: `spark-kit image build --kit k`"));
         }
+        // A worker's fix is the head's sync, with the kit as the user named it.
+        let c =
+            node_checks("spark-2", &facts(missing_again(), ""), Some(ImageFix::Sync("spark-kit image sync --kit k")));
+        let synced = c.iter().find(|c| c.id == "image").unwrap();
+        assert_eq!(
+            synced.fix.as_deref(),
+            Some("copy the head's image here: run `spark-kit image sync --kit k` on the head")
+        );
         let c = node_checks("spark-2", &facts(missing_again(), "abc123\tspark-kit-k-spark-2\trunning\n"), None);
         let left = c.iter().find(|c| c.id == "containers").unwrap();
         assert_eq!(left.verdict, Verdict::Fail);
@@ -194,10 +222,15 @@ mod tests {
     #[test]
     fn image_ids_are_compared_across_nodes() {
         let (a, b) = (facts(Ok(ID_A), ""), facts(Ok(ID_B), ""));
-        let c = cross_checks(&[("spark-1", &a), ("spark-2", &b)]);
+        let c = cross_checks(&[("spark-1", &a), ("spark-2", &b)], Some("spark-kit image sync --kit k"));
+        assert!(
+            c[0].fix.as_deref().unwrap().starts_with("run `spark-kit image sync --kit k` to copy"),
+            "{:?}",
+            c[0].fix
+        );
         assert_eq!(c[0].verdict, Verdict::Fail);
         assert!(c[0].message.contains(&format!("spark-1 has {ID_A}, spark-2 has {ID_B}")), "{}", c[0].message);
-        assert_eq!(cross_checks(&[("spark-1", &a), ("spark-2", &a.clone())])[0].verdict, Verdict::Pass);
-        assert!(cross_checks(&[("spark-1", &a)]).is_empty());
+        assert_eq!(cross_checks(&[("spark-1", &a), ("spark-2", &a.clone())], None)[0].verdict, Verdict::Pass);
+        assert!(cross_checks(&[("spark-1", &a)], None).is_empty());
     }
 }

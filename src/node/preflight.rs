@@ -26,6 +26,9 @@ pub struct PreflightInput {
     /// The command that makes the kit's image here, as the user can run it (`spark-kit image
     /// build --kit K`), for kits with `engine.docker_mount_venv`: a missing image's fix.
     pub image_build: Option<String>,
+    /// The command that copies the head's image to the workers, as the user can run it
+    /// (`spark-kit image sync --kit K`), for docker kits: a worker's missing or differing image.
+    pub image_sync: Option<String>,
     /// `up`'s gateway already listens on `engine.port` (the API port is then not checked free).
     pub gateway_holds_api_port: bool,
 }
@@ -181,8 +184,12 @@ pub fn run(kit: &Kit, input: &PreflightInput, facts_of: &dyn Fn(&Node, &FactRequ
                 checks.extend(node_checks(&spec_for(kit, node, input), &f));
                 if let Some(d) = &f.docker {
                     // Images are made on the head; a worker gets the head's (`image sync`).
-                    let make = input.image_build.as_deref().filter(|_| node.role == Role::Head);
-                    checks.extend(docker_checks::node_checks(&node.name, d, make));
+                    let fix = if node.role == Role::Head {
+                        input.image_build.as_deref().map(docker_checks::ImageFix::Build)
+                    } else {
+                        input.image_sync.as_deref().map(docker_checks::ImageFix::Sync)
+                    };
+                    checks.extend(docker_checks::node_checks(&node.name, d, fix));
                 }
                 facts.push((node.name.clone(), f));
             }
@@ -208,7 +215,7 @@ pub fn run(kit: &Kit, input: &PreflightInput, facts_of: &dyn Fn(&Node, &FactRequ
         checks.extend(cross_checks(&refs));
         let docker: Vec<(&str, &_)> =
             facts.iter().filter_map(|(n, f)| f.docker.as_ref().map(|d| (n.as_str(), d))).collect();
-        checks.extend(docker_checks::cross_checks(&docker));
+        checks.extend(docker_checks::cross_checks(&docker, input.image_sync.as_deref()));
     } else if kit.nodes.len() > 1 {
         checks.push(Check {
             node: "all".into(),
