@@ -2,8 +2,9 @@
 //! build behind the gateway on its internal port) and the python `openai` client / raw SSE
 //! streams from the engine venv (tests/e2e_gateway_client.py). One deployment, phases in order:
 //! the printed `try:` curl, keys from the variable and the file, chat / stream / completion,
-//! a prompt over the limit refused before the engine sees it, completion prompts counted in process
-//! as vLLM counts them, a client leaving mid-stream (vLLM aborts it), 16 clients streaming for 60 s over 2 slots, `/metrics`, kill -9 of the engine under load, `down`
+//! a prompt over the limit refused before the engine sees it, completion prompts counted in
+//! process exactly as vLLM counts them, a client leaving mid-stream (vLLM aborts it), 16 clients
+//! streaming for 60 s over 2 slots, `/metrics`, kill -9 of the engine under 16 streams, `down`
 //! during a long stream, no key in any log.
 //!
 //! Needs SPARK_KIT_TEST_E2E=1 and the tiny-cpu engine venv (see tests/e2e_tiny_cpu.rs).
@@ -199,7 +200,7 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     assert!(log.contains(&format!("seed={admitted_seed}")), "the engine log lacks the admitted request's params");
     assert!(!log.contains(&format!("seed={refused_seed}")), "the refused request reached the engine");
 
-    // 2c. Completion prompts are counted in the gateway with the checkpoint's tokenizer.json,
+    // 2a. Completion prompts are counted in the gateway with the checkpoint's tokenizer.json,
     //     and the count is vLLM's: for each prompt (and a prompt list, and add_special_tokens
     //     false) an over-limit completion's 400 states the prompt's tokens, which equal the
     //     engine's own /tokenize (forwarded as is by the gateway). None of those refusals sent a

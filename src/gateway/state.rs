@@ -125,7 +125,7 @@ impl Gateway {
             .no_proxy()
             .default_headers(headers)
             .build()?;
-        Ok(Arc::new(Self {
+        let gw = Arc::new(Self {
             slots: Arc::new(Semaphore::new(cfg.max_in_flight)),
             cfg,
             client,
@@ -137,13 +137,11 @@ impl Gateway {
             cut: watch::channel(false).0,
             counter: OnceLock::new(),
             counting_note: Mutex::new(None),
-        }))
-        .map(|gw| {
-            if gw.cfg.counter.is_some() || initial == EngineState::Ready {
-                gw.load_counter();
-            }
-            gw
-        })
+        });
+        if gw.cfg.counter.is_some() || initial == EngineState::Ready {
+            gw.load_counter();
+        }
+        Ok(gw)
     }
 
     /// Settle the prompt counter (once): the config's, else `cfg.tokenizer` loaded now.
