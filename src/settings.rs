@@ -134,9 +134,7 @@ impl Settings {
 mod tests {
     use super::*;
 
-    fn kit(name: &str) -> Kit {
-        crate::kit::resolve(crate::kit::source(Some(name)).unwrap(), &[], &[]).unwrap().kit
-    }
+    use crate::kit::builtin_kit as kit;
 
     #[test]
     fn paths_and_ports_of_tiny_cpu() {

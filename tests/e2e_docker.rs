@@ -26,9 +26,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use common::docker::{daemon, unavailable, Daemon};
+use common::docker::{daemon, unavailable, vllm_main, Daemon, HOG};
 use common::up::e2e_enabled;
-use common::{descendants, free_port, spark_kit, venv_python};
+use common::{descendants, free_port, spark_kit, venv_python, wait};
 
 const KIT: &str = "tiny-cpu-docker";
 const IMAGE: &str = "spark-kit/tiny-cpu-engine:local";
@@ -95,15 +95,7 @@ impl Env {
     }
 
     fn wait_state(&self, want: &str, min_restarts: u64, limit: Duration) -> serde_json::Value {
-        let t = Instant::now();
-        loop {
-            let s = self.status();
-            if s["state"] == want && s["restarts"].as_u64().unwrap_or(0) >= min_restarts {
-                return s;
-            }
-            assert!(t.elapsed() < limit, "state {want} (restarts ≥ {min_restarts}) not reached in {limit:?}: {s}");
-            std::thread::sleep(Duration::from_secs(1));
-        }
+        wait::state(&|| self.status(), want, min_restarts, limit)
     }
 
     /// A greedy completion through the OpenAI client of the engine venv.
@@ -129,45 +121,9 @@ const GIB: u64 = 1 << 30;
 /// How far below MemAvailable (before the guarded deployment boots) its hard floor is.
 const GUARD_MARGIN: u64 = 5 * GIB;
 
-/// Grows 1 MiB at a time at ~1 GiB/s until 256 MiB past the moment MemAvailable first falls to
-/// the floor (argv[1]), or 6 GiB in all; then holds (until the guard stops its container).
-const HOG: &str = r#"
-import sys, time
-floor = int(sys.argv[1])
-def avail():
-    with open("/proc/meminfo", "rb") as f:
-        for l in f:
-            if l.startswith(b"MemAvailable:"):
-                return int(l.split()[1]) * 1024
-chunks, grown, crossed_at, t0 = [], 0, None, time.monotonic()
-while grown < (6 << 30) and (crossed_at is None or grown < crossed_at + (256 << 20)):
-    chunks.append(b"\x01" * (1 << 20))
-    grown += 1 << 20
-    if crossed_at is None and avail() <= floor:
-        crossed_at = grown
-    ahead = grown / (1 << 30) - (time.monotonic() - t0)
-    if ahead > 0:
-        time.sleep(ahead)
-while True:
-    time.sleep(1)
-"#;
-
 fn mem_available() -> u64 {
     let t = std::fs::read_to_string("/proc/meminfo").unwrap();
     spark_kit::memguard::meminfo::parse(t.as_bytes()).unwrap().mem_available
-}
-
-/// vLLM's main process in the container whose pid 1 (`docker-init`) is host pid `init`: its one
-/// child.
-fn vllm_main(init: i32) -> i32 {
-    let comm = |p: i32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim().to_string();
-    assert_eq!(comm(init), "docker-init", "the container's pid 1");
-    let kids = common::children_of(init);
-    assert_eq!(kids.len(), 1, "docker-init has one child, vLLM: {kids:?}");
-    // (vLLM may set its process title: NULs or spaces between the words.)
-    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", kids[0])).unwrap_or_default().replace('\0', " ");
-    assert!(cmdline.contains("/bin/vllm serve /model"), "not vLLM: {cmdline:?}");
-    kids[0]
 }
 
 /// Start a foreground `up`; its stdout lines arrive on the receiver.
@@ -270,15 +226,8 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     let main = vllm_main(pid);
     signal(main, nix::sys::signal::Signal::SIGKILL);
     let t = Instant::now();
-    loop {
-        let s = env.status();
-        if s["restarts"].as_u64().unwrap_or(0) >= 1 {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(30), "death not detected in 30 s: {s}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    eprintln!("container death detected in {:.1} s", t.elapsed().as_secs_f64());
+    let (_, secs) = wait::restarts_at_least(&|| env.status(), 1, Duration::from_secs(30));
+    eprintln!("container death detected in {secs:.1} s");
     env.wait_state("ready", 1, Duration::from_secs(600));
     eprintln!("serving again {:.1} s after the kill", t.elapsed().as_secs_f64());
     let (id2, pid2) = env.running();
@@ -291,16 +240,7 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     for p in &frozen {
         signal(*p, nix::sys::signal::Signal::SIGSTOP);
     }
-    let t = Instant::now();
-    let s = loop {
-        let s = env.status();
-        if s["restarts"].as_u64().unwrap_or(0) >= 2 {
-            break s;
-        }
-        assert!(t.elapsed() < Duration::from_secs(150), "hang not detected: {s}");
-        std::thread::sleep(Duration::from_secs(1));
-    };
-    let waited = t.elapsed().as_secs_f64();
+    let (s, waited) = wait::restarts_at_least(&|| env.status(), 2, Duration::from_secs(150));
     eprintln!("hang detected {waited:.1} s after SIGSTOP (stall threshold 20 s): {}", s["reason"]);
     assert!(waited >= 18.0, "hang declared before the threshold");
     let reason = s["reason"].as_str().unwrap_or_default().to_string();
@@ -376,7 +316,7 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
             .cmd()
             .args(["exec", &id])
             .arg(&python)
-            .args(["-c", HOG, &hard.to_string()])
+            .args(["-c", HOG, &hard.to_string(), &(6 * GIB).to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

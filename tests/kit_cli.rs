@@ -172,7 +172,7 @@ fn bad_flags_and_env_name_their_source() {
     );
     let o = spark(&["config", "--kit", "no-such-kit"], &[]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).starts_with("error: no kit named `no-such-kit` and no such file; built-in kits: dgx-spark-2x-dsv41-exl3, tiny-cpu, tiny-cpu-2node, tiny-cpu-docker\nhint: "));
+    assert!(stderr(&o).starts_with("error: no kit named `no-such-kit` and no such file; built-in kits: dgx-spark-2x-dsv41-exl3, tiny-cpu, tiny-cpu-2node, tiny-cpu-docker, tiny-cpu-docker-2node\nhint: "));
     let o = spark(&["config", "--no-such-flag"], &[]);
     assert_eq!(o.status.code(), Some(2));
 }
@@ -183,7 +183,10 @@ fn kits_lists_builtins_and_kit_show_prints_text() {
     assert!(o.status.success());
     let v: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
     let names: Vec<&str> = v.iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["dgx-spark-2x-dsv41-exl3", "tiny-cpu", "tiny-cpu-2node", "tiny-cpu-docker"]);
+    assert_eq!(
+        names,
+        ["dgx-spark-2x-dsv41-exl3", "tiny-cpu", "tiny-cpu-2node", "tiny-cpu-docker", "tiny-cpu-docker-2node"]
+    );
     let o = spark(&["kit", "show", "tiny-cpu"], &[]);
     let text = String::from_utf8(o.stdout).unwrap();
     assert_eq!(

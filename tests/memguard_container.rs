@@ -15,32 +15,6 @@ use common::{docker, spark_kit};
 
 const MIB: u64 = 1 << 20;
 
-/// Grows 1 MiB at a time at ~1 GiB/s once /go/go exists, until 256 MiB past the moment
-/// MemAvailable first falls to the floor (argv[1]) or 3 GiB in all; then holds.
-const HOG: &str = r#"
-import os, sys, time
-floor = int(sys.argv[1])
-def avail():
-    with open("/proc/meminfo", "rb") as f:
-        for l in f:
-            if l.startswith(b"MemAvailable:"):
-                return int(l.split()[1]) * 1024
-print("ready", flush=True)
-while not os.path.exists("/go/go"):
-    time.sleep(0.01)
-chunks, grown, crossed_at, t0 = [], 0, None, time.monotonic()
-while grown < (3 << 30) and (crossed_at is None or grown < crossed_at + (256 << 20)):
-    chunks.append(b"\x01" * (1 << 20))
-    grown += 1 << 20
-    if crossed_at is None and avail() <= floor:
-        crossed_at = grown
-    ahead = grown / (1 << 30) - (time.monotonic() - t0)
-    if ahead > 0:
-        time.sleep(ahead)
-while True:
-    time.sleep(1)
-"#;
-
 fn mem_available() -> u64 {
     let t = std::fs::read_to_string("/proc/meminfo").unwrap();
     spark_kit::memguard::meminfo::parse(t.as_bytes()).unwrap().mem_available
@@ -79,8 +53,10 @@ fn guard_stops_the_container_that_grows_and_leaves_the_host_alone() {
         image,
         "python3",
         "-c",
-        HOG,
+        docker::HOG,
         &floor_hard.to_string(),
+        &(3u64 << 30).to_string(),
+        "/go/go",
     ]);
     eprintln!("container started in {:.2} s (vfs)", t.elapsed().as_secs_f64());
     // A host process that must survive: idle, outside the container.

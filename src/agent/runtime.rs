@@ -216,7 +216,7 @@ mod tests {
 
     #[test]
     fn the_runtime_comes_from_the_kit() {
-        let mut kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+        let mut kit = crate::kit::builtin_kit("tiny-cpu");
         assert!(for_kit(&kit).is_ok());
         kit.engine.runtime = RuntimeKind::Docker;
         assert!(for_kit(&kit).is_ok());

@@ -115,9 +115,7 @@ fn derive_kv(kit: &Kit, input: &mut PlanInput) -> Vec<Assumption> {
 mod tests {
     use super::*;
 
-    fn kit(name: &str) -> Kit {
-        crate::kit::resolve(crate::kit::source(Some(name)).unwrap(), &[], &[]).unwrap().kit
-    }
+    use crate::kit::builtin_kit as kit;
 
     #[test]
     fn the_modelled_flash_plan_names_its_sources_and_band() {

@@ -13,6 +13,7 @@ use crate::error::Failure;
 use crate::kit::schema::{GuardPolicy, Transport};
 use crate::memguard::{
     Channel, ContainerId, EngineRef, EngineSource, FixedContainer, Guard, GuardConfig, GuardError, GuardReporter,
+    Overrides,
 };
 use crate::signals;
 
@@ -22,23 +23,23 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
     let settings = load::settings(&args.kit, &ctx.env)?;
     let kit = &settings.kit;
     let node = kit.nodes.iter().find(|n| n.transport == Transport::Local).map_or("local", |n| n.name.as_str());
-    let mut cfg = GuardConfig::from_kit(kit, node);
-    cfg.soft_floor = args.soft.unwrap_or(cfg.soft_floor);
-    cfg.hard_floor = args.hard.unwrap_or(cfg.hard_floor);
-    cfg.policy = args.policy.unwrap_or(cfg.policy);
-    if !args.sacrificable.is_empty() {
-        cfg.sacrificable.clone_from(&args.sacrificable);
-    }
-    if !args.model.is_empty() {
-        cfg.model_paths.clone_from(&args.model);
-    } else if kit.model.path.is_some() || !kit.model.repo.is_empty() {
-        // The kit's checkpoint (locally made tiny models have no shards worth dropping).
-        cfg.model_paths = vec![super::preflight_input::model_dir(kit, &ctx.env)];
-    }
-    cfg.idle_baseline = args.baseline.or(cfg.idle_baseline);
-    // 0 to 600 (its value parser).
-    cfg.drain = args.drain.map_or(cfg.drain, Duration::from_secs_f64);
-    cfg.victims_under = args.victims_under;
+    // The kit's checkpoint by default (locally made tiny models have no shards worth dropping).
+    let kit_model = kit.model.path.is_some() || !kit.model.repo.is_empty();
+    let model_paths = match (args.model.is_empty(), kit_model) {
+        (true, true) => vec![super::preflight_input::model_dir(kit, &ctx.env)],
+        _ => args.model.clone(),
+    };
+    let cfg = GuardConfig::from_kit(kit, node).with(Overrides {
+        soft_floor: args.soft,
+        hard_floor: args.hard,
+        policy: args.policy,
+        sacrificable: args.sacrificable.clone(),
+        model_paths,
+        idle_baseline: args.baseline,
+        // 0 to 600 (its value parser).
+        drain: args.drain.map(Duration::from_secs_f64),
+        victims_under: args.victims_under,
+    });
     if cfg.soft_floor < cfg.hard_floor {
         return Err(Failure::usage(format!(
             "--soft {} is below --hard {}: the soft floor must be at or above the hard floor",

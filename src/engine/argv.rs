@@ -129,11 +129,8 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kit;
 
-    fn load(name: &str) -> Kit {
-        kit::resolve(kit::source(Some(name)).unwrap(), &[], &[]).unwrap().kit
-    }
+    use crate::kit::builtin_kit as load;
 
     fn value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
         args.iter().position(|a| a == flag).map(|i| args[i + 1].as_str())

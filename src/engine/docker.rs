@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn spark_worker_command() {
-        let k = kit::resolve(kit::source(Some("dgx-spark-2x-dsv41-exl3")).unwrap(), &[], &[]).unwrap().kit;
+        let k = kit::builtin_kit("dgx-spark-2x-dsv41-exl3");
         let spec = argv::build(&k, 1, "/host/model", "/host/overlay");
         let m = Mounts {
             model: "/host/model".into(),
@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn a_cpu_kit_asks_for_no_gpu_or_infiniband() {
-        let k = kit::resolve(kit::source(Some("tiny-cpu-docker")).unwrap(), &[], &[]).unwrap().kit;
+        let k = kit::builtin_kit("tiny-cpu-docker");
         let spec = argv::build(&k, 0, "/host/model", "/host/overlay");
         let m = Mounts {
             model: "/m".into(),
@@ -198,5 +198,31 @@ mod tests {
         assert!(a.contains(&"--volume=/usr/lib/python3.11:/usr/lib/python3.11:ro".to_string()), "{a:?}");
         let image = a.iter().position(|x| x == "spark-kit/tiny-cpu-engine:local").unwrap();
         assert_eq!(a[image + 1..image + 4], ["/v/bin/vllm", "serve", "/model"]);
+    }
+
+    #[test]
+    fn a_two_node_cpu_worker_runs_headless_on_its_fabric() {
+        let k = kit::builtin_kit("tiny-cpu-docker-2node");
+        let spec = argv::build(&k, 1, "/host/model", "/host/overlay");
+        let m = Mounts {
+            model: "/m".into(),
+            engram: None,
+            engram_packed: None,
+            overlay: "/o".into(),
+            caches: vec![],
+            venv: Some("/v".into()),
+            same_path: vec!["/v".into()],
+            pass_env: vec![],
+        };
+        let a = run_argv(&k, 1, &spec, &m);
+        let after = |flag: &str| a.iter().position(|x| x == flag).map(|i| a[i + 1].as_str());
+        assert_eq!(after("--name"), Some("spark-kit-tiny-cpu-docker-2node-node-b-r1"));
+        assert_eq!(after("--node-rank"), Some("1"));
+        assert_eq!(after("--master-addr"), Some("10.77.0.1"));
+        assert!(a.contains(&"--headless".to_string()) && a.contains(&"--network=host".to_string()), "{a:?}");
+        for env in ["VLLM_HOST_IP=10.77.0.2", "GLOO_SOCKET_IFNAME=veth-spark2", "VLLM_CPU_OMP_THREADS_BIND=1"] {
+            assert!(a.contains(&format!("--env={env}")), "{env}: {a:?}");
+        }
+        assert!(!a.iter().any(|x| x.starts_with("--gpus")), "{a:?}");
     }
 }

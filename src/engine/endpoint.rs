@@ -122,7 +122,7 @@ mod tests {
     }
 
     fn kit_with(port: u32, internal: u32) -> Kit {
-        let mut k = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+        let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.port = port;
         k.engine.internal_port = internal;
         k

@@ -310,7 +310,7 @@ mod tests {
 
     #[test]
     fn only_kits_that_mount_their_venv_are_built() {
-        let mut kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu-docker")).unwrap(), &[], &[]).unwrap().kit;
+        let mut kit = crate::kit::builtin_kit("tiny-cpu-docker");
         kit.engine.docker_mount_venv = false;
         let e = build(&kit, Path::new("/nonexistent"), Path::new("/nonexistent"), &Quiet).unwrap_err();
         assert!(matches!(e, ImageError::NotBuildable { .. }), "{e}");

@@ -67,8 +67,7 @@ mod tests {
     fn engines_get_the_engram_dirs_once_packed() {
         let home = tempfile::tempdir().unwrap();
         let dirs = crate::dirs::Dirs::from_env(&[("HOME".into(), home.path().display().to_string())]);
-        let spark =
-            crate::kit::resolve(crate::kit::source(Some("dgx-spark-2x-dsv41-exl3")).unwrap(), &[], &[]).unwrap().kit;
+        let spark = crate::kit::builtin_kit("dgx-spark-2x-dsv41-exl3");
         let env = engine_env(&spark, &dirs);
         assert_eq!(env.len(), 1, "{env:?}");
         assert_eq!(env[0], ("SPARK_ENGRAM_DIR".into(), dirs.expand(&spark.paths.engram_dir).display().to_string()));
@@ -77,7 +76,7 @@ mod tests {
         std::fs::write(packed.join("engram-l1-r0of2.bin"), b"x").unwrap();
         let env = engine_env(&spark, &dirs);
         assert_eq!(env[1], ("SPARK_ENGRAM_PACKED_DIR".into(), packed.display().to_string()));
-        let tiny = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+        let tiny = crate::kit::builtin_kit("tiny-cpu");
         assert!(engine_env(&tiny, &dirs).is_empty());
     }
 }

@@ -128,9 +128,7 @@ pub fn record(lock: &Path, kit: &str, summary: &Summary) -> Result<(), HubError>
 mod tests {
     use super::*;
 
-    fn kit(name: &str) -> Kit {
-        crate::kit::resolve(crate::kit::source(Some(name)).unwrap(), &[], &[]).unwrap().kit
-    }
+    use crate::kit::builtin_kit as kit;
 
     #[test]
     fn a_local_kit_has_nothing_to_fetch_and_says_why() {

@@ -24,6 +24,7 @@ pub const BUILTINS: &[Builtin] = &[
     builtin!("tiny-cpu"),
     builtin!("tiny-cpu-2node"),
     builtin!("tiny-cpu-docker"),
+    builtin!("tiny-cpu-docker-2node"),
 ];
 
 /// The kit used when `--kit` is not given.

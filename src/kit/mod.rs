@@ -89,6 +89,13 @@ pub fn source(kit: Option<&str>) -> Result<KitSource, KitError> {
     Ok(KitSource { name: stem, display: name.into(), text, builtin: false })
 }
 
+/// A built-in kit as it resolves with no environment and no flags (unit tests' shorthand).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub fn builtin_kit(name: &str) -> Kit {
+    resolve(source(Some(name)).unwrap(), &[], &[]).unwrap().kit
+}
+
 /// A loaded, validated kit with the origin of every value.
 #[derive(Debug, Clone)]
 pub struct Resolved {

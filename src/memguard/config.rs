@@ -71,6 +71,40 @@ impl GuardConfig {
     }
 }
 
+/// Values that replace the kit's (the `guard` command's flags): `None` or empty keeps the kit's.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub soft_floor: Option<u64>,
+    pub hard_floor: Option<u64>,
+    pub policy: Option<GuardPolicy>,
+    pub sacrificable: Vec<String>,
+    pub model_paths: Vec<PathBuf>,
+    pub idle_baseline: Option<u64>,
+    pub drain: Option<Duration>,
+    /// Replaces the kit's scope even when `None` (the kit has none).
+    pub victims_under: Option<i32>,
+}
+
+impl GuardConfig {
+    /// This configuration with `o` applied over it.
+    #[must_use]
+    pub fn with(mut self, o: Overrides) -> Self {
+        self.soft_floor = o.soft_floor.unwrap_or(self.soft_floor);
+        self.hard_floor = o.hard_floor.unwrap_or(self.hard_floor);
+        self.policy = o.policy.unwrap_or(self.policy);
+        if !o.sacrificable.is_empty() {
+            self.sacrificable = o.sacrificable;
+        }
+        if !o.model_paths.is_empty() {
+            self.model_paths = o.model_paths;
+        }
+        self.idle_baseline = o.idle_baseline.or(self.idle_baseline);
+        self.drain = o.drain.unwrap_or(self.drain);
+        self.victims_under = o.victims_under;
+        self
+    }
+}
+
 impl Default for GuardConfig {
     fn default() -> Self {
         Self {
@@ -95,5 +129,22 @@ impl Default for GuardConfig {
             proc_root: PathBuf::from("/proc"),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
         }
+    }
+}
+
+#[cfg(test)]
+mod overrides_tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_and_empty_ones_keep_the_kits() {
+        let base = GuardConfig { sacrificable: vec!["a".into()], idle_baseline: Some(7), ..GuardConfig::default() };
+        let c = base.clone().with(Overrides {
+            hard_floor: Some(1),
+            policy: Some(GuardPolicy::Off),
+            ..Overrides::default()
+        });
+        assert_eq!((c.soft_floor, c.hard_floor, c.policy), (base.soft_floor, 1, GuardPolicy::Off));
+        assert_eq!((c.sacrificable, c.idle_baseline, c.drain), (base.sacrificable, Some(7), base.drain));
     }
 }

@@ -29,7 +29,7 @@ pub mod responder;
 pub mod sampler;
 pub mod text;
 
-pub use config::GuardConfig;
+pub use config::{GuardConfig, Overrides};
 pub use engine::{ContainerId, EngineRef, EngineSource, FixedContainer};
 pub use events::{Channel, GuardError, GuardEvent, GuardReporter, GuardStatus};
 pub use sampler::Guard;

@@ -180,7 +180,9 @@ pub fn run(kit: &Kit, input: &PreflightInput, facts_of: &dyn Fn(&Node, &FactRequ
             Ok(f) => {
                 checks.extend(node_checks(&spec_for(kit, node, input), &f));
                 if let Some(d) = &f.docker {
-                    checks.extend(docker_checks::node_checks(&node.name, d, input.image_build.as_deref()));
+                    // Images are made on the head; a worker gets the head's (`image sync`).
+                    let make = input.image_build.as_deref().filter(|_| node.role == Role::Head);
+                    checks.extend(docker_checks::node_checks(&node.name, d, make));
                 }
                 facts.push((node.name.clone(), f));
             }

@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn a_kit_plan_renders_its_table_assumptions_and_warnings() {
-        let kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+        let kit = crate::kit::builtin_kit("tiny-cpu");
         let p = plan(&input_from_kit(&kit, 1 << 30, "test weights", &[]));
         let text = render(&p);
         assert!(text.starts_with("weights per rank: 1.000 GiB (test weights)\n"), "{text}");

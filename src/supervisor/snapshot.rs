@@ -254,7 +254,7 @@ mod tests {
 
     #[test]
     fn initial_snapshot_names_every_node_and_the_endpoint() {
-        let kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu-2node")).unwrap(), &[], &[]).unwrap().kit;
+        let kit = crate::kit::builtin_kit("tiny-cpu-2node");
         let s = initial_snapshot(&kit);
         assert_eq!(s.state, State::Starting);
         assert_eq!(s.nodes.len(), kit.nodes.len());
@@ -266,7 +266,7 @@ mod tests {
 
     #[test]
     fn a_stop_waits_for_the_gateways_drain() {
-        let kit = crate::kit::resolve(crate::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+        let kit = crate::kit::builtin_kit("tiny-cpu");
         let bare = Handles::new(&kit);
         assert!(!bare.stop_due());
         bare.stop.store(true, Ordering::SeqCst);

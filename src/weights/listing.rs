@@ -133,14 +133,13 @@ mod tests {
 
     #[test]
     fn trees_of_the_spark_kit_and_the_tiny_kit() {
-        let spark =
-            crate::kit::resolve(crate::kit::source(Some("dgx-spark-2x-dsv41-exl3")).unwrap(), &[], &[]).unwrap().kit;
+        let spark = crate::kit::builtin_kit("dgx-spark-2x-dsv41-exl3");
         let t = weight_trees(&spark, Path::new("/hf"), Path::new("/e"));
         assert_eq!(t.len(), 2, "{t:?}");
         assert_eq!(t[0].what, "model");
         assert!(t[0].path.to_string_lossy().starts_with("/hf/models--"), "{t:?}");
         assert_eq!(t[1], WeightTree { what: "engram", path: PathBuf::from("/e") });
-        let tiny = crate::kit::resolve(crate::kit::source(Some("tiny-cpu-2node")).unwrap(), &[], &[]).unwrap().kit;
+        let tiny = crate::kit::builtin_kit("tiny-cpu-2node");
         assert!(weight_trees(&tiny, Path::new("/hf"), Path::new("/e")).is_empty());
     }
 

@@ -63,20 +63,57 @@ pub fn worker_daemon() -> Result<&'static Daemon, String> {
     WORKER.get_or_init(|| start("b")).as_ref().map_err(Clone::clone)
 }
 
+/// The directory and `DOCKER_HOST` of this process's daemon `tag` (known before it starts).
+pub fn paths(tag: &str) -> (PathBuf, String) {
+    // A short path: the socket path must fit in sun_path (108 bytes).
+    let dir = PathBuf::from(format!("/tmp/skd-{}-{tag}", std::process::id()));
+    let host = format!("unix://{}/docker.sock", dir.display());
+    (dir, host)
+}
+
 fn start(tag: &str) -> Result<Daemon, String> {
+    let (d, child) = spawn(tag, None)?;
+    let first = {
+        let mut c = CHILDREN.lock().unwrap();
+        c.push(child);
+        c.len() == 1
+    };
+    if first {
+        // SAFETY: registering a plain extern "C" fn.
+        unsafe { nix::libc::atexit(stop_at_exit) };
+    }
+    d.wait_answering()?;
+    Ok(d)
+}
+
+/// `dockerd` with roots under [`paths`]`(tag)`; in network namespace `netns` when given
+/// (`nsenter --net`, so its `--network=host` containers get that namespace's interfaces), and
+/// then in a mount namespace of its own (host mounts propagate in) with its own /dev/shm.
+fn spawn(tag: &str, netns: Option<&str>) -> Result<(Daemon, Child), String> {
     if let Some(why) = unavailable() {
         return Err(why);
     }
-    // A short path: the socket path must fit in sun_path (108 bytes).
-    let dir = PathBuf::from(format!("/tmp/skd-{}-{tag}", std::process::id()));
+    let (dir, host) = paths(tag);
     remove_stale();
     remove_tree(&dir);
     for d in ["data", "exec"] {
         std::fs::create_dir_all(dir.join(d)).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    let host = format!("unix://{}/docker.sock", dir.display());
     let log = std::fs::File::create(dir.join("dockerd.log")).map_err(|e| e.to_string())?;
-    let mut cmd = Command::new("dockerd");
+    let mut cmd = match netns {
+        // Each "node" also gets a /dev/shm of its own, as separate machines have: the
+        // containers' `--ipc=host` mounts the daemon's /dev/shm, and vLLM decides which ranks
+        // share a node by opening a shared-memory segment (a rank that can would then wait on
+        // a ZMQ IPC socket under the other container's /tmp, forever).
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}"));
+            c.args(["unshare", "--mount", "--propagation=slave", "sh", "-c"]);
+            c.args([r#"mount -t tmpfs -o mode=1777 shm /dev/shm && exec dockerd "$@""#, "dockerd"]);
+            c
+        }
+        None => Command::new("dockerd"),
+    };
     cmd.arg(format!("--data-root={}", dir.join("data").display()))
         .arg(format!("--exec-root={}", dir.join("exec").display()))
         .arg(format!("--pidfile={}", dir.join("docker.pid").display()))
@@ -85,7 +122,8 @@ fn start(tag: &str) -> Result<Daemon, String> {
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log);
-    // SAFETY: prctl in the child between fork and exec; async-signal-safe.
+    // SAFETY: prctl in the child between fork and exec; async-signal-safe. (nsenter, unshare
+    // and sh exec one another in the same process, then dockerd: the death signal stays.)
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {
@@ -103,26 +141,61 @@ fn start(tag: &str) -> Result<Daemon, String> {
     });
     let child = rx.recv().map_err(|e| e.to_string())?.map_err(|e| format!("cannot start dockerd: {e}"))?;
     let pid = i32::try_from(child.id()).unwrap_or(0);
-    let first = {
-        let mut c = CHILDREN.lock().unwrap();
-        c.push(child);
-        c.len() == 1
-    };
-    if first {
-        // SAFETY: registering a plain extern "C" fn.
-        unsafe { nix::libc::atexit(stop_at_exit) };
-    }
-    let d = Daemon { host, dir, pid };
-    let t = Instant::now();
-    while !d.docker(&["info", "--format", "{{.ServerVersion}}"]).status.success() {
-        if t.elapsed() > Duration::from_secs(60) {
-            let log = std::fs::read_to_string(d.dir.join("dockerd.log")).unwrap_or_default();
-            return Err(format!("dockerd did not answer within 60 s; its log:\n{log}"));
+    Ok((Daemon { host, dir, pid }, child))
+}
+
+impl Daemon {
+    fn wait_answering(&self) -> Result<(), String> {
+        let t = Instant::now();
+        while !self.docker(&["info", "--format", "{{.ServerVersion}}"]).status.success() {
+            if t.elapsed() > Duration::from_secs(60) {
+                let log = std::fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default();
+                return Err(format!("dockerd did not answer within 60 s; its log:\n{log}"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        eprintln!("test dockerd up in {:.1} s at {}", t.elapsed().as_secs_f64(), self.host);
+        Ok(())
     }
-    eprintln!("test dockerd up in {:.1} s at {}", t.elapsed().as_secs_f64(), d.host);
+}
+
+/// A daemon of the caller's own, in a network namespace (one per "node" of a two-namespace
+/// test): on drop its containers are removed, it is stopped and its directories deleted.
+pub struct NsDaemon {
+    pub d: Daemon,
+    child: Child,
+}
+
+impl std::ops::Deref for NsDaemon {
+    type Target = Daemon;
+    fn deref(&self) -> &Daemon {
+        &self.d
+    }
+}
+
+/// Start daemon `tag` in network namespace `ns` (which must exist).
+pub fn daemon_in(ns: &str, tag: &str) -> Result<NsDaemon, String> {
+    let (d, child) = spawn(tag, Some(ns))?;
+    let d = NsDaemon { d, child };
+    d.wait_answering()?;
     Ok(d)
+}
+
+impl Drop for NsDaemon {
+    fn drop(&mut self) {
+        self.d.remove_all_containers();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.d.pid), nix::sys::signal::Signal::SIGTERM);
+        let t = Instant::now();
+        while self.child.try_wait().ok().flatten().is_none() {
+            if t.elapsed() > Duration::from_secs(20) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        remove_tree(&self.d.dir);
+    }
 }
 
 extern "C" fn stop_at_exit() {
@@ -193,11 +266,14 @@ impl Daemon {
         self.ok(&["ps", "-aq", "--no-trunc"]).lines().map(str::to_string).collect()
     }
 
+    /// `docker rm -f` of every container (quietly: also run while tearing down).
     pub fn remove_all_containers(&self) {
-        let ids = self.containers();
-        if !ids.is_empty() {
+        let o = self.docker(&["ps", "-aq", "--no-trunc"]);
+        let text = String::from_utf8_lossy(&o.stdout);
+        let ids: Vec<&str> = text.lines().collect();
+        if o.status.success() && !ids.is_empty() {
             let mut args = vec!["rm", "-f"];
-            args.extend(ids.iter().map(String::as_str));
+            args.extend(ids);
             let _ = self.docker(&args);
         }
     }
@@ -220,6 +296,48 @@ impl Daemon {
         let o = self.docker(&["image", "inspect", "--format", "{{.Id}}", name]);
         o.status.success().then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
     }
+}
+
+/// A memory hog for the guard's tests, run with python3 inside a container: `HOG FLOOR MAX
+/// [GO]`. With GO, prints `ready` and waits until the file GO exists. Then grows 1 MiB at a time
+/// at ~1 GiB/s until 256 MiB past the moment MemAvailable first falls to FLOOR (bytes), or MAX
+/// bytes in all; then holds (until the guard stops its container).
+pub const HOG: &str = r#"
+import os, sys, time
+floor, most = int(sys.argv[1]), int(sys.argv[2])
+def avail():
+    with open("/proc/meminfo", "rb") as f:
+        for l in f:
+            if l.startswith(b"MemAvailable:"):
+                return int(l.split()[1]) * 1024
+if len(sys.argv) > 3:
+    print("ready", flush=True)
+    while not os.path.exists(sys.argv[3]):
+        time.sleep(0.01)
+chunks, grown, crossed_at, t0 = [], 0, None, time.monotonic()
+while grown < most and (crossed_at is None or grown < crossed_at + (256 << 20)):
+    chunks.append(b"\x01" * (1 << 20))
+    grown += 1 << 20
+    if crossed_at is None and avail() <= floor:
+        crossed_at = grown
+    ahead = grown / (1 << 30) - (time.monotonic() - t0)
+    if ahead > 0:
+        time.sleep(ahead)
+while True:
+    time.sleep(1)
+"#;
+
+/// vLLM's main process in the container whose pid 1 (`docker-init`, `--init`) is host pid
+/// `init`: its one child.
+pub fn vllm_main(init: i32) -> i32 {
+    let comm = |p: i32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default().trim().to_string();
+    assert_eq!(comm(init), "docker-init", "the container's pid 1");
+    let kids = super::children_of(init);
+    assert_eq!(kids.len(), 1, "docker-init has one child, vLLM: {kids:?}");
+    // (vLLM may set its process title: NULs or spaces between the words.)
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", kids[0])).unwrap_or_default().replace('\0', " ");
+    assert!(cmdline.contains("/bin/vllm serve /model"), "not vLLM: {cmdline:?}");
+    kids[0]
 }
 
 /// A test image: a rootfs of host files.

@@ -3,8 +3,10 @@
 
 pub mod docker;
 pub mod gateway;
+pub mod netns;
 pub mod sshd;
 pub mod up;
+pub mod wait;
 
 use std::path::PathBuf;
 use std::process::Command;
