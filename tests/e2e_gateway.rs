@@ -364,7 +364,8 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
 
     // 4. kill -9 of the engine under load: 16 streams over 2 slots (queue 8). Every in-flight
     //    stream (both slots, each past its first token) ends with the error event and [DONE];
-    //    the 8 queued at the kill get 503 and the 6 beyond the queue 429, each with Retry-After;
+    //    the 8 queued at the kill get 503 and the 6 beyond the queue 429 (all 16 at the gateway
+    //    before the kill), each with Retry-After;
     //    new requests get 503 + Retry-After (never a refused connection) until the restart, then 200.
     const KILL_STREAMS: usize = 16;
     let mut load: Vec<_> =
@@ -385,7 +386,8 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
             }
         }
         let g = status_json(logs.path())["gateway"].clone();
-        if streaming.len() == 2 && g["queued"] == 8 {
+        // Every request at the gateway: 2 streaming, 8 queued, the other 6 answered 429.
+        if streaming.len() == 2 && g["queued"] == 8 && early.len() == KILL_STREAMS - 10 {
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
