@@ -163,7 +163,9 @@ pub fn teardown(ns: [&str; 2]) {
                 let _ = Command::new("kill").args(["-9", pid]).status();
             }
         });
-        let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        if std::path::Path::new("/run/netns").join(ns).exists() {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
     }
 }
 
