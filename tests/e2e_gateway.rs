@@ -2,8 +2,9 @@
 //! build behind the gateway on its internal port) and the python `openai` client / raw SSE
 //! streams from the engine venv (tests/e2e_gateway_client.py). One deployment, phases in order:
 //! the printed `try:` curl, keys from the variable and the file, chat / stream / completion,
-//! a prompt over the limit refused before the engine sees it, a client leaving mid-stream (vLLM
-//! aborts it), 16 clients streaming for 60 s over 2 slots, `/metrics`, kill -9 of the engine under load, `down`
+//! a prompt over the limit refused before the engine sees it, completion prompts counted in
+//! process exactly as vLLM counts them, a client leaving mid-stream (vLLM aborts it), 16 clients
+//! streaming for 60 s over 2 slots, `/metrics`, kill -9 of the engine under 16 streams, `down`
 //! during a long stream, no key in any log.
 //!
 //! Needs SPARK_KIT_TEST_E2E=1 and the tiny-cpu engine venv (see tests/e2e_tiny_cpu.rs).
@@ -73,6 +74,30 @@ fn get(port: u16, path: &str, key: Option<&str>) -> (u16, String) {
     s.read_to_string(&mut out).unwrap();
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
     (head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), body.to_string())
+}
+
+/// POST `body` (JSON) to `path` over plain HTTP/1.0 with `key`: (status, JSON answer).
+fn post_json(port: u16, path: &str, key: &str, body: &Value) -> (u16, Value) {
+    let body = body.to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// The prompt tokens a refusal message states (`prompt N + max_tokens …`).
+fn refused_prompt_tokens(answer: &Value) -> Option<u64> {
+    let msg = answer["error"]["message"].as_str()?;
+    msg.strip_prefix("prompt ")?.split(' ').next()?.parse().ok()
 }
 
 /// The value of the Prometheus sample `series` (name with labels, exactly) in `text`.
@@ -175,6 +200,71 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     assert!(log.contains(&format!("seed={admitted_seed}")), "the engine log lacks the admitted request's params");
     assert!(!log.contains(&format!("seed={refused_seed}")), "the refused request reached the engine");
 
+    // 2a. Completion prompts are counted in the gateway with the checkpoint's tokenizer.json,
+    //     and the count is vLLM's: for each prompt (and a prompt list, and add_special_tokens
+    //     false) an over-limit completion's 400 states the prompt's tokens, which equal the
+    //     engine's own /tokenize (forwarded as is by the gateway). None of those refusals sent a
+    //     /tokenize to the engine: vLLM's `http_requests_total{handler="/tokenize"}` did not move
+    //     (the chat requests above, counted by the engine, moved it), and the gateway's
+    //     `spark_gateway_prompt_counts_total{by="engine"}` did not move.
+    let counts = |by: &str| {
+        let (code, m) = get(port, "/metrics", Some(ENV_KEY));
+        assert_eq!(code, 200, "{m}");
+        sample(&m, &format!("spark_gateway_prompt_counts_total{{by=\"{by}\"}}")).unwrap_or(-1.0)
+    };
+    // vLLM's own count of the /tokenize requests it answered (its HTTP series, after the gateway's).
+    let tokenize_lines = || {
+        let (_, m) = get(port, "/metrics", Some(ENV_KEY));
+        m.lines()
+            .filter(|l| l.starts_with("http_requests_total{") && l.contains("handler=\"/tokenize\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let prompts = [
+        "Hello, world",
+        "def main():\n    return 42\n",
+        "   three leading spaces",
+        " one",
+        "héllo wörld → 世界 🎉 naïve café",
+        "",
+        "<s> a literal BOS in the text",
+        "tabs\tand\r\nnewlines\n\n",
+    ];
+    let (short, long) = ("short one", "a longer prompt, the second of the list, with ünïcode ✓");
+    let (_, t) = post_json(port, "/tokenize", ENV_KEY, &serde_json::json!({"model": "tiny-llama", "prompt": long}));
+    let long_n = t["count"].as_u64().unwrap();
+    let (lines0, tok0, eng0) = (tokenize_lines(), counts("tokenizer"), counts("engine"));
+    assert!(lines0 > 0.0, "vLLM's /metrics counts no /tokenize, though the chat requests above used it");
+    let mut gateway_counts = Vec::new();
+    for p in prompts {
+        for special in [true, false] {
+            let body = serde_json::json!({"model": "tiny-llama", "prompt": p, "max_tokens": 100_000,
+                                          "add_special_tokens": special});
+            let (code, answer) = post_json(port, "/v1/completions", ENV_KEY, &body);
+            assert_eq!(code, 400, "{p:?}: {answer}");
+            gateway_counts.push((p, special, refused_prompt_tokens(&answer).unwrap_or_else(|| panic!("{answer}"))));
+        }
+    }
+    // A list: the longer second prompt is the one over the limit (max_tokens leaves the first room).
+    let body = serde_json::json!({"model": "tiny-llama", "prompt": [short, long], "max_tokens": 512 - long_n + 1});
+    let (code, answer) = post_json(port, "/v1/completions", ENV_KEY, &body);
+    assert_eq!(code, 400, "{answer}");
+    assert_eq!(refused_prompt_tokens(&answer), Some(long_n), "the list's second prompt: {answer}");
+    assert_eq!(tokenize_lines(), lines0, "an over-limit completion sent /tokenize to the engine");
+    #[allow(clippy::cast_precision_loss)]
+    let counted = (prompts.len() * 2 + 2) as f64;
+    assert_eq!(counts("tokenizer") - tok0, counted, "not every completion prompt was counted in process");
+    assert_eq!(counts("engine"), eng0, "a completion prompt was counted by the engine");
+    let mut table = Vec::new();
+    for (p, special, n) in &gateway_counts {
+        let body = serde_json::json!({"model": "tiny-llama", "prompt": p, "add_special_tokens": special});
+        let (code, t) = post_json(port, "/tokenize", ENV_KEY, &body);
+        assert_eq!(code, 200, "{t}");
+        table.push(format!("{p:?}/{special}: {n}"));
+        assert_eq!(t["count"].as_u64(), Some(*n), "{p:?} (add_special_tokens {special}): gateway {n}, vLLM {t}");
+    }
+    eprintln!("prompt tokens, gateway = vLLM /tokenize: {}", table.join(", "));
+
     // 2b. A client that leaves mid-stream: the gateway drops the engine's request and vLLM
     //     aborts it (its log says so under the request id the client sent), the slot is free.
     let rid = format!("gw-abandon-{pid}");
@@ -272,29 +362,50 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     assert!(m.lines().any(|l| l.starts_with("vllm:")), "vLLM's series not passed through");
     assert!(m.find("spark_gateway_").unwrap() < m.find("\nvllm:").unwrap(), "the gateway's series come first");
 
-    // 4. kill -9 of the engine under load: every in-flight stream (both slots, each past its
-    //    first token) ends with the error event and [DONE]; the queued ones and new requests
-    //    get 503 + Retry-After (never a refused connection) until the restart, then 200.
-    let mut load: Vec<_> = (0..4).map(|i| spawn_stream(&base, FILE_KEY, 480, &format!("# kill {i}\nimport"))).collect();
+    // 4. kill -9 of the engine under load: 16 streams over 2 slots (queue 8). Every in-flight
+    //    stream (both slots, each past its first token) ends with the error event and [DONE];
+    //    the 8 queued at the kill get 503 and the 6 beyond the queue 429 (all 16 at the gateway
+    //    before the kill), each with Retry-After;
+    //    new requests get 503 + Retry-After (never a refused connection) until the restart, then 200.
+    const KILL_STREAMS: usize = 16;
+    let mut load: Vec<_> =
+        (0..KILL_STREAMS).map(|i| spawn_stream(&base, FILE_KEY, 480, &format!("# kill {i}\nimport"))).collect();
     let mut streaming = std::collections::BTreeSet::new();
+    // The answers of those refused before the kill (429), kept as they come.
+    let mut early = std::collections::BTreeMap::new();
     let t = Instant::now();
-    while streaming.len() < 2 {
-        assert!(t.elapsed() < Duration::from_secs(120), "two streams never both streamed: {streaming:?}");
+    loop {
+        assert!(t.elapsed() < Duration::from_secs(120), "the kill's load never settled: streaming {streaming:?}");
         for (i, (_, rx)) in load.iter().enumerate() {
-            if rx.try_recv().is_ok_and(|l| l == "first-token") {
-                streaming.insert(i);
+            while let Ok(l) = rx.try_recv() {
+                if l == "first-token" {
+                    streaming.insert(i);
+                } else if l.starts_with('{') {
+                    early.insert(i, serde_json::from_str::<Value>(&l).unwrap());
+                }
             }
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let g = status_json(logs.path())["gateway"].clone();
+        // Every request at the gateway: 2 streaming, 8 queued, the other 6 answered 429.
+        if streaming.len() == 2 && g["queued"] == 8 && early.len() == KILL_STREAMS - 10 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
     let before = status_json(logs.path());
     assert_eq!(before["gateway"]["in_flight"], 2, "{before}");
     let pgid = before["nodes"][0]["engine_pgid"].as_i64().unwrap() as i32;
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL).unwrap();
     let t = Instant::now();
-    let mut cut = 0;
+    let (mut cut, mut unavailable, mut full) = (0, 0, 0);
     for (i, (child, rx)) in load.iter_mut().enumerate() {
-        let r = result_of(child, rx, Duration::from_secs(60));
+        let r = match early.remove(&i) {
+            Some(r) => {
+                let _ = child.wait();
+                r
+            }
+            None => result_of(child, rx, Duration::from_secs(60)),
+        };
         if streaming.contains(&i) {
             assert_eq!(r["status"], 200, "stream {i} was in flight at the kill: {r}");
             assert_eq!(r["error"]["code"], "upstream_stream_cut", "stream {i} in flight at the kill: {r}");
@@ -302,12 +413,20 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
             assert!(r["transport_error"].is_null(), "stream {i}: the socket was cut, not the stream: {r}");
             cut += 1;
         } else {
-            assert_eq!(r["status"], 503, "stream {i} was queued at the kill: {r}");
-            assert!(r["retry_after"].is_string(), "{r}");
+            assert!(r["retry_after"].is_string(), "stream {i} without Retry-After: {r}");
+            match r["status"].as_u64() {
+                Some(503) => unavailable += 1,
+                Some(429) => full += 1,
+                _ => panic!("stream {i} was not in flight at the kill: 503 or 429 expected: {r}"),
+            }
         }
     }
-    assert_eq!(cut, 2);
-    eprintln!("{cut} in-flight streams ended with the error event {:.1} s after the kill", t.elapsed().as_secs_f64());
+    assert_eq!((cut, unavailable, full), (2, 8, 6), "(cut, 503, 429) of the {KILL_STREAMS} streams");
+    eprintln!(
+        "{KILL_STREAMS} streams at the kill: {cut} in flight ended with the error event, {unavailable} queued got 503, \
+         {full} got 429; all answered {:.1} s after the kill",
+        t.elapsed().as_secs_f64()
+    );
     let mut statuses = Vec::new();
     loop {
         let (s, head, _) = post(port, ENV_KEY).expect("the gateway refused a connection during the restart");

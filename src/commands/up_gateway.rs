@@ -1,15 +1,20 @@
 //! `up`'s gateway: its settings from the kit, `engine.api_keys` and the memory plan (the same
 //! plan `spark-kit plan` prints), checked before anything starts.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use super::checkpoint_source::{checkpoint_in, is_dsv41_flash_exl3};
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
 use crate::checkpoint::virtual_ckpt::DeepSeekV41Dims;
 use crate::checkpoint::Origin;
 use crate::engine::endpoint::api_keys;
+use crate::engine::{model, overlay};
 use crate::error::Failure;
+use crate::gateway::count::Counter;
 use crate::gateway::GatewayConfig;
-use crate::kit::schema::Kit;
+use crate::kit::schema::{Kit, ModelSource};
 use crate::plan::{input_from_kit, kv, plan, Plan};
 use crate::settings::Settings;
 
@@ -63,8 +68,44 @@ pub(super) fn config(s: &Settings, env: &[(String, String)]) -> Result<(GatewayC
     let keys = api_keys(kit, env, &s.dirs).map_err(|e| Failure::usage(e.to_string()))?;
     let port = s.ports.internal_tcp().map_err(|e| Failure::usage(e.to_string()))?;
     let (p, note) = plan_of(kit, env);
-    let cfg = GatewayConfig::from_kit(kit, &p, keys, port).map_err(|e| Failure::usage(e.to_string()))?;
+    let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port).map_err(|e| Failure::usage(e.to_string()))?;
+    // The served checkpoint's tokenizer, for counting completion prompts in process; a missing
+    // file (a model made on the first start) is tried again once the engine is ready.
+    cfg.tokenizer = model_dir(s, env).map(|d| Counter::file_in(&d));
+    cfg.counter = cfg.tokenizer.as_deref().and_then(|t| Counter::load(t).ok()).map(Arc::new);
     Ok((cfg, note))
+}
+
+/// The checkpoint directory the engine will serve, as `up` prepares it (engine/model.rs).
+fn model_dir(s: &Settings, env: &[(String, String)]) -> Option<PathBuf> {
+    let kit = &s.kit;
+    let made = |kind: &str| {
+        let tag = format!("{}-{}", overlay::version(), overlay::content_hash());
+        s.dirs.expand(&kit.paths.data_dir).join("models").join(format!("{kind}-{tag}"))
+    };
+    match kit.model.source {
+        ModelSource::Local => kit.model.path.as_ref().map(PathBuf::from),
+        ModelSource::Hub => {
+            let configured = kit.paths.hf_cache.as_deref().map(|p| s.dirs.expand(p));
+            let hf = model::hf_cache(configured.as_deref(), env, &s.dirs.home);
+            model::hub_snapshot(&hf, &kit.model.repo, &kit.model.revision).ok()
+        }
+        ModelSource::TinyExl3 => Some(made("tiny-exl3")),
+        ModelSource::TinyDense => Some(made("tiny-dense")),
+    }
+}
+
+/// How admission counts prompt tokens, for the summary line.
+fn counting(cfg: &GatewayConfig) -> String {
+    match (&cfg.counter, &cfg.tokenizer) {
+        (Some(c), _) => format!("completion prompts counted in process with {}", c.path().display()),
+        (None, Some(t)) if t.is_file() => {
+            let why = Counter::load(t).err().map(|e| e.to_string()).unwrap_or_default();
+            format!("prompts counted by the engine's /tokenize: {why}")
+        }
+        (None, Some(t)) => format!("completion prompts counted in process with {} once it exists", t.display()),
+        (None, None) => "prompts counted by the engine's /tokenize (the checkpoint's directory is unknown)".into(),
+    }
 }
 
 /// One line on what the gateway admits, for `up`'s output.
@@ -81,12 +122,13 @@ pub(super) fn summary(cfg: &GatewayConfig, note: Option<&str>) -> String {
     }
     let keyed = if cfg.keys.is_empty() { "no API keys" } else { "API keys required" };
     format!(
-        "==> gateway on {} → engine on {} ({keyed}; {} slots, queue {}; admits {})",
+        "==> gateway on {} → engine on {} ({keyed}; {} slots, queue {}; admits {}; {})",
         cfg.bind,
         cfg.upstream,
         cfg.max_in_flight,
         cfg.queue_len,
-        parts.join(", ")
+        parts.join(", "),
+        counting(cfg)
     )
 }
 

@@ -1,9 +1,12 @@
 //! Gateway settings and their validation (pure).
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::admission::Limits;
+use super::count::Counter;
 use crate::kit::schema::Kit;
 use crate::plan::Plan;
 
@@ -32,6 +35,11 @@ pub struct GatewayConfig {
     /// Longest wait for in-flight requests when draining.
     pub drain_timeout: Duration,
     pub limits: Limits,
+    /// The served checkpoint's `tokenizer.json`, for counting completion prompts in process
+    /// (loaded when the engine is first ready if `counter` is not already loaded).
+    pub tokenizer: Option<PathBuf>,
+    /// The tokenizer, when already loaded (by `up`, before the gateway starts).
+    pub counter: Option<Arc<Counter>>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -51,6 +59,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("retry_after_s", &self.retry_after_s)
             .field("drain_timeout", &self.drain_timeout)
             .field("limits", &self.limits)
+            .field("tokenizer", &self.tokenizer)
+            .field("counter", &self.counter.is_some())
             .finish()
     }
 }
@@ -98,6 +108,8 @@ impl GatewayConfig {
             retry_after_s: 5,
             drain_timeout: Duration::from_secs(30),
             limits,
+            tokenizer: None,
+            counter: None,
         }
     }
 

@@ -43,6 +43,10 @@ pub struct Snapshot {
     pub streams_cut: u64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
+    /// Prompts counted for admission, by who counted: `tokenizer` (in process) or `engine` (`/tokenize`).
+    pub prompt_counts: BTreeMap<&'static str, u64>,
+    /// Why prompts are counted by the engine, when the checkpoint's tokenizer could not be had.
+    pub counting_note: Option<String>,
 }
 
 /// Thread-safe counters.
@@ -66,6 +70,9 @@ impl Metrics {
     }
     pub fn refused(&self, reason: &'static str) {
         self.with(|s| *s.refused.entry(reason).or_default() += 1);
+    }
+    pub fn prompt_counted(&self, by: &'static str) {
+        self.with(|s| *s.prompt_counts.entry(by).or_default() += 1);
     }
     pub fn stream_cut(&self) {
         self.with(|s| s.streams_cut += 1);
@@ -124,6 +131,18 @@ pub fn render(s: &Snapshot) -> String {
         "# TYPE spark_gateway_streams_cut_total counter\nspark_gateway_streams_cut_total {}",
         s.streams_cut
     );
+    out.push_str(
+        "# HELP spark_gateway_prompt_counts_total Prompts counted for admission, by who counted: the checkpoint's \
+         tokenizer.json in the gateway, or the engine's /tokenize.\n",
+    );
+    out.push_str("# TYPE spark_gateway_prompt_counts_total counter\n");
+    for by in ["tokenizer", "engine"] {
+        let n = s.prompt_counts.get(by).copied().unwrap_or(0);
+        let _ = writeln!(out, "spark_gateway_prompt_counts_total{{by=\"{by}\"}} {n}");
+    }
+    if let Some(note) = &s.counting_note {
+        let _ = writeln!(out, "# {}", note.replace('\n', " "));
+    }
     histogram(
         &mut out,
         "spark_gateway_ttft_seconds",
@@ -146,6 +165,7 @@ mod tests {
         m.status(429);
         m.refused("queue_full");
         m.admitted();
+        m.prompt_counted("tokenizer");
         m.ttft(Duration::from_millis(3));
         m.ttft(Duration::from_millis(40));
         let text = render(&m.snapshot(2, 1));
@@ -153,6 +173,8 @@ mod tests {
         assert!(text.contains("spark_gateway_requests_total{status=\"429\"} 1\n"), "{text}");
         assert!(text.contains("spark_gateway_refused_total{reason=\"queue_full\"} 1\n"), "{text}");
         assert!(text.contains("spark_gateway_queue_depth 2\n"), "{text}");
+        assert!(text.contains("spark_gateway_prompt_counts_total{by=\"tokenizer\"} 1\n"), "{text}");
+        assert!(text.contains("spark_gateway_prompt_counts_total{by=\"engine\"} 0\n"), "{text}");
         assert!(text.contains("spark_gateway_in_flight 1\n"), "{text}");
         assert!(text.contains("spark_gateway_ttft_seconds_bucket{le=\"0.0025\"} 0\n"), "{text}");
         assert!(text.contains("spark_gateway_ttft_seconds_bucket{le=\"0.005\"} 1\n"), "{text}");

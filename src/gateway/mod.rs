@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod config;
+pub mod count;
 pub mod framing;
 mod front;
 pub mod keys;

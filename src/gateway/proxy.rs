@@ -152,7 +152,7 @@ fn bad_request(msg: &str, code: &str) -> Response {
     error(StatusCode::BAD_REQUEST, msg, "invalid_request_error", code, None)
 }
 
-/// Count the prompt with the engine's own `/tokenize` and check it against the plan.
+/// Count the prompt (in process or by the engine's `/tokenize`) and check it against the plan.
 async fn admission(gw: &Gateway, chat: bool, body: &Bytes) -> Result<(), Response> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| bad_request(&format!("request body is not JSON: {e}"), "invalid_json"))?;
@@ -168,7 +168,9 @@ async fn admission(gw: &Gateway, chat: bool, body: &Bytes) -> Result<(), Respons
     Ok(())
 }
 
-/// Prompt tokens of each sequence the request would start.
+/// Prompt tokens of each sequence the request would start. Chat: the engine's `/tokenize`
+/// (the chat template is Jinja, rendered by vLLM). Completion strings: the checkpoint's
+/// tokenizer in process when loaded, else `/tokenize`. Token ids: their number.
 async fn prompt_counts(gw: &Gateway, chat: bool, v: &Value) -> Result<Vec<u64>, Response> {
     let model = v.get("model").cloned().unwrap_or(Value::Null);
     if chat {
@@ -179,18 +181,25 @@ async fn prompt_counts(gw: &Gateway, chat: bool, v: &Value) -> Result<Vec<u64>, 
                 req[k] = x.clone();
             }
         }
+        gw.metrics.prompt_counted("engine");
         return Ok(vec![tokenize(gw, &req).await?]);
     }
+    // vLLM's completion default (`add_special_tokens: true`, e.g. the BOS), or the request's.
+    let special = match v.get("add_special_tokens") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad_request("add_special_tokens must be true or false", "add_special_tokens")),
+    };
     let prompt = v.get("prompt").cloned().unwrap_or(Value::Null);
     let is_ids = |a: &[Value]| !a.is_empty() && a.iter().all(Value::is_u64);
     match &prompt {
-        Value::String(_) => Ok(vec![tokenize(gw, &json!({"model": model, "prompt": prompt})).await?]),
+        Value::String(p) => Ok(vec![count_text(gw, &model, p, special).await?]),
         Value::Array(a) if is_ids(a) => Ok(vec![a.len() as u64]),
         Value::Array(a) => {
             let mut out = Vec::with_capacity(a.len());
             for p in a {
                 match p {
-                    Value::String(_) => out.push(tokenize(gw, &json!({"model": model, "prompt": p})).await?),
+                    Value::String(p) => out.push(count_text(gw, &model, p, special).await?),
                     Value::Array(ids) if is_ids(ids) => out.push(ids.len() as u64),
                     _ => return Err(bad_request("prompt must be a string, a list of strings or token ids", "prompt")),
                 }
@@ -199,6 +208,17 @@ async fn prompt_counts(gw: &Gateway, chat: bool, v: &Value) -> Result<Vec<u64>, 
         }
         _ => Err(bad_request("prompt must be a string, a list of strings or token ids", "prompt")),
     }
+}
+
+/// Tokens of one completion prompt: in process when the checkpoint's tokenizer is loaded (and
+/// encodes it), else the engine's `/tokenize` with the same `add_special_tokens`.
+async fn count_text(gw: &Gateway, model: &Value, text: &str, special: bool) -> Result<u64, Response> {
+    if let Some(n) = gw.counter().and_then(|c| c.count(text, special).ok()) {
+        gw.metrics.prompt_counted("tokenizer");
+        return Ok(n);
+    }
+    gw.metrics.prompt_counted("engine");
+    tokenize(gw, &json!({"model": model, "prompt": text, "add_special_tokens": special})).await
 }
 
 async fn tokenize(gw: &Gateway, req: &Value) -> Result<u64, Response> {

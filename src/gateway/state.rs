@@ -2,12 +2,13 @@
 //! in-flight accounting for the drain.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::config::GatewayConfig;
+use super::count::Counter;
 use super::metrics::Metrics;
 
 /// What the gateway knows about the engine.
@@ -100,6 +101,11 @@ pub struct Gateway {
     idle: Notify,
     /// Set when the drain timed out: open streams end with the error event.
     pub(crate) cut: watch::Sender<bool>,
+    /// The in-process prompt counter: the config's, or loaded from `cfg.tokenizer` once the
+    /// engine is first ready (a model made on the first start); `None` = the engine's `/tokenize`.
+    counter: OnceLock<Option<Arc<Counter>>>,
+    /// Why prompts are counted by the engine (set once, when the counter could not be had).
+    pub(crate) counting_note: Mutex<Option<String>>,
 }
 
 impl Gateway {
@@ -119,7 +125,7 @@ impl Gateway {
             .no_proxy()
             .default_headers(headers)
             .build()?;
-        Ok(Arc::new(Self {
+        let gw = Arc::new(Self {
             slots: Arc::new(Semaphore::new(cfg.max_in_flight)),
             cfg,
             client,
@@ -129,7 +135,36 @@ impl Gateway {
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
             cut: watch::channel(false).0,
-        }))
+            counter: OnceLock::new(),
+            counting_note: Mutex::new(None),
+        });
+        if gw.cfg.counter.is_some() || initial == EngineState::Ready {
+            gw.load_counter();
+        }
+        Ok(gw)
+    }
+
+    /// Settle the prompt counter (once): the config's, else `cfg.tokenizer` loaded now.
+    fn load_counter(&self) {
+        self.counter.get_or_init(|| {
+            if let Some(c) = &self.cfg.counter {
+                return Some(c.clone());
+            }
+            let why = match self.cfg.tokenizer.as_deref().map(Counter::load) {
+                Some(Ok(c)) => return Some(Arc::new(c)),
+                Some(Err(e)) => e.to_string(),
+                None => "the checkpoint's directory is not known".to_string(),
+            };
+            if let Ok(mut n) = self.counting_note.lock() {
+                *n = Some(format!("prompts are counted by the engine's /tokenize: {why}"));
+            }
+            None
+        });
+    }
+
+    /// The in-process prompt counter, once settled and loaded.
+    pub(crate) fn counter(&self) -> Option<&Counter> {
+        self.counter.get().and_then(|c| c.as_deref())
     }
 
     #[must_use]
@@ -140,6 +175,10 @@ impl Gateway {
     /// Tell the gateway the engine's state (the supervisor calls this on every change).
     /// Draining is sticky: once draining, only [`Gateway::drain`] ends it.
     pub fn set_engine_state(&self, s: EngineState) {
+        if s == EngineState::Ready {
+            // The checkpoint exists once the engine serves it.
+            self.load_counter();
+        }
         let _ = self.state.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
             (EngineState::of(cur) != EngineState::Draining).then_some(s.code())
         });
@@ -165,7 +204,9 @@ impl Gateway {
     /// Prometheus text of the gateway's own series.
     #[must_use]
     pub fn metrics_text(&self) -> String {
-        super::metrics::render(&self.metrics.snapshot(self.queued() as u64, self.in_flight() as u64))
+        let mut snap = self.metrics.snapshot(self.queued() as u64, self.in_flight() as u64);
+        snap.counting_note = self.counting_note.lock().ok().and_then(|n| n.clone());
+        super::metrics::render(&snap)
     }
 
     /// Every slot busy and the queue full: a request now would get 429 (checked before
