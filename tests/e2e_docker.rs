@@ -21,7 +21,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
@@ -129,13 +128,7 @@ fn mem_available() -> u64 {
 /// Start a foreground `up`; its stdout lines arrive on the receiver.
 fn foreground(env: &Env) -> (Child, Receiver<String>) {
     let mut child = env.up(&[]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = common::stdout_lines(&mut child);
     (child, rx)
 }
 
@@ -197,12 +190,7 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     let t = Instant::now();
     let (child, rx) = foreground(&env);
     let mut child = Reap(Some(child));
-    loop {
-        let line = rx.recv_timeout(Duration::from_secs(600)).expect("no ready banner in 600 s");
-        if line.starts_with("Ctrl-C") {
-            break;
-        }
-    }
+    common::wait_prefix(&rx, "Ctrl-C", Duration::from_secs(600), "no ready banner");
     eprintln!("ready through up in {:.1} s", t.elapsed().as_secs_f64());
     let first = env.complete();
     let (id, pid) = env.running();

@@ -20,7 +20,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
@@ -127,13 +126,7 @@ print(r.choices[0].message.content)
     /// A foreground `up`; its stdout lines arrive on the receiver.
     fn foreground(&self) -> (Reap, Receiver<String>) {
         let mut child = self.spark(&["up"]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
+        let rx = common::stdout_lines(&mut child);
         (Reap(Some(child)), rx)
     }
 }
@@ -215,12 +208,7 @@ fn two_nodes_serve_tp2_in_containers_restart_and_leave_none() {
     // 4. A foreground `up` serves TP=2 through a container on each node.
     let t = Instant::now();
     let (mut sup, rx) = env.foreground();
-    loop {
-        let line = rx.recv_timeout(Duration::from_secs(900)).expect("no ready banner in 900 s");
-        if line.starts_with("endpoint: http://127.0.0.1:8000/v1") {
-            break;
-        }
-    }
+    common::wait_prefix(&rx, "endpoint: http://127.0.0.1:8000/v1", Duration::from_secs(900), "no ready banner");
     eprintln!("two-node TP=2 in containers ready in {:.1} s", t.elapsed().as_secs_f64());
     let first = env.chat();
     let (head_id, _, mode) = Env::running(&env.head);

@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -73,13 +72,7 @@ fn all_gone(groups: &[i32], limit: Duration) -> f64 {
 
 fn foreground_up(net: &Net) -> (Child, std::sync::mpsc::Receiver<String>) {
     let mut child = spark(net, &["up"]).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = common::stdout_lines(&mut child);
     (child, rx)
 }
 

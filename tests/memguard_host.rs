@@ -160,15 +160,7 @@ impl GuardProc {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = common::stdout_lines(&mut child);
         let first = rx.recv_timeout(Duration::from_secs(30)).expect("guard printed nothing");
         assert!(first.contains("\"event\":\"started\""), "{first}");
         Self { child, lines: rx }

@@ -176,20 +176,25 @@ mod tests {
         assert_eq!(a.iter().filter(|x| *x == "--headless").count(), 1);
     }
 
-    #[test]
-    fn a_cpu_kit_asks_for_no_gpu_or_infiniband() {
-        let k = kit::builtin_kit("tiny-cpu-docker");
-        let spec = argv::build(&k, 0, "/host/model", "/host/overlay");
-        let m = Mounts {
+    /// A CPU kit's mounts: the venv at `/v`, `same_path` mounted at their own paths.
+    fn cpu_mounts(same_path: &[&str]) -> Mounts {
+        Mounts {
             model: "/m".into(),
             engram: None,
             engram_packed: None,
             overlay: "/o".into(),
             caches: vec![],
             venv: Some("/v".into()),
-            same_path: vec!["/v".into(), "/usr/lib/python3.11".into()],
+            same_path: same_path.iter().map(|p| (*p).into()).collect(),
             pass_env: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn a_cpu_kit_asks_for_no_gpu_or_infiniband() {
+        let k = kit::builtin_kit("tiny-cpu-docker");
+        let spec = argv::build(&k, 0, "/host/model", "/host/overlay");
+        let m = cpu_mounts(&["/v", "/usr/lib/python3.11"]);
         let a = run_argv(&k, 0, &spec, &m);
         assert!(!a.iter().any(|x| x.starts_with("--gpus") || x.starts_with("--device")), "{a:?}");
         assert!(!a.iter().any(|x| x.starts_with("--ulimit=nofile") || x.starts_with("--ulimit=memlock")), "{a:?}");
@@ -204,16 +209,7 @@ mod tests {
     fn a_two_node_cpu_worker_runs_headless_on_its_fabric() {
         let k = kit::builtin_kit("tiny-cpu-docker-2node");
         let spec = argv::build(&k, 1, "/host/model", "/host/overlay");
-        let m = Mounts {
-            model: "/m".into(),
-            engram: None,
-            engram_packed: None,
-            overlay: "/o".into(),
-            caches: vec![],
-            venv: Some("/v".into()),
-            same_path: vec!["/v".into()],
-            pass_env: vec![],
-        };
+        let m = cpu_mounts(&["/v"]);
         let a = run_argv(&k, 1, &spec, &m);
         let after = |flag: &str| a.iter().position(|x| x == flag).map(|i| a[i + 1].as_str());
         assert_eq!(after("--name"), Some("spark-kit-tiny-cpu-docker-2node-node-b-r1"));

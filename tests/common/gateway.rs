@@ -1,7 +1,7 @@
 //! Clients of the gateway for end-to-end tests: raw SSE streams run by
 //! tests/e2e_gateway_client.py with the engine venv's python, and one-shot HTTP/1.0 requests.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
@@ -22,13 +22,7 @@ pub fn spawn_stream(base: &str, key: &str, max_tokens: u32, prompt: &str) -> (Ch
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = super::stdout_lines(&mut child);
     (child, rx)
 }
 

@@ -92,3 +92,31 @@ pub fn marked_processes(marker: &str, needle: &str) -> Vec<(i32, String)> {
         .map(|s| (s.pid, s.comm))
         .collect()
 }
+
+/// The child's stdout (piped) as lines on a channel, read by a thread until it closes (so the
+/// child never blocks on a full pipe).
+pub fn stdout_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Wait for the first line that starts with `prefix` (panics after `limit`, naming `what`).
+pub fn wait_prefix(rx: &std::sync::mpsc::Receiver<String>, prefix: &str, limit: std::time::Duration, what: &str) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = rx.recv_timeout(left).unwrap_or_else(|_| panic!("{what}: no line starting `{prefix}` in {limit:?}"));
+        if line.starts_with(prefix) {
+            return;
+        }
+    }
+}

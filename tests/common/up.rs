@@ -1,7 +1,7 @@
 //! `spark-kit up --kit tiny-cpu` in the foreground for end-to-end tests: start it, wait until it
 //! serves, stop it with SIGINT (as Ctrl-C would) and check its engine group is gone.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -67,14 +67,8 @@ pub fn up_tiny_cpu(extra: &[&str], logs: &Path, port: u16, limit: Duration) -> S
     cmd.args(["--set", &format!("paths.logs={}", logs.display())]);
     cmd.args(extra).stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = cmd.spawn().unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
     // Keeps draining stdout after ready, so `up` never blocks on a full pipe.
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = super::stdout_lines(&mut child);
     let deadline = Instant::now() + limit;
     let mut stdout = Vec::new();
     loop {
