@@ -14,7 +14,7 @@ use crate::engine::{model, overlay};
 use crate::error::Failure;
 use crate::gateway::count::Counter;
 use crate::gateway::GatewayConfig;
-use crate::kit::schema::{Kit, ModelSource};
+use crate::kit::schema::Kit;
 use crate::plan::{input_from_kit, kv, plan, Plan};
 use crate::settings::Settings;
 
@@ -76,23 +76,12 @@ pub(super) fn config(s: &Settings, env: &[(String, String)]) -> Result<(GatewayC
     Ok((cfg, note))
 }
 
-/// The checkpoint directory the engine will serve, as `up` prepares it (engine/model.rs).
+/// The checkpoint directory the engine will serve, by the rule `up` prepares it with.
 fn model_dir(s: &Settings, env: &[(String, String)]) -> Option<PathBuf> {
     let kit = &s.kit;
-    let made = |kind: &str| {
-        let tag = format!("{}-{}", overlay::version(), overlay::content_hash());
-        s.dirs.expand(&kit.paths.data_dir).join("models").join(format!("{kind}-{tag}"))
-    };
-    match kit.model.source {
-        ModelSource::Local => kit.model.path.as_ref().map(PathBuf::from),
-        ModelSource::Hub => {
-            let configured = kit.paths.hf_cache.as_deref().map(|p| s.dirs.expand(p));
-            let hf = model::hf_cache(configured.as_deref(), env, &s.dirs.home);
-            model::hub_snapshot(&hf, &kit.model.repo, &kit.model.revision).ok()
-        }
-        ModelSource::TinyExl3 => Some(made("tiny-exl3")),
-        ModelSource::TinyDense => Some(made("tiny-dense")),
-    }
+    let configured = kit.paths.hf_cache.as_deref().map(|p| s.dirs.expand(p));
+    let hf = model::hf_cache(configured.as_deref(), env, &s.dirs.home);
+    model::served_dir(kit, &s.dirs.expand(&kit.paths.data_dir), &hf, &overlay::tag())
 }
 
 /// How admission counts prompt tokens, for the summary line.
@@ -138,7 +127,7 @@ mod tests {
     use crate::kit::schema::Transport;
 
     fn kit(name: &str) -> Kit {
-        crate::kit::resolve(crate::kit::source(Some(name)).unwrap(), &[], &[]).unwrap().kit
+        crate::kit::builtin_kit(name)
     }
 
     fn config(k: &Kit, env: &[(String, String)]) -> Result<(GatewayConfig, Option<String>), Failure> {

@@ -45,6 +45,30 @@ pub fn hub_snapshot(hf_cache: &Path, repo: &str, revision: &str) -> Result<PathB
     }
 }
 
+/// The directory a tiny model of `kind` (`tiny-exl3`, `tiny-dense`) is made in:
+/// `<data_dir>/models/<kind>-<overlay tag>`. The tag (the materialised overlay's directory name,
+/// `<version>-<content hash>`) changes with the maker, so a changed maker makes a new model.
+#[must_use]
+pub fn tiny_dir(data_dir: &Path, kind: &str, overlay_tag: &str) -> PathBuf {
+    data_dir.join("models").join(format!("{kind}-{overlay_tag}"))
+}
+
+/// The directory [`ensure`] finds or makes for `kit`, without making anything (None: a Hub
+/// model not in the cache yet).
+#[must_use]
+pub fn served_dir(kit: &Kit, data_dir: &Path, hf_cache: &Path, overlay_tag: &str) -> Option<PathBuf> {
+    match kit.model.source {
+        ModelSource::Local => kit.model.path.as_ref().map(PathBuf::from),
+        ModelSource::Hub => hub_snapshot(hf_cache, &kit.model.repo, &kit.model.revision).ok(),
+        ModelSource::TinyExl3 => Some(tiny_dir(data_dir, "tiny-exl3", overlay_tag)),
+        ModelSource::TinyDense => Some(tiny_dir(data_dir, "tiny-dense", overlay_tag)),
+    }
+}
+
+fn overlay_tag(overlay: &Path) -> String {
+    overlay.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
 /// Make (once) or find the model directory of `kit`. Tiny models are made by the overlay's
 /// maker with the engine venv's python into `<data_dir>/models/`, its output logged to `log`.
 pub fn ensure(
@@ -68,10 +92,7 @@ pub fn ensure(
         ModelSource::TinyExl3 => make_tiny_exl3(data_dir, python, overlay, log),
         ModelSource::TinyDense => {
             let maker = overlay.join("tools/make_tiny_model.py");
-            // The directory name carries the overlay's content hash, so a changed maker
-            // makes a new model rather than reusing an old one.
-            let tag = overlay.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let dir = data_dir.join("models").join(format!("tiny-dense-{tag}"));
+            let dir = tiny_dir(data_dir, "tiny-dense", &overlay_tag(overlay));
             if dir.join("config.json").exists() && dir.join("model.safetensors").exists() {
                 return Ok(dir);
             }
@@ -103,8 +124,7 @@ pub fn ensure(
 /// `<data_dir>/models/tiny-exl3-<overlay tag>`, with its dense twin beside it ([`dense_twin`]).
 fn make_tiny_exl3(data_dir: &Path, python: &Path, overlay: &Path, log: &Path) -> Result<PathBuf, ModelError> {
     let maker = overlay.join("tools/make_tiny_exl3.py");
-    let tag = overlay.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let dir = data_dir.join("models").join(format!("tiny-exl3-{tag}"));
+    let dir = tiny_dir(data_dir, "tiny-exl3", &overlay_tag(overlay));
     let twin = dense_twin(&dir);
     let made = |d: &Path| d.join("config.json").exists() && d.join("model.safetensors").exists();
     if made(&dir) && made(&twin) {
@@ -192,5 +212,27 @@ mod tests {
         fs::create_dir_all(repo.join("snapshots").join(&c)).unwrap();
         fs::write(repo.join("snapshots").join(&c).join("config.json"), "{}").unwrap();
         assert_eq!(hub_snapshot(t.path(), "o/n", "main").unwrap(), repo.join("snapshots").join(&c));
+    }
+
+    #[test]
+    fn served_dir_is_where_ensure_finds_a_made_model() {
+        let t = tempfile::tempdir().unwrap();
+        let (data, tag) = (t.path().join("data"), crate::engine::overlay::tag());
+        let overlay = t.path().join("overlay").join(&tag);
+        let made = |d: &Path| {
+            fs::create_dir_all(d).unwrap();
+            fs::write(d.join("config.json"), "{}").unwrap();
+            fs::write(d.join("model.safetensors"), "").unwrap();
+        };
+        for source in [ModelSource::TinyExl3, ModelSource::TinyDense] {
+            let mut kit = crate::kit::builtin_kit("tiny-cpu");
+            kit.model.source = source;
+            let want = served_dir(&kit, &data, t.path(), &tag).unwrap();
+            made(&want);
+            made(&dense_twin(&want));
+            // Found, not made: the python is absent, so a made-again model would fail.
+            let got = ensure(&kit, &data, t.path(), Path::new("/nonexistent/python"), &overlay, &t.path().join("log"));
+            assert_eq!(got.unwrap(), want, "{source:?}");
+        }
     }
 }

@@ -45,6 +45,13 @@ pub fn content_hash() -> String {
     crate::hex::encode(&h.finalize())[..12].to_string()
 }
 
+/// The materialised overlay's directory name, `<version>-<content hash>` (it names the tiny
+/// models made with it, `engine::model::tiny_dir`).
+#[must_use]
+pub fn tag() -> String {
+    format!("{}-{}", version(), content_hash())
+}
+
 /// Errors writing the overlay.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot materialise the overlay into {path}: {source}")]
@@ -60,7 +67,7 @@ pub struct OverlayError {
 /// in place.
 pub fn materialise(cache: &Path) -> Result<PathBuf, OverlayError> {
     let version = version();
-    let dir = cache.join("overlay").join(format!("{version}-{}", content_hash()));
+    let dir = cache.join("overlay").join(tag());
     if dir.join(".complete").exists() {
         return Ok(dir);
     }
