@@ -26,6 +26,11 @@ pub enum LoadError {
     Bad { path: PathBuf, why: String },
 }
 
+/// A prompt the tokenizer could not encode (the engine's `/tokenize` counts it instead).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the tokenizer could not encode the prompt: {0}")]
+pub struct EncodeError(String);
+
 impl Counter {
     /// `tokenizer.json` in the checkpoint directory `dir`.
     #[must_use]
@@ -51,8 +56,8 @@ impl Counter {
 
     /// Tokens of `text` as vLLM counts a completion prompt: the tokenizer's post-processor
     /// (BOS and the like) applied when `add_special_tokens` (vLLM's default is true).
-    pub fn count(&self, text: &str, add_special_tokens: bool) -> Result<u64, String> {
-        let enc = self.tokenizer.encode_fast(text, add_special_tokens).map_err(|e| e.to_string())?;
+    pub fn count(&self, text: &str, add_special_tokens: bool) -> Result<u64, EncodeError> {
+        let enc = self.tokenizer.encode_fast(text, add_special_tokens).map_err(|e| EncodeError(e.to_string()))?;
         Ok(enc.len() as u64)
     }
 }
