@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{docker, free_port, spark_kit, sshd};
+use common::{docker, free_port, spark_kit, sshd, Reap};
 
 fn skip(test: &str) -> bool {
     if let Some(why) = docker::unavailable().or_else(|| sshd::skip_reason(&["rsync"])) {
@@ -91,7 +91,7 @@ fn image_id_mismatch_fails_preflight_and_an_interrupted_sync_completes_on_rerun(
     let worker_cache = dir.path().join("worker-cache");
     let head_cache = dir.path().join("head-cache");
     let extra = format!("SetEnv DOCKER_HOST={} SPARK_KIT_CACHE={}\n", worker.host, worker_cache.display());
-    let _sshd = Reap(sshd::spawn_with(&keys, &format!("127.0.0.1:{port}"), "w", &[], &extra));
+    let _sshd = Reap(Some(sshd::spawn_with(&keys, &format!("127.0.0.1:{port}"), "w", &[], &extra)));
     let opts = sshd::client_opts(&keys);
     let kit = kit_file(dir.path(), image, Some((port, &opts)));
     let t = Instant::now();
@@ -152,15 +152,6 @@ fn image_id_mismatch_fails_preflight_and_an_interrupted_sync_completes_on_rerun(
     let (_, text) = preflight(&kit, &head.host);
     let line = text.lines().find(|l| l.contains("image-id")).unwrap();
     assert!(line.contains("pass"), "{line}");
-}
-
-/// Kills and reaps the child when the test ends, pass or panic.
-struct Reap(std::process::Child);
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn walk_sizes(dir: &Path) -> u64 {

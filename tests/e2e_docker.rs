@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use common::docker::{daemon, unavailable, vllm_main, Daemon, HOG};
 use common::up::e2e_enabled;
-use common::{descendants, free_port, spark_kit, venv_python, wait};
+use common::{descendants, free_port, spark_kit, venv_python, wait, Reap};
 
 const KIT: &str = "tiny-cpu-docker";
 const IMAGE: &str = "spark-kit/tiny-cpu-engine:local";
@@ -134,18 +134,6 @@ fn foreground(env: &Env) -> (Child, Receiver<String>) {
 
 fn signal(pid: i32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
-}
-
-/// Stops a foreground `up` the test lost track of (a failed assertion), so the daemon's exit
-/// cleanup is not left to race a live supervisor.
-struct Reap(Option<Child>);
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 #[test]

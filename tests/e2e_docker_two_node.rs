@@ -20,13 +20,13 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::docker::{self, daemon_in, vllm_main, NsDaemon};
 use common::netns::{self, Net};
-use common::{venv_python, wait};
+use common::{venv_python, wait, Reap};
 
 const NS: [&str; 2] = ["sparkd1", "sparkd2"];
 const KIT: &str = "tiny-cpu-docker-2node";
@@ -138,18 +138,6 @@ impl Drop for Env {
             let keep = std::env::temp_dir().join(format!("e2e_docker_two_node-logs-{}", std::process::id()));
             let _ = Command::new("cp").arg("-a").arg(self.net.logs()).arg(&keep).status();
             eprintln!("logs kept in {}", keep.display());
-        }
-    }
-}
-
-/// Kills a foreground `up` the test lost track of (a failed assertion) before the daemons and
-/// namespaces go.
-struct Reap(Option<Child>);
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
         }
     }
 }

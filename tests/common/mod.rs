@@ -120,3 +120,16 @@ pub fn wait_prefix(rx: &std::sync::mpsc::Receiver<String>, prefix: &str, limit: 
         }
     }
 }
+
+/// Kills and reaps the child when dropped (a test that fails mid-way leaves no process behind);
+/// `None` once the test has waited for it itself.
+pub struct Reap(pub Option<std::process::Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
