@@ -12,7 +12,7 @@ use crate::checkpoint::Origin;
 use crate::engine::endpoint::api_keys;
 use crate::engine::{model, overlay};
 use crate::error::Failure;
-use crate::gateway::count::Counter;
+use crate::gateway::count::{Counter, LoadError};
 use crate::gateway::GatewayConfig;
 use crate::kit::schema::Kit;
 use crate::plan::{input_from_kit, kv, plan, Plan};
@@ -72,7 +72,7 @@ pub(super) fn config(s: &Settings, env: &[(String, String)]) -> Result<(GatewayC
     // The served checkpoint's tokenizer, for counting completion prompts in process; a missing
     // file (a model made on the first start) is tried again once the engine is ready.
     cfg.tokenizer = model_dir(s, env).map(|d| Counter::file_in(&d));
-    cfg.counter = cfg.tokenizer.as_deref().and_then(|t| Counter::load(t).ok()).map(Arc::new);
+    cfg.counter = cfg.tokenizer.as_deref().map(|t| Counter::load(t).map(Arc::new));
     Ok((cfg, note))
 }
 
@@ -86,14 +86,13 @@ fn model_dir(s: &Settings, env: &[(String, String)]) -> Option<PathBuf> {
 
 /// How admission counts prompt tokens, for the summary line.
 fn counting(cfg: &GatewayConfig) -> String {
-    match (&cfg.counter, &cfg.tokenizer) {
-        (Some(c), _) => format!("completion prompts counted in process with {}", c.path().display()),
-        (None, Some(t)) if t.is_file() => {
-            let why = Counter::load(t).err().map(|e| e.to_string()).unwrap_or_default();
-            format!("prompts counted by the engine's /tokenize: {why}")
+    match &cfg.counter {
+        Some(Ok(c)) => format!("completion prompts counted in process with {}", c.path().display()),
+        Some(Err(LoadError::Missing(t))) => {
+            format!("completion prompts counted in process with {} once it exists", t.display())
         }
-        (None, Some(t)) => format!("completion prompts counted in process with {} once it exists", t.display()),
-        (None, None) => "prompts counted by the engine's /tokenize (the checkpoint's directory is unknown)".into(),
+        Some(Err(e)) => format!("prompts counted by the engine's /tokenize: {e}"),
+        None => "prompts counted by the engine's /tokenize (the checkpoint's directory is unknown)".into(),
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::admission::Limits;
-use super::count::Counter;
+use super::count::{Counter, LoadError};
 use crate::kit::schema::Kit;
 use crate::plan::Plan;
 
@@ -38,8 +38,9 @@ pub struct GatewayConfig {
     /// The served checkpoint's `tokenizer.json`, for counting completion prompts in process
     /// (loaded when the engine is first ready if `counter` is not already loaded).
     pub tokenizer: Option<PathBuf>,
-    /// The tokenizer, when already loaded (by `up`, before the gateway starts).
-    pub counter: Option<Arc<Counter>>,
+    /// `up`'s load of `tokenizer` before the gateway starts (None: not tried). A failed load is
+    /// tried again when the engine is first ready (the file may not exist before).
+    pub counter: Option<Result<Arc<Counter>, LoadError>>,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -60,7 +61,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("drain_timeout", &self.drain_timeout)
             .field("limits", &self.limits)
             .field("tokenizer", &self.tokenizer)
-            .field("counter", &self.counter.is_some())
+            .field("counter", &self.counter.as_ref().map(|c| c.as_ref().map(|_| "loaded")))
             .finish()
     }
 }

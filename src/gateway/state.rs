@@ -2,7 +2,7 @@
 //! in-flight accounting for the drain.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
@@ -102,10 +102,9 @@ pub struct Gateway {
     /// Set when the drain timed out: open streams end with the error event.
     pub(crate) cut: watch::Sender<bool>,
     /// The in-process prompt counter: the config's, or loaded from `cfg.tokenizer` once the
-    /// engine is first ready (a model made on the first start); `None` = the engine's `/tokenize`.
-    counter: OnceLock<Option<Arc<Counter>>>,
-    /// Why prompts are counted by the engine (set once, when the counter could not be had).
-    pub(crate) counting_note: Mutex<Option<String>>,
+    /// engine is first ready (a model made on the first start); `Err` = why the engine's
+    /// `/tokenize` counts instead.
+    counter: OnceLock<Result<Arc<Counter>, String>>,
 }
 
 impl Gateway {
@@ -136,9 +135,8 @@ impl Gateway {
             idle: Notify::new(),
             cut: watch::channel(false).0,
             counter: OnceLock::new(),
-            counting_note: Mutex::new(None),
         });
-        if gw.cfg.counter.is_some() || initial == EngineState::Ready {
+        if matches!(gw.cfg.counter, Some(Ok(_))) || initial == EngineState::Ready {
             gw.load_counter();
         }
         Ok(gw)
@@ -147,24 +145,21 @@ impl Gateway {
     /// Settle the prompt counter (once): the config's, else `cfg.tokenizer` loaded now.
     fn load_counter(&self) {
         self.counter.get_or_init(|| {
-            if let Some(c) = &self.cfg.counter {
-                return Some(c.clone());
+            if let Some(Ok(c)) = &self.cfg.counter {
+                return Ok(Arc::clone(c));
             }
             let why = match self.cfg.tokenizer.as_deref().map(Counter::load) {
-                Some(Ok(c)) => return Some(Arc::new(c)),
+                Some(Ok(c)) => return Ok(Arc::new(c)),
                 Some(Err(e)) => e.to_string(),
                 None => "the checkpoint's directory is not known".to_string(),
             };
-            if let Ok(mut n) = self.counting_note.lock() {
-                *n = Some(format!("prompts are counted by the engine's /tokenize: {why}"));
-            }
-            None
+            Err(format!("prompts are counted by the engine's /tokenize: {why}"))
         });
     }
 
     /// The in-process prompt counter, once settled and loaded.
     pub(crate) fn counter(&self) -> Option<&Counter> {
-        self.counter.get().and_then(|c| c.as_deref())
+        self.counter.get().and_then(|c| c.as_deref().ok())
     }
 
     #[must_use]
@@ -205,7 +200,7 @@ impl Gateway {
     #[must_use]
     pub fn metrics_text(&self) -> String {
         let mut snap = self.metrics.snapshot(self.queued() as u64, self.in_flight() as u64);
-        snap.counting_note = self.counting_note.lock().ok().and_then(|n| n.clone());
+        snap.counting_note = self.counter.get().and_then(|c| c.as_ref().err().cloned());
         super::metrics::render(&snap)
     }
 
