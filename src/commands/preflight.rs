@@ -13,9 +13,9 @@ use crate::supervisor::preflight::gather_facts;
 pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let settings = load::settings(&args.kit, &ctx.env)?;
     let kit = &settings.kit;
-    let input = input(kit, &ctx.env, args.kit.kit.as_deref());
+    let input = input(&settings);
     let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}", kit.nodes.len(), kit.name);
-    let facts = gather_facts(kit, &input, &settings.logs);
+    let facts = gather_facts(kit, &input, &settings.deploy.logs);
     let report = evaluate(kit, &input, &facts);
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
@@ -33,7 +33,7 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Verdict::NotChecked => Err(Failure::runtime(format!(
             "preflight incomplete: {unchecked} check(s) could not run (a node did not answer)"
         ))
-        .with_hint(format!("see the node agents' logs in {}", settings.logs.display()))),
+        .with_hint(format!("see the node agents' logs in {}", settings.deploy.logs.display()))),
         _ => Ok(()),
     }
 }

@@ -104,7 +104,7 @@ pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactReques
         if !input.gateway_holds_api_port {
             ports.push((kit.engine.host.clone(), kit.engine.port, "API".into()));
         }
-        let (host, port) = crate::engine::endpoint::engine_addr(kit);
+        let (host, port) = crate::deploy::ports::Ports::of(kit).internal_addr();
         ports.push((host.to_string(), port, "engine API (internal)".into()));
         if kit.nodes.len() > 1 {
             let host = node.fabric.ipv4.clone().unwrap_or_else(|| "0.0.0.0".into());
