@@ -11,6 +11,7 @@ use crate::deploy::Deployment;
 use crate::engine::{model, overlay};
 use crate::error::Failure;
 use crate::kit::schema::{Kit, ModelSource};
+use crate::settings::Settings;
 
 pub(super) use crate::checkpoint::kit_plan::is_dsv41_flash_exl3;
 
@@ -21,7 +22,8 @@ pub fn served(kit: &Kit, d: &Deployment) -> Option<PathBuf> {
 }
 
 /// Why there is no checkpoint to read, with the fix.
-fn missing(kit: &Kit, d: &Deployment) -> Failure {
+fn missing(s: &Settings) -> Failure {
+    let (kit, d) = (&s.kit, &s.deploy);
     let (what, fix) = match kit.model.source {
         ModelSource::Hub => (
             format!(
@@ -30,17 +32,14 @@ fn missing(kit: &Kit, d: &Deployment) -> Failure {
                 kit.model.revision,
                 d.hf_cache.display()
             ),
-            "run `spark-kit download`",
+            format!("run `{}`", s.kit_ref.command("download", &[])),
         ),
         ModelSource::Local => {
-            ("model.path names no directory".to_string(), "set model.path to the checkpoint's directory")
+            ("model.path names no directory".to_string(), "set model.path to the checkpoint's directory".to_string())
         }
         ModelSource::TinyExl3 | ModelSource::TinyDense => (
-            format!(
-                "its model is made by `spark-kit up` on the first start and is not made yet ({})",
-                model::served_dir(kit, d, &overlay::tag()).unwrap_or_default().display()
-            ),
-            "run `spark-kit up` once (it makes the model)",
+            "its model is made by `spark-kit up` on the first start and is not made yet".to_string(),
+            format!("run `{}` once (it makes the model)", s.kit_ref.command("up", &[])),
         ),
     };
     Failure::usage(format!("kit `{}` has no local checkpoint: {what}", kit.name)).with_hint(format!(
@@ -48,12 +47,11 @@ fn missing(kit: &Kit, d: &Deployment) -> Failure {
     ))
 }
 
-/// The checkpoint a command works on: `--model`, else the served directory ([`served`]), else
-/// (when `allow_virtual`) the modelled DeepSeek V4.1 Flash for kits that serve it. Returns it
-/// with a label saying where it came from.
+/// The checkpoint a command works on (the kit and its deployment in `s`): `--model`, else the
+/// served directory ([`served`]), else (when `allow_virtual`) the modelled DeepSeek V4.1 Flash
+/// for kits that serve it. Returns it with a label saying where it came from.
 pub(super) fn checkpoint_in(
-    kit: &Kit,
-    d: &Deployment,
+    s: &Settings,
     model: Option<&PathBuf>,
     use_virtual: bool,
     allow_virtual: bool,
@@ -66,12 +64,13 @@ pub(super) fn checkpoint_in(
     if use_virtual {
         return modelled();
     }
-    match model.cloned().or_else(|| served(kit, d)) {
+    let kit = &s.kit;
+    match model.cloned().or_else(|| served(kit, &s.deploy)) {
         Some(p) => {
             let ckpt = Checkpoint::open(&p).map_err(|e| Failure::runtime(e.to_string()))?;
             Ok((ckpt, format!("checkpoint headers in {}", p.display())))
         }
         None if allow_virtual && is_dsv41_flash_exl3(kit) => modelled(),
-        None => Err(missing(kit, d)),
+        None => Err(missing(s)),
     }
 }

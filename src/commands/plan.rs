@@ -11,7 +11,7 @@ use crate::plan::parse_meminfo;
 pub fn run(args: &PlanArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = load::settings(&args.kit, &ctx.env)?;
     let kit = &s.kit;
-    let (ckpt, label) = checkpoint_in(kit, &s.deploy, args.model.as_ref(), args.r#virtual, true)?;
+    let (ckpt, label) = checkpoint_in(&s, args.model.as_ref(), args.r#virtual, true)?;
     let mut measured = Vec::new();
     if args.measure {
         let text = std::fs::read_to_string("/proc/meminfo")

@@ -1,7 +1,8 @@
 //! What preflight needs to know from this machine besides the kit (the weights' size, where they
-//! live, the venv's python). Shared by `preflight`, `up` (its preflight gate) and `guard`.
+//! live, the venv's python, whether the kit's deployment runs). Shared by `preflight`, `up` (its preflight gate) and `guard`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::checkpoint_source::checkpoint_in;
 use crate::checkpoint::budget::weight_budget;
@@ -11,11 +12,13 @@ use crate::engine::{recipe::Recipe, venv};
 use crate::kit::schema::{Kit, Runtime};
 use crate::node::preflight::PreflightInput;
 use crate::settings::Settings;
+use crate::supervisor::control::request;
 
 /// Weights per rank and on disk, when the kit's checkpoint can be measured (the directory the
 /// engine serves on this machine, or the modelled DeepSeek V4.1 Flash for the kit that serves it).
-fn weights(kit: &Kit, d: &Deployment) -> (Option<u64>, Option<u64>) {
-    let Ok((ckpt, _)) = checkpoint_in(kit, d, None, false, true) else { return (None, None) };
+fn weights(s: &Settings) -> (Option<u64>, Option<u64>) {
+    let kit = &s.kit;
+    let Ok((ckpt, _)) = checkpoint_in(s, None, false, true) else { return (None, None) };
     match weight_budget(&ckpt, kit.tensor_parallel_size, num_hidden_layers(&kit.model.k_map)) {
         Ok(b) => (Some(b.per_rank_bytes), Some(b.total_bytes + b.excluded_bytes)),
         Err(_) => (None, None),
@@ -37,7 +40,7 @@ pub fn model_dir(kit: &Kit, d: &Deployment) -> PathBuf {
 #[must_use]
 pub fn input(s: &Settings) -> PreflightInput {
     let (kit, d) = (&s.kit, &s.deploy);
-    let (weights_per_rank, weights_on_disk) = weights(kit, d);
+    let (weights_per_rank, weights_on_disk) = weights(s);
     let vllm_python = (kit.engine.runtime == Runtime::Venv)
         .then(|| Recipe::load(&kit.engine.requirements).ok())
         .flatten()
@@ -53,5 +56,19 @@ pub fn input(s: &Settings) -> PreflightInput {
         image_build,
         image_sync,
         gateway_holds_api_port: false,
+        running: None,
     }
+}
+
+/// The kit's own deployment, when its supervisor answers on the control socket: what
+/// `PreflightInput::running` says about it.
+#[must_use]
+pub fn running(s: &Settings) -> Option<String> {
+    let snap = request(&s.socket, &s.kit.name, "status", Some(Duration::from_secs(5))).ok()?;
+    Some(format!(
+        "kit {} is running here (supervisor pid {}, {})",
+        snap.kit,
+        snap.supervisor_pid,
+        format!("{:?}", snap.state).to_lowercase()
+    ))
 }

@@ -15,7 +15,7 @@ use crate::settings::Settings;
 /// the engine serves). Without a checkpoint to read yet (a model the engine side makes on first
 /// start), the weights are unknown: the plan then has no prefill budget and the note says so.
 fn plan_of(s: &Settings) -> (Plan, Option<String>) {
-    let planned = checkpoint_in(&s.kit, &s.deploy, None, false, true)
+    let planned = checkpoint_in(s, None, false, true)
         .and_then(|(c, label)| kit_plan(&s.kit, &c, &label, &[]).map_err(|e| Failure::runtime(e.to_string())));
     match planned {
         Ok(p) => (p, None),

@@ -21,7 +21,7 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if !args.structure && !args.decode {
         return lock_check(args, &s, ctx);
     }
-    let (ckpt, label) = checkpoint_in(&s.kit, &s.deploy, args.model.as_ref(), args.r#virtual, false)?;
+    let (ckpt, label) = checkpoint_in(&s, args.model.as_ref(), args.r#virtual, false)?;
     let report = audit(&ckpt, &AuditOptions { k_map: s.kit.model.k_map.clone() })
         .map_err(|e| Failure::runtime(e.to_string()))?;
     if args.decode {
