@@ -117,7 +117,8 @@ fn names_in_python(code: &str) -> Vec<(String, usize)> {
             let mut parts = line.split(quote);
             let mut before = parts.next().unwrap_or("").to_string();
             while let (Some(lit), Some(after)) = (parts.next(), parts.next()) {
-                let shaped = !lit.is_empty() && lit.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+                let shaped =
+                    !lit.is_empty() && lit.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
                 let looks = shaped && (FAMILIES.iter().any(|f| lit.starts_with(f)) || WORDS.contains(&lit));
                 let read = ["environ.get(", "environ[", "getenv(", "setdefault(", "env.get("]
                     .iter()

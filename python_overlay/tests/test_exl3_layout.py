@@ -55,9 +55,11 @@ def test_format_and_backends_do_not_import_vllm(path):
 
 @pytest.mark.parametrize("path", files("format"), ids=lambda p: p.name)
 def test_format_uses_no_cuda(path):
-    text = path.read_text()
-    assert "torch.cuda" not in text and "exllamav3" not in text and "triton" not in text, path.name
-    assert not any(".exl3.backends" in m for m in imports(path)), path.name
+    mods = imports(path)
+    assert not any(m.split(".")[0] in ("exllamav3", "triton") or ".exl3.backends" in m for m in mods), path.name
+    cuda = [n for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Attribute) and n.attr == "cuda" and ast.unparse(n.value) == "torch"]
+    assert not cuda, f"{path.name} touches torch.cuda"
 
 
 def test_glue_linear_and_moe_share_only_through_common():
@@ -67,12 +69,16 @@ def test_glue_linear_and_moe_share_only_through_common():
     assert "spark_overlay.exl3.vllm.common" in linear | {m.rsplit(".", 1)[0] for m in linear}
 
 
-def test_only_select_reads_the_environment():
-    readers = sorted(
-        str(p.relative_to(EXL3))
-        for p in EXL3.rglob("*.py")
-        if "environ" in p.read_text() or "getenv" in p.read_text()
+def reads_environment(path: Path) -> bool:
+    return any(
+        (isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv", "environb"))
+        or (isinstance(n, ast.Name) and n.id in ("environ", "getenv"))
+        for n in ast.walk(ast.parse(path.read_text()))
     )
+
+
+def test_only_select_reads_the_environment():
+    readers = sorted(str(p.relative_to(EXL3)) for p in EXL3.rglob("*.py") if reads_environment(p))
     assert readers == ["backends/select.py"]
 
 
