@@ -207,7 +207,11 @@ mod tests {
     fn prompt_alone_over_the_pool_says_shorten() {
         let l = Limits { safe_max_prompt: None, ..L };
         let r = admit(&l, 3000, Some(5)).unwrap_err();
-        assert!(r.message().contains("shorten the prompt to at most 2999 tokens and lower max_tokens to at most 1"), "{}", r.message());
+        assert!(
+            r.message().contains("shorten the prompt to at most 2999 tokens and lower max_tokens to at most 1"),
+            "{}",
+            r.message()
+        );
     }
 
     /// Follow the advice of every refusal: the request it describes is then admitted.

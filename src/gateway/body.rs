@@ -107,7 +107,10 @@ mod tests {
             (r#"{"prompt": "\uD800\u0041"}"#, "\\ud800", 13),
         ] {
             let (msg, _) = request_object(body.as_bytes()).unwrap_err();
-            assert!(msg.contains(&format!("the escape {esc} at line 1 column {col} is a lone UTF-16 surrogate")), "{msg}");
+            assert!(
+                msg.contains(&format!("the escape {esc} at line 1 column {col} is a lone UTF-16 surrogate")),
+                "{msg}"
+            );
             assert!(!msg.contains("hex escape"), "{msg}");
         }
         // A pair is a character, and `\\u` is an escaped backslash, not an escape.

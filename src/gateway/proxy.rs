@@ -12,11 +12,11 @@ use serde_json::{json, Value};
 
 use super::admission::{admit, requested_max_tokens};
 use super::body::request_object;
-use super::upstream::{classify, Verdict, MAX_ERROR_BODY};
 use super::framing::error_body;
 use super::keys::authorized;
 use super::state::{EngineState, Gateway, InFlight, SlotRefusal};
 use super::stream::{plain_body, sse_body};
+use super::upstream::{classify, Verdict, MAX_ERROR_BODY};
 
 /// Headers not forwarded in either direction (hop-by-hop, or the gateway's own).
 const DROP: [&str; 8] =

@@ -158,10 +158,14 @@ async fn health(State(seen): State<Arc<Seen>>) -> Response {
 async fn passthrough(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
     seen.passthrough.fetch_add(1, Ordering::SeqCst);
     let v: Value = serde_json::from_slice(&body).unwrap();
-    let events = ["event: start\ndata: {}\n\n", "event: delta\ndata: {\"text\": \"hi\"}\n\n", "event: stop\ndata: {}\n\n"];
+    let events =
+        ["event: start\ndata: {}\n\n", "event: delta\ndata: {\"text\": \"hi\"}\n\n", "event: stop\ndata: {}\n\n"];
     if v["stream"] == json!(true) {
         let s = futures_util::stream::iter(events.map(|e| Ok::<_, std::io::Error>(Bytes::from(e))));
-        return Response::builder().header(header::CONTENT_TYPE, "text/event-stream").body(Body::from_stream(s)).unwrap();
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(Body::from_stream(s))
+            .unwrap();
     }
     json_resp(&json!({"object": "response", "echo": v}))
 }
