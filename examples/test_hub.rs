@@ -3,12 +3,14 @@
 //! CAS behind its token-checking proxy — serving one model repo, until killed.
 //!
 //!   cargo run --example test_hub -- [DIR] [--repo ORG/NAME] [--rate BYTES_PER_S]
-//!                                        [--no-xet] [--endpoint-file PATH]
+//!                                        [--no-xet] [--bridge URL] [--endpoint-file PATH]
 //!
 //! DIR's files (recursively) become the repo's files: `*.json`, `*.txt`, `*.md` and other files
 //! under 1 MiB are regular git files, the rest LFS files, put into the CAS by hf-xet's upload
-//! path. Without DIR it serves a small generated repo. Prints `HF_ENDPOINT=…`; point
-//! `spark-kit download` or `hf download` at it with that variable. docs/download.md.
+//! path. Without DIR it serves a small generated repo. `--bridge URL` sends `resolve`'s
+//! redirects to another server's `/xet-bridge/<sha256>` (bench/download.sh: nginx). Prints
+//! `HF_ENDPOINT=…`; point `spark-kit download` or `hf download` at it with that variable.
+//! docs/download.md.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::print_stderr)]
 
 #[path = "../tests/fake_hub"]
@@ -34,10 +36,12 @@ struct Args {
     rate: u64,
     xet: bool,
     endpoint_file: Option<PathBuf>,
+    bridge: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { dir: None, repo: "test-org/test-model".into(), rate: 0, xet: true, endpoint_file: None };
+    let mut a =
+        Args { dir: None, repo: "test-org/test-model".into(), rate: 0, xet: true, endpoint_file: None, bridge: None };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -45,6 +49,7 @@ fn parse() -> Result<Args, String> {
             "--repo" => a.repo = value("--repo")?,
             "--rate" => a.rate = value("--rate")?.parse().map_err(|_| "--rate takes bytes per second")?,
             "--no-xet" => a.xet = false,
+            "--bridge" => a.bridge = Some(value("--bridge")?),
             "--endpoint-file" => a.endpoint_file = Some(value("--endpoint-file")?.into()),
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown flag {s}")),
@@ -95,7 +100,7 @@ fn main() {
             if !e.is_empty() {
                 eprintln!("error: {e}");
             }
-            eprintln!("usage: cargo run --example test_hub -- [DIR] [--repo ORG/NAME] [--rate BYTES_PER_S] [--no-xet] [--endpoint-file PATH]");
+            eprintln!("usage: cargo run --example test_hub -- [DIR] [--repo ORG/NAME] [--rate BYTES_PER_S] [--no-xet] [--bridge URL] [--endpoint-file PATH]");
             std::process::exit(2);
         }
     };
@@ -114,6 +119,9 @@ fn main() {
     let hub = FakeHub::start();
     hub.set_page_size(1000);
     hub.set_rate(a.rate);
+    if let Some(b) = &a.bridge {
+        hub.set_bridge(b);
+    }
     let n = files.len();
     let commit = if a.xet { hub.push_xet(&a.repo, "main", files) } else { hub.push(&a.repo, "main", files) };
     println!("HF_ENDPOINT={}", hub.endpoint);

@@ -78,8 +78,10 @@ fn xorb_5xx_is_retried() {
 
 #[test]
 fn reconstruction_5xx_is_retried() {
-    let (_, j) = xet_with("reconstructions", FaultKind::Status(500), 0, 1);
-    assert!(j["retries"].as_u64().unwrap() >= 1, "{j}");
+    // Four 500s in a row from the reconstruction API: asked again (by hf-xet's reconstructor or
+    // by the range worker, whichever sees it), never fatal; the file is whole and verified.
+    let (s, _) = xet_with("reconstructions", FaultKind::Status(500), 0, 4);
+    assert!(s.hub.cas_calls().iter().filter(|(k, _)| k == "reconstructions").count() > 4);
 }
 
 #[test]

@@ -141,7 +141,7 @@ mod tests {
         std::os::unix::fs::symlink("../../blobs/ab/x1", c.blob(&sha256(b"dddd"))).unwrap();
         c.link("c", "d", &sha256(b"dddd")).unwrap();
         let linked = LockEntry { path: "d".into(), size: 4, sha256: sha256(b"dddd"), ..entries[0].clone() };
-        assert!(matches!(verify(d.path(), &[linked.clone()], false, 1, &|_| {})[0].status, Status::Ok));
+        assert!(matches!(verify(d.path(), std::slice::from_ref(&linked), false, 1, &|_| {})[0].status, Status::Ok));
         std::fs::remove_file(shared.join("x1")).unwrap();
         let r = verify(d.path(), &[linked], false, 1, &|_| {});
         let Status::Missing { reason } = &r[0].status else { panic!("{:?}", r[0]) };

@@ -38,6 +38,8 @@ pub(super) struct State {
     pub(super) secret: String,
     /// The CAS proxy's URL (what `xet-read-token` hands out) and the CAS behind it.
     pub(super) cas: String,
+    /// Another server that serves `/xet-bridge/<sha256>` instead of the CDN listener (bench).
+    pub(super) bridge: Mutex<Option<String>>,
     pub(super) cas_upstream: Mutex<Option<String>>,
     /// CAS tokens minted by `xet-read-token` → expiry (unix seconds).
     pub(super) cas_tokens: Mutex<HashMap<String, u64>>,
@@ -167,6 +169,7 @@ impl FakeHub {
             cdn: cdn.clone(),
             secret: format!("s{}", std::process::id()),
             cas: cas.clone(),
+            bridge: Mutex::new(None),
             cas_upstream: Mutex::new(None),
             cas_tokens: Mutex::new(HashMap::new()),
             cas_token_ttl: AtomicU64::new(3600),
@@ -494,9 +497,9 @@ fn resolve(st: &State, repo: &str, rev: &str, path: &str, auth: Option<&str>) ->
     if f.lfs {
         let xet = f.xet_hash.as_ref().map(|h| (h.clone(), super::xet::auth_link(st, repo, &commit)));
         let expires = now_secs() + st.ttl_secs.load(Ordering::SeqCst);
+        let origin = st.bridge.lock().unwrap().clone().unwrap_or_else(|| st.cdn.clone());
         let loc = format!(
-            "{}/xet-bridge/{}?X-Xet-Signed-Range=&Expires={expires}&Policy=p&Signature={}&Key-Pair-Id=K",
-            st.cdn,
+            "{origin}/xet-bridge/{}?X-Xet-Signed-Range=&Expires={expires}&Policy=p&Signature={}&Key-Pair-Id=K",
             f.sha256,
             sign(st, &f.sha256, expires)
         );

@@ -53,6 +53,12 @@ impl FakeHub {
         self.push(repo, branch, files)
     }
 
+    /// Redirect LFS files to `origin` + `/xet-bridge/<sha256>` (e.g. nginx serving the files
+    /// with a per-connection rate limit) instead of the CDN listener.
+    pub fn set_bridge(&self, origin: &str) {
+        *self.state.bridge.lock().unwrap() = Some(origin.trim_end_matches('/').to_string());
+    }
+
     /// The bridge (the CDN origin) answers `400` to every request for `path`, as the real one
     /// does for very large files.
     pub fn bridge_refuses(&self, path: &str) {
