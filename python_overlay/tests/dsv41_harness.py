@@ -71,6 +71,25 @@ def cpu_patches() -> list[str]:
     return applied
 
 
+def draft_config(vc):
+    """The target's VllmConfig with a `dspark` speculative config, for building the DSpark draft model.
+
+    The CPU cannot validate one: vllm/config/vllm.py:3202 refuses dspark on Model Runner V1 and
+    vllm/config/vllm.py:725 leaves V2 (it needs Triton) for V1 on a CPU. The draft reuses the target's
+    config and quantization (config/speculative.py ~L1164 / ~L1440), so the stand-in holds exactly that.
+    """
+    import copy
+
+    from vllm.config import VllmConfig
+
+    if "speculative_config" not in VllmConfig.__dataclass_fields__:
+        raise PatchMissing("VllmConfig.speculative_config is gone (the DSpark draft's config stand-in)")
+    draft = copy.copy(vc)
+    object.__setattr__(draft, "speculative_config", SimpleNamespace(
+        draft_model_config=vc.model_config, method="dspark", num_speculative_tokens=2))
+    return draft
+
+
 def engine_config(model_dir: Path, tp: int):
     from vllm.engine.arg_utils import EngineArgs
 
@@ -91,6 +110,72 @@ def build(vc):
 
         with _torch_cuda_wrapper(), set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
             return DeepseekV41ForCausalLM(vllm_config=vc, prefix="")
+
+
+def build_draft(vc):
+    from vllm.config import set_current_vllm_config
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.worker.cpu_model_runner import _torch_cuda_wrapper
+
+    dvc = draft_config(vc)
+    with set_current_vllm_config(dvc):
+        from vllm.models.deepseek_v41 import DSparkDeepseekV4ForCausalLM
+
+        with _torch_cuda_wrapper(), set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
+            return DSparkDeepseekV4ForCausalLM(vllm_config=dvc, prefix=""), dvc
+
+
+DRAFT_ALIASED = ("lm_head.weight", "model.embed_tokens.weight")  # shared with the target (nvidia/dspark.py ~L95)
+
+
+def _draft_param(name: str) -> str:
+    import re
+
+    return re.sub(r"^mtp\.(\d+)\.", r"model.layers.\1.", name)
+
+
+def draft_result(ckpt: Path, vc, linears: list[str] | None = None) -> dict:
+    """The DSpark draft model: built with the target's (exl3) config, `mtp.*` loaded, PWAL, its EXL3 layers run."""
+    from safetensors import safe_open
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    draft, dvc = build_draft(vc)
+    names = []
+
+    def stream():
+        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+            for name in f.keys():
+                names.append(name)
+                yield name, f.get_tensor(name)
+
+    out = {}
+    with set_current_vllm_config(dvc):
+        tracker = consumed.Tracker(draft)
+        draft.load_weights(tracker.watch(stream()))
+        report = tracker.report(names, ckpt / "model.safetensors", _draft_param, DRAFT_ALIASED)
+        report["not_consumed"] = [n for n in report["not_consumed"] if classes.DRAFT.match(n)]
+        report["methods"] = classes.method_map(draft)
+        modules = dict(draft.named_modules())
+        report["dense"] = {f"dense:{n}": modules[n].weight.detach().float().clone()
+                           for n in modules if n.endswith(".attn.wo_a")}
+        process_weights_after_loading(draft, dvc.model_config, torch.device("cpu"))
+        g = torch.Generator().manual_seed(2)
+        if linears is None:
+            linears = [n for n, m in sorted(modules.items())
+                       if type(getattr(m, "quant_method", None)).__name__ == "Exl3LinearMethod"]
+        report["linears"] = linears
+        with set_forward_context(None, dvc), torch.no_grad():
+            for name in linears:
+                module = modules[name]
+                y = module(torch.randn(5, module.input_size, generator=g).to(torch.bfloat16))
+                out[f"linear:{name}"] = (y[0] if isinstance(y, tuple) else y).float()
+            for i, layer in enumerate(draft.model.layers):
+                x = (torch.randn(7, layer.ffn_norm.weight.shape[0], generator=g) * 0.5).to(torch.bfloat16)
+                out[f"moe:{i}"] = layer.ffn(x, torch.randint(0, 2048, (7,), generator=g)).float()
+    report["outputs"] = out
+    return report
 
 
 def load(model, vc, ckpt: Path) -> dict:
@@ -233,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         twin = build(tvc)
         result["twin_load"] = load(twin, tvc, args.ckpt / "dense")
         result["twin"] = layer_outputs(twin, tvc, args.tp, args.rank, names)
+    if args.twin:
+        result["draft"] = draft_result(args.ckpt / "exl3", vc)
+        result["draft_twin"] = draft_result(args.ckpt / "dense", engine_config(args.ckpt / "dense", args.tp),
+                                            result["draft"]["linears"])
     if args.negatives:
         result["negatives"] = negatives(args.ckpt / "exl3", args.tp)
     torch.save(result, args.out)

@@ -19,8 +19,9 @@ VLLM_DIST_IDENT, OMP_NUM_THREADS=1), with the exl3 quantization config from its 
 
 Not run on a CPU (no CPU kernels in vLLM for DeepSeek V4.1): the attention (FlashMLA / FlashInfer sparse
 MLA, the compressor and indexer kernels, the o-projection's bmm), Engram's n-gram hashing (Triton) and
-so a whole-model forward or `vllm.LLM`. The DSpark draft model is not built here: see
-test_dspark_stage_reaches_the_draft_model.
+so a whole-model forward or `vllm.LLM`. The DSpark draft model (`dspark`, which loads `mtp.*`) is built
+from the target's config with a speculative-config stand-in (dsv41_harness.draft_config: a CPU cannot
+validate a dspark config) and checked the same way.
 """
 
 from __future__ import annotations
@@ -233,3 +234,26 @@ def test_tp2_equals_tp1(tp1, tp2):
 def test_a_full_width_input_to_a_row_parallel_layer_raises_at_tp2(tp2):
     for r in tp2:
         assert "does not end in this rank's input width" in (r["width_error"] or ""), r["width_error"]
+
+
+def test_the_dspark_stage_loads_into_the_draft_model_with_exl3(tp1):
+    """vLLM's VL wrapper drops `mtp.*`; its `dspark` draft model (DSparkDeepseekV4ForCausalLM) loads them:
+    built with the target's exl3 config, it consumes every `mtp.*` tensor, its linears and MoE get EXL3
+    methods (wo_a decoded to dense at load) and match the dense twin's draft."""
+    draft, twin = tp1["draft"], tp1["draft_twin"]
+    assert draft["not_consumed"] == [] and draft["never_loaded"] == [], (draft["not_consumed"], draft["never_loaded"])
+    methods = draft["methods"]
+    assert methods["model.main_proj"] == "Exl3LinearMethod"
+    layers = {m.split(".attn.")[0] for m in methods if ".attn." in m}
+    assert layers, methods
+    for layer in layers:
+        for leaf in ("attn.fused_wqa_wkv", "attn.wq_b", "attn.wo_b", "ffn.shared_experts.gate_up_proj",
+                     "ffn.shared_experts.down_proj"):
+            assert methods[f"{layer}.{leaf}"] == "Exl3LinearMethod", (layer, leaf)
+        assert methods[f"{layer}.ffn.experts.routed_experts"] == "Exl3MoEMethod"
+        assert methods[f"{layer}.attn.wo_a"] == "UnquantizedLinearMethod"
+    assert any(k.startswith("moe:") for k in draft["outputs"]) and len(draft["outputs"]) >= 7
+    for key, want in twin["outputs"].items():
+        _close(draft["outputs"][key], want, f"draft {key}", rel=1e-3)
+    for key, want in twin["dense"].items():
+        _close(draft["dense"][key], want, f"draft {key}")

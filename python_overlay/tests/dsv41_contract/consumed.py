@@ -41,7 +41,7 @@ class Tracker:
 
         return loader
 
-    def _copied_directly(self, names: set[str], path) -> set[str]:
+    def _copied_directly(self, names: set[str], path, param_name) -> set[str]:
         """Names vLLM copies into a parameter without a loader (`attn_sink`: nvidia/model.py ~L1340, the
         rank's heads into a padded parameter): consumed when the parameter starts with a slice of it."""
         from safetensors import safe_open
@@ -52,14 +52,14 @@ class Tracker:
         found = set()
         with safe_open(str(path), "pt") as f:
             for name in names:
-                param = params.get(f"language_model.model.{name}")
+                param = params.get(param_name(name))
                 if param is None or param.is_meta or not name.endswith("attn_sink"):
                     continue
                 full = f.get_tensor(name).to(param.dtype)
                 n = full.shape[0] // tp  # this rank's heads; the parameter is padded past them (-inf)
                 if any(torch.equal(param.data[:n], full[s : s + n]) for s in range(0, full.shape[0], n)):
                     found.add(name)
-                    self.loaded_params.add(f"language_model.model.{name}")
+                    self.loaded_params.add(param_name(name))
         return found
 
     def watch(self, stream):
@@ -67,9 +67,12 @@ class Tracker:
             self.by_storage[_storage(tensor)] = name
             yield name, tensor
 
-    def report(self, names: list[str], path) -> dict:
+    def report(self, names: list[str], path, param_name=lambda n: f"language_model.model.{n}",
+               aliased: tuple[str, ...] = ()) -> dict:
+        """`param_name` maps a checkpoint name to vLLM's parameter (for the copied-directly check);
+        `aliased` parameters are shared with another model (the draft's embedding and head)."""
         consumed = {n for ptr, n in self.by_storage.items() if ptr in self.seen} | self.sources
-        consumed |= self._copied_directly(set(names) - consumed, path)
+        consumed |= self._copied_directly(set(names) - consumed, path, param_name)
         exl3_layers = {
             n for n, m in self.model.named_modules()
             if type(getattr(m, "quant_method", None)).__name__.startswith("Exl3")
@@ -77,7 +80,7 @@ class Tracker:
         never = []
         for name, param in self.model.named_parameters():
             owner, _, leaf = name.rpartition(".")
-            if name in self.loaded_params or param.is_meta:
+            if name in self.loaded_params or param.is_meta or name in aliased:
                 continue
             if owner in exl3_layers and (leaf in EXL3_PLACEHOLDERS or leaf.split("_", 1)[-1] in EXL3_PLACEHOLDERS):
                 continue  # a tensor kind this checkpoint does not use (process_weights_after_loading drops it)
