@@ -25,11 +25,7 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let facts = gather_facts(kit, &input, &settings.deploy.logs);
     let report = evaluate(kit, &input, &facts);
-    let text = if args.json {
-        serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
-    } else {
-        report.text()
-    };
+    let text = if args.json { serde_json::to_string_pretty(&report)? } else { report.text() };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let (_, warn, fail, unchecked) = report.counts();
     match report.status {

@@ -44,8 +44,8 @@ pub fn engine_env(kit: &crate::kit::schema::Kit, d: &crate::deploy::Deployment) 
     }
     let mut env = vec![("SPARK_ENGRAM_DIR".to_string(), d.engram_dir.display().to_string())];
     let packed = &d.packed_dir;
-    let has_shards = std::fs::read_dir(packed)
-        .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".bin")));
+    let has_shards =
+        std::fs::read_dir(packed).is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".bin")));
     if has_shards {
         env.push(("SPARK_ENGRAM_PACKED_DIR".to_string(), packed.display().to_string()));
     }
