@@ -229,3 +229,25 @@ fn explain_shows_byte_sizes_as_written() {
     assert_eq!(row(&rows, "memory.boot_margin")["written"], "12GiB");
     assert!(row(&rows, "engine.port").get("written").is_none());
 }
+
+/// #28 item 4: a failure prints its whole cause chain through the binary: the error, then one
+/// `caused by:` line per `#[source]` below it (`?` into `Failure` keeps the chain), then the hint.
+#[test]
+fn a_failure_prints_its_cause_chain() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("kit.yaml");
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.to_str().unwrap();
+    for cmd in [&["kit", "check", path][..], &["plan", "--kit", path][..]] {
+        let out = spark(cmd, &[]);
+        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "error: cannot read kit file {}\ncaused by: Is a directory (os error 21)\nhint: check the path and its permissions\n",
+                dir.display()
+            ),
+            "{cmd:?}"
+        );
+    }
+}

@@ -33,6 +33,7 @@ fn input() -> PreflightInput {
         image_build: None,
         image_sync: None,
         gateway_holds_api_port: false,
+        running: None,
     }
 }
 
