@@ -23,12 +23,10 @@ mod fake_hub {
     mod xet;
 }
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use fake_hub::model::{seeded_bytes, FakeFile};
 use fake_hub::serve::FakeHub;
-use sha2::Digest as _;
 
 struct Args {
     dir: Option<PathBuf>,
@@ -60,17 +58,7 @@ fn parse() -> Result<Args, String> {
 }
 
 fn sha256_file(p: &Path) -> String {
-    let mut h = sha2::Sha256::new();
-    let mut f = std::fs::File::open(p).unwrap();
-    let mut buf = vec![0u8; 8 << 20];
-    loop {
-        let n = f.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    spark_kit::hub::hashing::sha256_file(&std::fs::File::open(p).unwrap(), |_| {}).unwrap().0
 }
 
 fn walk(base: &Path, d: &Path, out: &mut Vec<FakeFile>) {
