@@ -14,9 +14,18 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let settings = load::settings(&args.kit, &ctx.env)?;
     let kit = &settings.kit;
     let input = input(kit, &ctx.env, args.kit.kit.as_deref());
-    let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}", kit.nodes.len(), kit.name);
+    let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}; engine: {}", kit.nodes.len(), kit.name, kit.engine_line());
     let facts = gather_facts(kit, &input, &settings.logs);
     let report = evaluate(kit, &input, &facts);
+    if report.status == Verdict::Pass {
+        match super::image_lock::record_first_seen(kit, &ctx.env, &facts) {
+            Ok(Some(line)) => {
+                let _ = writeln!(ctx.err, "{line}");
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Failure::runtime(format!("cannot record the engine image in spark-kit.lock: {e}"))),
+        }
+    }
     let text = if args.json {
         serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
     } else {

@@ -47,7 +47,7 @@ pub fn input(kit: &Kit, env: &[(String, String)], kit_arg: Option<&str>) -> Pref
     let (weights_per_rank, weights_on_disk) = weights(kit);
     let disk_path = model_dir(kit, env);
 
-    let vllm_python = (kit.engine.runtime == Runtime::Venv)
+    let vllm_python = (kit.engine.runtime == Runtime::Venv || kit.engine.docker_mount_venv)
         .then(|| Recipe::load(&kit.engine.requirements).ok())
         .flatten()
         .and_then(|r| venv::find(&dirs.cache, &r))
@@ -64,5 +64,8 @@ pub fn input(kit: &Kit, env: &[(String, String)], kit_arg: Option<&str>) -> Pref
         image_build,
         image_sync,
         gateway_holds_api_port: false,
+        setup: Some(crate::hints::KitRef::new(kit_arg).command("setup", &[])),
+        image_vllm_cache: Some(dirs.cache.join("image-vllm").display().to_string()),
+        recorded_image: super::image_lock::recorded(kit, env),
     }
 }

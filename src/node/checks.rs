@@ -67,8 +67,22 @@ pub struct NodeSpec {
     pub ipv4: Option<Ipv4Addr>,
     /// `NCCL_IB_GID_INDEX` if the kit sets it for this node.
     pub nccl_gid_index: Option<String>,
-    /// The kit's `engine.vllm_version` (empty = any).
+    /// The kit's `engine.vllm_version` (empty = any supported).
     pub vllm_version: String,
+    /// Where the engine's vLLM is read from on this node.
+    pub vllm_source: VllmSource,
+    /// What to do when that vLLM is missing or the wrong one, for this runtime.
+    pub vllm_fix: String,
+}
+
+/// Where a node's engine gets its vLLM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VllmSource {
+    /// The engine venv (runtime `venv`, or a docker image that mounts the venv).
+    #[default]
+    Venv,
+    /// The docker image itself (`engine.docker_image`).
+    Image,
 }
 
 struct Out<'a> {
@@ -303,26 +317,43 @@ fn disk(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
 }
 
 fn versions(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
-    match &f.vllm_version {
-        None => o.skip("vllm", "the engine venv is not set up on this node yet (`spark-kit setup`)"),
-        Some(Err(e)) => o.fail(
-            "vllm",
-            format!("cannot read the engine's vLLM version: {e}"),
-            "run `spark-kit setup` to (re)build the engine venv",
+    let docker = f.docker.as_ref();
+    let (found, place) = match spec.vllm_source {
+        VllmSource::Venv => (f.vllm_version.as_ref(), "in the engine venv".to_string()),
+        VllmSource::Image => (
+            docker.and_then(|d| d.vllm_version.as_ref()),
+            docker.map_or_else(String::new, |d| {
+                let id = super::docker_checks::image_id(d).map(short_id).unwrap_or_default();
+                format!("in image {} ({id})", d.image)
+            }),
         ),
-        Some(Ok(v)) => {
+    };
+    let supported = crate::vllm_support::supported_list();
+    match (found, spec.vllm_source) {
+        (None, VllmSource::Venv) => o.skip("vllm", format!("the engine venv is not set up on this node yet; {}", spec.vllm_fix)),
+        (None, VllmSource::Image) => o.skip("vllm", "the image is not on this node: its vLLM is read once it is"),
+        (Some(Err(e)), _) => o.fail("vllm", format!("cannot read the engine's vLLM version {place}: {e}"), spec.vllm_fix.clone()),
+        (Some(Ok(v)), _) => {
             let v = v.trim();
-            if spec.vllm_version.is_empty() || v == spec.vllm_version {
-                o.pass("vllm", format!("vLLM {v}"));
-            } else {
+            let pin = if spec.vllm_version.is_empty() { String::new() } else { format!("; the kit pins {}", spec.vllm_version) };
+            if !crate::vllm_support::is_supported(v) {
                 o.fail(
                     "vllm",
-                    format!("vLLM {v} installed, the kit pins {}", spec.vllm_version),
-                    "run `spark-kit setup` so the venv matches engine.vllm_version",
+                    format!("vLLM {v} {place} is not a release the overlay supports ({supported}){pin}"),
+                    spec.vllm_fix.clone(),
                 );
+            } else if !crate::vllm_support::matches_pin(v, &spec.vllm_version) {
+                o.fail("vllm", format!("vLLM {v} {place}{pin} (supported: {supported})"), spec.vllm_fix.clone());
+            } else {
+                o.pass("vllm", format!("vLLM {v} {place} (supported: {supported})"));
             }
         }
     }
+}
+
+fn short_id(id: &str) -> &str {
+    let id = id.strip_prefix("sha256:").unwrap_or(id);
+    &id[..id.len().min(12)]
 }
 
 fn read_num(p: Option<&Probed>) -> Option<u64> {
