@@ -14,7 +14,8 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let settings = load::settings(&args.kit, &ctx.env)?;
     let kit = &settings.kit;
     let input = input(kit, &ctx.env, args.kit.kit.as_deref());
-    let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}; engine: {}", kit.nodes.len(), kit.name, kit.engine_line());
+    let _ =
+        writeln!(ctx.err, "preflight: {} node(s) of kit {}; engine: {}", kit.nodes.len(), kit.name, kit.engine_line());
     let facts = gather_facts(kit, &input, &settings.logs);
     let report = evaluate(kit, &input, &facts);
     if report.status == Verdict::Pass {

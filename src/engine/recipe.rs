@@ -81,7 +81,8 @@ impl Recipe {
                 _ => return Err(bad()),
             }
         }
-        recipe.installer_lock = file(&format!("requirements/{installer}")).map(|b| String::from_utf8_lossy(b).into_owned());
+        recipe.installer_lock =
+            file(&format!("requirements/{installer}")).map(|b| String::from_utf8_lossy(b).into_owned());
         if recipe.installer_lock.is_none() && installer != "uv.lock.txt" {
             return Err(RecipeError::Installer { file: format!("{name}.in"), installer });
         }
@@ -233,7 +234,10 @@ mod tests {
         assert!(lock.contains("vllm==0.34.0 \\") && lock.contains("torch==2.14.0 \\"), "the lock pins vLLM and torch");
         assert!(r.check_host("aarch64", "3.12.3").is_ok());
         let e = r.check_host("x86_64", "3.11.7").unwrap_err().to_string();
-        assert!(e.contains("locked for Linux aarch64, CPython 3.12") && e.contains("Linux x86_64, CPython 3.11"), "{e}");
+        assert!(
+            e.contains("locked for Linux aarch64, CPython 3.12") && e.contains("Linux x86_64, CPython 3.11"),
+            "{e}"
+        );
         // tiny-cpu names no platform: any host.
         assert!(Recipe::load("engine-tiny-cpu").unwrap().check_host("x86_64", "3.11.7").is_ok());
     }

@@ -119,8 +119,7 @@ mod tests {
     fn merge_save_load() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("k/spark-kit.lock");
-        let mut lf =
-            LockFile {
+        let mut lf = LockFile {
             version: LockFile::VERSION,
             kit: "k".into(),
             files: vec![e("a/b", "x"), e("c/d", "y")],

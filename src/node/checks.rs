@@ -330,12 +330,20 @@ fn versions(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
     };
     let supported = crate::vllm_support::supported_list();
     match (found, spec.vllm_source) {
-        (None, VllmSource::Venv) => o.skip("vllm", format!("the engine venv is not set up on this node yet; {}", spec.vllm_fix)),
+        (None, VllmSource::Venv) => {
+            o.skip("vllm", format!("the engine venv is not set up on this node yet; {}", spec.vllm_fix))
+        }
         (None, VllmSource::Image) => o.skip("vllm", "the image is not on this node: its vLLM is read once it is"),
-        (Some(Err(e)), _) => o.fail("vllm", format!("cannot read the engine's vLLM version {place}: {e}"), spec.vllm_fix.clone()),
+        (Some(Err(e)), _) => {
+            o.fail("vllm", format!("cannot read the engine's vLLM version {place}: {e}"), spec.vllm_fix.clone())
+        }
         (Some(Ok(v)), _) => {
             let v = v.trim();
-            let pin = if spec.vllm_version.is_empty() { String::new() } else { format!("; the kit pins {}", spec.vllm_version) };
+            let pin = if spec.vllm_version.is_empty() {
+                String::new()
+            } else {
+                format!("; the kit pins {}", spec.vllm_version)
+            };
             if !crate::vllm_support::is_supported(v) {
                 o.fail(
                     "vllm",

@@ -75,7 +75,13 @@ pub fn node_checks(
     out.push(check(node, "docker", Verdict::Pass, format!("Docker daemon {version} answers"), None));
     match (&f.image_id, image_id(f)) {
         (Ok(_), Some(id)) => match recorded.filter(|r| r.id.trim() != id) {
-            None => out.push(check(node, "image", Verdict::Pass, format!("image {} is here ({})", f.image, short(id)), None)),
+            None => out.push(check(
+                node,
+                "image",
+                Verdict::Pass,
+                format!("image {} is here ({})", f.image, short(id)),
+                None,
+            )),
             Some(r) => out.push(check(
                 node,
                 "image",

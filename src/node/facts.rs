@@ -154,10 +154,7 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
         pressure: p.read("/proc/pressure/memory"),
         processes,
         spark_kit_version: p.spark_kit_version(),
-        vllm_version: req
-            .vllm_python
-            .as_ref()
-            .map(|py| p.run("vllm-version", &[py, "-c", VLLM_VERSION_CODE])),
+        vllm_version: req.vllm_python.as_ref().map(|py| p.run("vllm-version", &[py, "-c", VLLM_VERSION_CODE])),
         disk_free: p.free_bytes(&req.disk_path),
         disk_path: req.disk_path.clone(),
         weights_present,
