@@ -77,7 +77,11 @@ impl Kit {
     #[must_use]
     pub fn engine_line(&self) -> String {
         let e = &self.engine;
-        let version = if e.vllm_version.is_empty() { "(any supported)" } else { e.vllm_version.as_str() };
+        let version = if e.vllm_version.is_empty() {
+            "any supported vLLM".to_string()
+        } else {
+            format!("vLLM {}", e.vllm_version)
+        };
         let how = match (e.runtime, &e.docker_image) {
             (schema::Runtime::Docker, Some(image)) if e.docker_mount_venv => {
                 format!("docker runtime, image {image} running the venv of requirements {}", e.requirements)
@@ -85,7 +89,7 @@ impl Kit {
             (schema::Runtime::Docker, Some(image)) => format!("docker runtime, image {image}"),
             _ => format!("venv runtime, requirements {}", e.requirements),
         };
-        format!("vLLM {version} ({how}); the overlay supports {}", crate::vllm_support::supported_list())
+        format!("{version} ({how}); the overlay supports {}", crate::vllm_support::supported_list())
     }
 }
 
