@@ -5,9 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Directories (walked) and single files under `python_overlay/`.
-const EMBED: &[&str] =
-    &["spark_overlay", "spark_overlay.dist-info-template", "tools", "requirements", "supported_vllm.txt"];
+const EMBED: &[&str] = &["spark_overlay", "spark_overlay.dist-info-template", "tools", "requirements"];
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -26,22 +24,13 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// `path` itself when it is a file, else every file under it.
-fn collect(path: &Path, out: &mut Vec<PathBuf>) {
-    if path.is_file() {
-        out.push(path.to_path_buf());
-    } else {
-        walk(path, out);
-    }
-}
-
 fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let overlay = root.join("python_overlay");
     let mut files = Vec::new();
     for d in EMBED {
         println!("cargo:rerun-if-changed=python_overlay/{d}");
-        collect(&overlay.join(d), &mut files);
+        walk(&overlay.join(d), &mut files);
     }
     let mut code = String::from(
         "/// Overlay files: (path relative to python_overlay/, bytes).\npub static FILES: &[(&str, &[u8])] = &[\n",

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod commands;
+pub mod deploy;
 pub mod dirs;
 pub mod engine;
 pub mod engram;

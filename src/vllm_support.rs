@@ -1,14 +1,35 @@
-//! The vLLM releases the overlay supports: `python_overlay/supported_vllm.txt`, embedded at build
-//! time. The one list that `spark_overlay/plugin.py` (at registration), kit validation,
-//! preflight's vLLM check and `tests/vllm-matrix.sh` all read. Pure.
+//! The vLLM releases the overlay supports: the `SUPPORTED_VLLM_VERSIONS` constant of
+//! `python_overlay/spark_overlay/plugin.py`, embedded at build time and parsed here, so the
+//! overlay's registration gate, kit validation, preflight's vLLM check and
+//! `tests/vllm-matrix.sh` (which reads the same constant) can never disagree. Pure.
 
-/// The file's text, as committed.
-pub const TEXT: &str = include_str!("../python_overlay/supported_vllm.txt");
+/// The overlay's plugin module, as committed.
+const PLUGIN: &str = include_str!("../python_overlay/spark_overlay/plugin.py");
 
-/// The supported public versions, in file order (comments and blanks skipped).
+/// The name of the constant in [`PLUGIN`].
+const CONSTANT: &str = "SUPPORTED_VLLM_VERSIONS";
+
+/// The quoted strings inside the braces of the `SUPPORTED_VLLM_VERSIONS` assignment of a Python
+/// module's text (`… = frozenset({"0.32.0", "0.33.0"})`), sorted by release.
+#[must_use]
+pub fn parse(module: &str) -> Vec<&str> {
+    let at = if module.starts_with(CONSTANT) { Some(0) } else { module.find(&format!("\n{CONSTANT}")).map(|i| i + 1) };
+    let Some(tail) = at.map(|i| &module[i..]) else { return Vec::new() };
+    let Some(open) = tail.find('{') else { return Vec::new() };
+    let Some(len) = tail[open + 1..].find('}') else { return Vec::new() };
+    let mut out: Vec<&str> = tail[open + 1..open + 1 + len]
+        .split(',')
+        .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\''))
+        .filter(|v| !v.is_empty())
+        .collect();
+    out.sort_by_key(|v| v.split('.').map(|p| p.parse::<u32>().unwrap_or(0)).collect::<Vec<_>>());
+    out
+}
+
+/// The supported public versions, oldest first.
 #[must_use]
 pub fn supported() -> Vec<&'static str> {
-    TEXT.lines().map(|l| l.split('#').next().unwrap_or_default().trim()).filter(|l| !l.is_empty()).collect()
+    parse(PLUGIN)
 }
 
 /// `0.32.0, 0.33.0, 0.34.0`: the supported set for messages.
@@ -42,7 +63,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_file_lists_releases_and_local_parts_are_ignored() {
+    fn the_constant_is_parsed_from_the_plugin_module() {
+        let module = "X = 1\nSUPPORTED_VLLM_VERSIONS: frozenset[str] = frozenset(\n    {\"0.33.0\", '0.10.1'}\n)\n";
+        assert_eq!(parse(module), ["0.10.1", "0.33.0"]);
+        assert!(parse("nothing here").is_empty());
+    }
+
+    #[test]
+    fn the_plugin_lists_releases_and_local_parts_are_ignored() {
         let s = supported();
         assert!(s.contains(&"0.34.0") && s.iter().all(|v| v.split('.').count() == 3), "{s:?}");
         assert!(is_supported("0.32.0+cpu") && is_supported("0.34.0+empty"));

@@ -36,6 +36,7 @@ fn input() -> PreflightInput {
         setup: Some("spark-kit setup --kit dgx-spark-2x-dsv41-exl3".into()),
         image_vllm_cache: None,
         recorded_image: None,
+        running: None,
     }
 }
 

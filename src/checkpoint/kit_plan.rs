@@ -75,6 +75,19 @@ pub fn kit_plan(
     Ok(p)
 }
 
+/// The plan of `kit` before its checkpoint can be read (a model the engine side makes on its
+/// first start): the weights are unknown, so no node has headroom and there is no prefill
+/// budget rather than a made-up one. The KV side is [`kit_plan`]'s.
+#[must_use]
+pub fn plan_without_weights(kit: &Kit) -> Plan {
+    let mut input = input_from_kit(kit, 0, "unknown", &[]);
+    input.nodes.iter_mut().for_each(|n| n.memory_total = None);
+    let kv_note = derive_kv(kit, &mut input);
+    let mut p = plan(&input);
+    p.assumptions.extend(kv_note);
+    p
+}
+
 /// The nodes the plan says do not fit (negative headroom, or a boot rule not met).
 #[must_use]
 pub fn unfit(p: &Plan) -> Vec<&str> {

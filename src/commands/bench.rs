@@ -39,17 +39,14 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let kit = resolved.as_ref().map(|r| &r.kit);
     let url = match (&args.url, &resolved) {
         (Some(u), _) => u.clone(),
-        (None, Some(s)) => s.ports.base_url(),
+        (None, Some(s)) => s.deploy.ports.base_url(),
         // Unreachable by construction (no --url loads a kit); kept total for safety.
         (None, None) => return Err(Failure::usage("pass --url URL or --kit K")),
     };
     let model =
         args.model.clone().or_else(|| kit.map(|k| k.engine.served_model_name.clone()).filter(|m| !m.is_empty()));
-    let from = KeyFrom::of(
-        args.api_key_env.as_deref(),
-        args.api_key_file.as_deref(),
-        resolved.as_ref().map(|s| (&s.kit, &s.dirs)),
-    );
+    let from =
+        KeyFrom::of(args.api_key_env.as_deref(), args.api_key_file.as_deref(), resolved.as_ref().map(|s| &s.deploy));
     let key = api_key(&from, &ctx.env).map_err(|e| Failure::usage(e.to_string()).with_hint(e.hint()))?;
     let kit_receipt = match kit {
         Some(k) => Some(KitReceipt::of(k).map_err(|e| Failure::runtime(format!("cannot hash the kit: {e}")))?),

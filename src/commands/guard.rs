@@ -26,7 +26,7 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
     // The kit's checkpoint by default (locally made tiny models have no shards worth dropping).
     let kit_model = kit.model.path.is_some() || !kit.model.repo.is_empty();
     let model_paths = match (args.model.is_empty(), kit_model) {
-        (true, true) => vec![super::preflight_input::model_dir(kit, &ctx.env)],
+        (true, true) => vec![super::preflight_input::model_dir(kit, &settings.deploy)],
         _ => args.model.clone(),
     };
     let cfg = GuardConfig::from_kit(kit, node).with(Overrides {
@@ -55,7 +55,7 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
         return Err(Failure::usage(format!("--victims-under {p}: no such process"))
             .with_hint("pass a live pid whose descendants may be killed"));
     }
-    Ok((cfg, args.receipts.clone().unwrap_or_else(|| settings.logs.join("guard"))))
+    Ok((cfg, args.receipts.clone().unwrap_or_else(|| settings.deploy.logs.join("guard"))))
 }
 
 /// `--container NAME`: the running container's id and main pid.

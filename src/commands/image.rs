@@ -29,7 +29,7 @@ pub fn sync(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure> 
         crate::dirs::self_exe().map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")))?;
     let sha = push::sha256_file(&exe).map_err(|e| Failure::runtime(format!("cannot read {}: {e}", exe.display())))?;
     let rep = WriterLines::new(&mut *ctx.err);
-    let done = crate::image_sync::sync(&s.kit, &s.cache, &exe, &sha, &rep)
+    let done = crate::image_sync::sync(&s.kit, &s.deploy.dirs.cache, &exe, &sha, &rep)
         .map_err(|e| Failure::runtime(format!("image sync: {e}")).with_hint(e.fix()))?;
     if args.json {
         let text = serde_json::to_string(&done).map_err(|e| Failure::runtime(e.to_string()))?;
@@ -49,17 +49,17 @@ pub fn build(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure>
         return Err(Failure::usage(e.to_string()).with_hint(e.fix()));
     }
     let rep = WriterLines::new(&mut *ctx.err);
-    let venv = match &s.venv {
+    let venv = match &s.deploy.venv {
         Some(p) => p.clone(),
         None => {
             let recipe = crate::engine::recipe::Recipe::load(&s.kit.engine.requirements)
                 .map_err(|e| Failure::usage(format!("engine.requirements: {e}")))?;
-            crate::engine::venv::ensure(&s.cache, &recipe, &rep)
+            crate::engine::venv::ensure(&s.deploy.dirs.cache, &recipe, &rep)
                 .map_err(|e| Failure::runtime(format!("engine venv: {e}")))?
                 .path
         }
     };
-    let built = image_build::build(&s.kit, &venv, &s.cache, &rep)
+    let built = image_build::build(&s.kit, &venv, &s.deploy.dirs.cache, &rep)
         .map_err(|e| Failure::runtime(format!("image build: {e}")).with_hint(e.fix()))?;
     if args.json {
         let text = serde_json::to_string(&built).map_err(|e| Failure::runtime(e.to_string()))?;

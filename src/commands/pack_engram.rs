@@ -26,12 +26,12 @@ pub fn run(args: &PackEngramArgs, ctx: &mut Context<'_>) -> Result<(), Failure> 
         return Err(Failure::usage(format!("kit `{}` has no `engram` section: nothing to pack", kit.name))
             .with_hint("use a kit whose model has Engram tables (DeepSeek V4.1)"));
     };
-    let src = args.src.clone().unwrap_or_else(|| s.engram_dir.clone());
+    let src = args.src.clone().unwrap_or_else(|| s.deploy.engram_dir.clone());
     if !src.is_dir() {
         return Err(Failure::usage(format!("Engram directory {} does not exist", src.display()))
             .with_hint("run `spark-kit download --only engram` (it builds paths.engram_dir), or pass --src DIR"));
     }
-    let out: PathBuf = args.out.clone().unwrap_or_else(|| s.packed_dir.clone());
+    let out: PathBuf = args.out.clone().unwrap_or_else(|| s.deploy.packed_dir.clone());
     let tp = kit.tensor_parallel_size;
     let ranks: Vec<u32> = match args.rank {
         Some(r) if r >= tp => {

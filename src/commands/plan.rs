@@ -9,9 +9,9 @@ use crate::kit::schema::Transport;
 use crate::plan::parse_meminfo;
 
 pub fn run(args: &PlanArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
-    let kit = &resolved.kit;
-    let (ckpt, label) = checkpoint_in(kit, &ctx.env, args.model.as_ref(), args.r#virtual, true)?;
+    let s = load::settings(&args.kit, &ctx.env)?;
+    let kit = &s.kit;
+    let (ckpt, label) = checkpoint_in(&s, args.model.as_ref(), args.r#virtual, true)?;
     let mut measured = Vec::new();
     if args.measure {
         let text = std::fs::read_to_string("/proc/meminfo")

@@ -30,15 +30,19 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         )
     })?;
     let reporter = Lines::new(args.quiet || args.json);
-    let info = venv::ensure(&s.cache, &recipe, &reporter).map_err(|e| {
-        let hint = e.log().map(|l| format!("full install log: {}", l.display())).or_else(|| e.cache_hint(&s.cache));
+    let info = venv::ensure(&s.deploy.dirs.cache, &recipe, &reporter).map_err(|e| {
+        let hint = e
+            .log()
+            .map(|l| format!("full install log: {}", l.display()))
+            .or_else(|| e.cache_hint(&s.deploy.dirs.cache));
         let f = Failure::runtime(e.to_string());
         match hint {
             Some(h) => f.with_hint(h),
             None => f,
         }
     })?;
-    let pruned = if args.keep_old { Vec::new() } else { prune(&s.cache.join("venvs"), &recipe.name, &info.path) };
+    let pruned =
+        if args.keep_old { Vec::new() } else { prune(&s.deploy.dirs.cache.join("venvs"), &recipe.name, &info.path) };
     if args.json {
         let mut v = serde_json::to_value(&info).map_err(|e| Failure::runtime(e.to_string()))?;
         if let serde_json::Value::Object(m) = &mut v {

@@ -22,7 +22,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = settings(args, &ctx.env)?;
     check_free(&s)?;
     // The gateway's settings are checked before anything starts (detached or not).
-    let (gw_cfg, gw_note) = up_gateway::config(&s, &ctx.env)?;
+    let (gw_cfg, gw_note) = up_gateway::config(&s)?;
     if args.detach {
         return up_detach::detach(&s, ctx);
     }
@@ -39,7 +39,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         move |snap: &_, secs| format!("{}\nCtrl-C stops the deployment.", banner(snap, secs, key.as_ref(), &kit_ref));
     let watcher = watch_ready(Arc::clone(&handles.snapshot), args.verbose, Box::new(text));
     let result =
-        supervisor::run(&s.kit, &s.logs, Policy::default(), &UpLines, handles.clone(), &gates(&s, args, &ctx.env));
+        supervisor::run(&s.kit, &s.deploy.logs, Policy::default(), &UpLines, handles.clone(), &gates(&s, args));
     // `down` is answered with the final snapshot before the process (and its socket) goes.
     wait_answered(Duration::from_secs(5));
     registration.release();

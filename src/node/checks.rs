@@ -69,6 +69,8 @@ pub struct NodeSpec {
     pub nccl_gid_index: Option<String>,
     /// The kit's `engine.vllm_version` (empty = any supported).
     pub vllm_version: String,
+    /// The kit's own deployment runs (`PreflightInput::running`).
+    pub running: Option<String>,
     /// Where the engine's vLLM is read from on this node.
     pub vllm_source: VllmSource,
     /// What to do when that vLLM is missing or the wrong one, for this runtime.
@@ -202,6 +204,16 @@ fn memory(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
         );
         return;
     }
+    if let Some(r) = &spec.running {
+        o.skip(
+            "memory",
+            format!(
+                "MemAvailable {}; {r}: its weights are loaded, the boot margin is not checked",
+                gib(m.mem_available)
+            ),
+        );
+        return;
+    }
     match spec.weights_per_rank {
         None => o.warn(
             "memory",
@@ -248,6 +260,10 @@ fn is_engine_comm(c: &str) -> bool {
 }
 
 fn leftovers(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
+    if let Some(r) = &spec.running {
+        o.skip("leftovers", format!("{r}: its engine processes are not leftovers"));
+        return;
+    }
     let mut found: Vec<String> =
         f.processes.iter().filter(|(_, c)| is_engine_comm(c)).map(|(p, c)| format!("{p} ({c})")).collect();
     if spec.gpu {
@@ -511,6 +527,9 @@ fn unbindable_fix(spec: &NodeSpec, f: &NodeFacts, what: &str) -> String {
 }
 
 fn reachability(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
+    if let (Some(r), true) = (&spec.running, spec.head) {
+        o.skip("ports", format!("{r}: its ports are in use by it, not checked free"));
+    }
     for (port, what, free) in &f.ports {
         match free {
             Ok(true) => o.pass("ports", format!("{what} port {port} is free")),

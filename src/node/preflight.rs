@@ -38,6 +38,10 @@ pub struct PreflightInput {
     pub image_vllm_cache: Option<String>,
     /// The image id `spark-kit.lock` recorded for `engine.docker_image`, and the lock's path.
     pub recorded_image: Option<(String, String)>,
+    /// The kit's own deployment runs (what its supervisor answered, e.g. `kit tiny-cpu is running
+    /// here (supervisor pid 42, ready)`): its ports, engine processes and loaded weights are its
+    /// own, so they are reported as such rather than checked free.
+    pub running: Option<String>,
 }
 
 /// The preflight report (`spark-kit preflight --json`).
@@ -100,6 +104,7 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
         vllm_version: kit.engine.vllm_version.clone(),
         vllm_source: vllm_source(kit),
         vllm_fix: vllm_fix(kit, input),
+        running: input.running.clone(),
     }
 }
 
@@ -134,13 +139,14 @@ fn vllm_fix(kit: &Kit, input: &PreflightInput) -> String {
 #[must_use]
 pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactRequest {
     let mut ports = Vec::new();
-    if node.role == Role::Head {
+    // A running deployment holds its own ports: nothing to check free.
+    if node.role == Role::Head && input.running.is_none() {
         // The public engine.port is the gateway's (bound by `up` before preflight runs); the
         // engine's own API listens on loopback behind it.
         if !input.gateway_holds_api_port {
             ports.push((kit.engine.host.clone(), kit.engine.port, "API".into()));
         }
-        let (host, port) = crate::engine::endpoint::engine_addr(kit);
+        let (host, port) = crate::deploy::ports::Ports::of(kit).internal_addr();
         ports.push((host.to_string(), port, "engine API (internal)".into()));
         if kit.nodes.len() > 1 {
             let host = node.fabric.ipv4.clone().unwrap_or_else(|| "0.0.0.0".into());

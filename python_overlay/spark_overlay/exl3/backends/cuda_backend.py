@@ -4,7 +4,7 @@ The kernel computes y = had(x ⊙ suh) @ W_hat, had(·) ⊙ svh in fp16 without
 materialising W (format doc §2.1). It needs whole 128-blocks on both sides,
 so every shard of the layer must be a whole-tile slice (`ShardSpec.whole_tiles`);
 anything else fails closed. `Exl3CudaShards` is vLLM-free so the GPU parity
-check (tests/gpu/) runs it directly against the CPU reference.
+check (python_overlay/tests/gpu/) runs it directly against the CPU reference.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from .codebook import CODEBOOK_MCG, CODEBOOK_MUL1
-from .errors import Exl3FormatError
-from .linear import unpack_signs
-from .shards import ShardSpec, shard_codebook, shard_k
-from .trellis import HALF_K
+from ..format.codebook import CODEBOOK_MCG, CODEBOOK_MUL1
+from ..format.errors import Exl3FormatError
+from ..format.linear import unpack_signs
+from ..format.shards import ShardSpec, shard_codebook, shard_k
+from ..format.trellis import HALF_K
+from . import serial
+from .cpu import check_width
 
 
 class Exl3CudaShards:
@@ -77,6 +79,7 @@ class Exl3CudaShards:
             self(torch.zeros(m, self.in_features, dtype=torch.float16, device=device))
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        check_width(self.name, x, self.in_features)
         lead = x.shape[:-1]
         xf = x.reshape(-1, x.shape[-1]).to(torch.float16)
         rows = xf.shape[0]
@@ -128,7 +131,15 @@ def prepare_cuda_layer(
 
 
 def cuda_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return layer.exl3_cuda(x, bias)
+    """A layer's EXL3 GEMMs, on the device's EXL3 stream (`serial`)."""
+    with serial.kernels(x.device):
+        return layer.exl3_cuda(x, bias)
+
+
+def cuda_moe(layer: torch.nn.Module, x: torch.Tensor, topk_weights, topk_ids, expert_map, weight_on_input: bool):
+    """A layer's routed EXL3 experts (fused kernel or loop), on the device's EXL3 stream (`serial`)."""
+    with serial.kernels(x.device):
+        return layer.exl3_cuda_moe(x, topk_weights, topk_ids, expert_map, weight_on_input)
 
 
 # vLLM shard ids of one expert: gate (w1), up (w3), down (w2).
