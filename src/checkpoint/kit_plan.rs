@@ -9,7 +9,7 @@ use super::names::Class;
 use super::reconcile::dense_at_load;
 use super::virtual_ckpt::DeepSeekV41Dims;
 use super::{Checkpoint, Origin};
-use crate::kit::bytes::GIB;
+use crate::kit::bytes::{human_size, GIB};
 use crate::kit::schema::Kit;
 use crate::plan::reference::{self as measured, KV_TOKENS_IN_POOL};
 use crate::plan::{input_from_kit, kv, kv_tokens, plan, Assumption, DenseLine, Plan, PlanInput};
@@ -56,12 +56,12 @@ pub fn kit_plan(
     for c in &dense.classes {
         p.assumptions.push(Assumption {
             name: format!("dense at load: {}", c.class),
-            value: format!("+{:.3} GiB per rank", gib(c.extra_per_rank)),
+            value: format!("+{} per rank", human_size(c.extra_per_rank)),
             source: format!(
-                "{} matrices, dense bf16 {:.3} − EXL3 {:.3} GiB per rank ({}; vLLM's {}): docs/exl3-overlay.md",
+                "dense bf16 {} − EXL3 {} per rank over {} EXL3 matrices ({}; vLLM's {}): docs/exl3-overlay.md",
+                human_size(c.dense_per_rank),
+                human_size(c.exl3_per_rank),
                 c.matrices,
-                gib(c.dense_per_rank),
-                gib(c.exl3_per_rank),
                 c.split,
                 c.vllm_layer
             ),

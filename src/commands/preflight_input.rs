@@ -19,8 +19,11 @@ use crate::supervisor::control::request;
 fn weights(s: &Settings) -> (Option<u64>, Option<u64>) {
     let kit = &s.kit;
     let Ok((ckpt, _)) = checkpoint_in(s, None, false, true) else { return (None, None) };
-    match weight_budget(&ckpt, kit.tensor_parallel_size, num_hidden_layers(&kit.model.k_map)) {
-        Ok(b) => (Some(b.per_rank_bytes), Some(b.total_bytes + b.excluded_bytes)),
+    let layers = num_hidden_layers(&kit.model.k_map);
+    // What the engine holds per rank: the EXL3 budget plus the classes served dense at load.
+    let dense = crate::checkpoint::reconcile::dense_at_load(&ckpt, kit.tensor_parallel_size, layers);
+    match weight_budget(&ckpt, kit.tensor_parallel_size, layers) {
+        Ok(b) => (Some(b.per_rank_bytes + dense.extra_per_rank), Some(b.total_bytes + b.excluded_bytes)),
         Err(_) => (None, None),
     }
 }

@@ -10,6 +10,7 @@ use super::facts::{NodeFacts, Probed};
 use super::gid::{resolve, GidResolution};
 use super::parse::{self, Firewall};
 use super::probe::ProbeError;
+pub use super::vllm_check::VllmSource;
 use crate::memguard::meminfo;
 
 const GIB: u64 = 1 << 30;
@@ -77,35 +78,25 @@ pub struct NodeSpec {
     pub vllm_fix: String,
 }
 
-/// Where a node's engine gets its vLLM.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum VllmSource {
-    /// The engine venv (runtime `venv`, or a docker image that mounts the venv).
-    #[default]
-    Venv,
-    /// The docker image itself (`engine.docker_image`).
-    Image,
-}
-
-struct Out<'a> {
+pub(super) struct Out<'a> {
     node: &'a str,
     checks: Vec<Check>,
 }
 
 impl Out<'_> {
-    fn push(&mut self, id: &'static str, verdict: Verdict, message: impl Into<String>, fix: Option<String>) {
+    pub(super) fn push(&mut self, id: &'static str, verdict: Verdict, message: impl Into<String>, fix: Option<String>) {
         self.checks.push(Check { node: self.node.to_string(), id, verdict, message: message.into(), fix });
     }
-    fn pass(&mut self, id: &'static str, m: impl Into<String>) {
+    pub(super) fn pass(&mut self, id: &'static str, m: impl Into<String>) {
         self.push(id, Verdict::Pass, m, None);
     }
-    fn warn(&mut self, id: &'static str, m: impl Into<String>, fix: impl Into<String>) {
+    pub(super) fn warn(&mut self, id: &'static str, m: impl Into<String>, fix: impl Into<String>) {
         self.push(id, Verdict::Warn, m, Some(fix.into()));
     }
-    fn fail(&mut self, id: &'static str, m: impl Into<String>, fix: impl Into<String>) {
+    pub(super) fn fail(&mut self, id: &'static str, m: impl Into<String>, fix: impl Into<String>) {
         self.push(id, Verdict::Fail, m, Some(fix.into()));
     }
-    fn skip(&mut self, id: &'static str, m: impl Into<String>) {
+    pub(super) fn skip(&mut self, id: &'static str, m: impl Into<String>) {
         self.push(id, Verdict::Skip, m, None);
     }
 }
@@ -127,7 +118,7 @@ pub fn node_checks(spec: &NodeSpec, f: &NodeFacts) -> Vec<Check> {
     memory(&mut o, spec, f);
     leftovers(&mut o, spec, f);
     disk(&mut o, spec, f);
-    versions(&mut o, spec, f);
+    super::vllm_check::versions(&mut o, spec, f);
     fabric(&mut o, spec, f);
     reachability(&mut o, spec, f);
     clock_and_firewall(&mut o, spec, f);
@@ -330,54 +321,6 @@ fn disk(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
             "check the path exists and is readable",
         ),
     }
-}
-
-fn versions(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
-    let docker = f.docker.as_ref();
-    let (found, place) = match spec.vllm_source {
-        VllmSource::Venv => (f.vllm_version.as_ref(), "in the engine venv".to_string()),
-        VllmSource::Image => (
-            docker.and_then(|d| d.vllm_version.as_ref()),
-            docker.map_or_else(String::new, |d| {
-                let id = super::docker_checks::image_id(d).map(short_id).unwrap_or_default();
-                format!("in image {} ({id})", d.image)
-            }),
-        ),
-    };
-    let supported = crate::vllm_support::supported_list();
-    match (found, spec.vllm_source) {
-        (None, VllmSource::Venv) => {
-            o.skip("vllm", format!("the engine venv is not set up on this node yet; {}", spec.vllm_fix))
-        }
-        (None, VllmSource::Image) => o.skip("vllm", "the image is not on this node: its vLLM is read once it is"),
-        (Some(Err(e)), _) => {
-            o.fail("vllm", format!("cannot read the engine's vLLM version {place}: {e}"), spec.vllm_fix.clone())
-        }
-        (Some(Ok(v)), _) => {
-            let v = v.trim();
-            let pin = if spec.vllm_version.is_empty() {
-                String::new()
-            } else {
-                format!("; the kit pins {}", spec.vllm_version)
-            };
-            if !crate::vllm_support::is_supported(v) {
-                o.fail(
-                    "vllm",
-                    format!("vLLM {v} {place} is not a release the overlay supports ({supported}){pin}"),
-                    spec.vllm_fix.clone(),
-                );
-            } else if !crate::vllm_support::matches_pin(v, &spec.vllm_version) {
-                o.fail("vllm", format!("vLLM {v} {place}{pin} (supported: {supported})"), spec.vllm_fix.clone());
-            } else {
-                o.pass("vllm", format!("vLLM {v} {place} (supported: {supported})"));
-            }
-        }
-    }
-}
-
-fn short_id(id: &str) -> &str {
-    let id = id.strip_prefix("sha256:").unwrap_or(id);
-    &id[..id.len().min(12)]
 }
 
 fn read_num(p: Option<&Probed>) -> Option<u64> {
