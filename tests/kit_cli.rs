@@ -286,3 +286,25 @@ fn the_spark_kits_name_a_released_vllm_and_refuse_floating_tags_and_unsupported_
         );
     }
 }
+
+/// #28 item 4: a failure prints its whole cause chain through the binary: the error, then one
+/// `caused by:` line per `#[source]` below it (`?` into `Failure` keeps the chain), then the hint.
+#[test]
+fn a_failure_prints_its_cause_chain() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("kit.yaml");
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.to_str().unwrap();
+    for cmd in [&["kit", "check", path][..], &["plan", "--kit", path][..]] {
+        let out = spark(cmd, &[]);
+        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "error: cannot read kit file {}\ncaused by: Is a directory (os error 21)\nhint: check the path and its permissions\n",
+                dir.display()
+            ),
+            "{cmd:?}"
+        );
+    }
+}

@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod cache_capped;
 pub mod checkpoint_source;
+mod classes;
 pub mod completions;
 pub mod config;
 pub mod download;

@@ -26,6 +26,7 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let facts = gather_facts(kit, &input, &settings.deploy.logs);
     let report = evaluate(kit, &input, &facts);
+<<<<<<< HEAD
     if report.status == Verdict::Pass {
         match super::image_lock::record_first_seen(&settings, &facts) {
             Ok(Some(line)) => {
@@ -40,6 +41,9 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     } else {
         report.text()
     };
+=======
+    let text = if args.json { serde_json::to_string_pretty(&report)? } else { report.text() };
+>>>>>>> main
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let (_, warn, fail, unchecked) = report.counts();
     match report.status {

@@ -6,8 +6,21 @@ use std::path::{Path, PathBuf};
 
 use crate::dirs::env_value;
 
+/// `HF_HOME`: `$HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`
+/// (`huggingface_hub`'s order; the Hub token file lives there too, `hub::auth`).
+#[must_use]
+pub fn hf_home(env: &[(String, String)], home: &Path) -> PathBuf {
+    if let Some(h) = env_value(env, "HF_HOME").filter(|v| !v.trim().is_empty()) {
+        return PathBuf::from(h);
+    }
+    if let Some(x) = env_value(env, "XDG_CACHE_HOME").filter(|v| !v.trim().is_empty()) {
+        return Path::new(x).join("huggingface");
+    }
+    home.join(".cache/huggingface")
+}
+
 /// The HF hub cache: kit `paths.hf_cache` (expanded by the caller), else `HF_HUB_CACHE`, else
-/// `HF_HOME/hub`, else `~/.cache/huggingface/hub` (`huggingface_hub`'s own order).
+/// `<HF_HOME>/hub` ([`hf_home`]) — `huggingface_hub`'s own order.
 #[must_use]
 pub fn cache_location(configured: Option<&Path>, env: &[(String, String)], home: &Path) -> PathBuf {
     if let Some(p) = configured {
@@ -16,10 +29,7 @@ pub fn cache_location(configured: Option<&Path>, env: &[(String, String)], home:
     if let Some(p) = env_value(env, "HF_HUB_CACHE") {
         return PathBuf::from(p);
     }
-    if let Some(p) = env_value(env, "HF_HOME") {
-        return Path::new(p).join("hub");
-    }
-    home.join(".cache/huggingface/hub")
+    hf_home(env, home).join("hub")
 }
 
 /// A repo's folder name in the cache: `models--owner--name`.
@@ -74,6 +84,9 @@ mod tests {
         assert_eq!(cache_location(None, &e(&[("HF_HOME", "/x"), ("HF_HUB_CACHE", "/y")]), home), PathBuf::from("/y"));
         assert_eq!(cache_location(Some(Path::new("/k")), &e(&[("HF_HUB_CACHE", "/y")]), home), PathBuf::from("/k"));
         assert_eq!(cache_location(None, &e(&[("HF_HUB_CACHE", "")]), home), PathBuf::from("/h/.cache/huggingface/hub"));
+        // As huggingface_hub: HF_HOME defaults under XDG_CACHE_HOME (the token file's home too).
+        assert_eq!(cache_location(None, &e(&[("XDG_CACHE_HOME", "/c")]), home), PathBuf::from("/c/huggingface/hub"));
+        assert_eq!(hf_home(&e(&[("XDG_CACHE_HOME", "/c"), ("HF_HOME", "/x")]), home), PathBuf::from("/x"));
     }
 
     #[test]

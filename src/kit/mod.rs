@@ -40,7 +40,7 @@ pub struct KitSource {
 pub enum KitError {
     #[error("no kit named `{name}` and no such file; built-in kits: {available}")]
     NotFound { name: String, available: String },
-    #[error("cannot read kit file {path}: {source}")]
+    #[error("cannot read kit file {path}")]
     Read { path: String, source: std::io::Error },
     #[error("{file}:{line}:{col}: YAML syntax error: {msg}")]
     Syntax { file: String, line: usize, col: usize, msg: String },
