@@ -26,7 +26,6 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let facts = gather_facts(kit, &input, &settings.deploy.logs);
     let report = evaluate(kit, &input, &facts);
-<<<<<<< HEAD
     if report.status == Verdict::Pass {
         match super::image_lock::record_first_seen(&settings, &facts) {
             Ok(Some(line)) => {
@@ -36,14 +35,7 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             Err(e) => return Err(Failure::runtime(format!("cannot record the engine image in spark-kit.lock: {e}"))),
         }
     }
-    let text = if args.json {
-        serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
-    } else {
-        report.text()
-    };
-=======
     let text = if args.json { serde_json::to_string_pretty(&report)? } else { report.text() };
->>>>>>> main
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let (_, warn, fail, unchecked) = report.counts();
     match report.status {

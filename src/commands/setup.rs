@@ -22,17 +22,13 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             kit.engine.docker_image.as_deref().unwrap_or("?")
         )));
     }
-<<<<<<< HEAD
-    let recipe = Recipe::load(&kit.engine.requirements).map_err(|e| Failure::usage(e.to_string()))?;
+    let recipe = Recipe::load(&kit.engine.requirements)?;
     recipe.check_host(std::env::consts::ARCH, venv::BUILD_PYTHON_VERSION).map_err(|e| {
         Failure::usage(e.to_string()).with_hint(
             "run `spark-kit setup` on the nodes themselves, with a spark-kit built there against that CPython \
              (docs/operations.md, \"Which vLLM\"); on this machine use --kit tiny-cpu",
         )
     })?;
-=======
-    let recipe = Recipe::load(&kit.engine.requirements)?;
->>>>>>> main
     let reporter = Lines::new(args.quiet || args.json);
     let info = venv::ensure(&s.deploy.dirs.cache, &recipe, &reporter).map_err(|e| {
         let cache_hint = e.cache_hint(&s.deploy.dirs.cache);
