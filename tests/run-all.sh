@@ -5,7 +5,8 @@
 #   bash tests/run-all.sh
 #
 # After the build and the fast Rust tests, three lanes run side by side: the Python overlay's
-# tests and two lanes of end-to-end binaries (tests/lanes.txt); then the binaries that must run
+# tests followed by the vLLM version matrix (tests/vllm-matrix.sh, its venvs built in the
+# background from the start), and two lanes of end-to-end binaries (tests/lanes.txt); then the binaries that must run
 # alone. The end-to-end tests spend much of their time waiting on engines (boots, restarts,
 # stall and drain thresholds), so this cuts the wall time without dropping a test. Each job's output goes to its own log, printed
 # whole when it ends; a table of seconds closes the run.
@@ -26,6 +27,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
     echo "missing packages (need root to install): ${missing[*]}; tests that need them will say so and skip" >&2
   fi
 fi
+
+# The version matrix's vLLM venvs (tests/vllm-matrix.sh: two sdist builds, ~2.5 min each cold,
+# cached under ~/.cache/spark-kit/matrix) build in the background from here, beside the Rust
+# build; the matrix itself runs later beside the Python overlay's tests.
+matrix_build_log=$(mktemp "${TMPDIR:-/tmp}/spark-kit-matrix-build.XXXXXX")
+bash tests/vllm-matrix.sh --build-only > "$matrix_build_log" 2>&1 &
+matrix_build=$!
 
 step "cargo fmt --check"
 cargo fmt --check
@@ -108,9 +116,15 @@ lane() {
 step "cargo test: unit and integration (logs in $logs)"
 run cargo-fast env SPARK_KIT_TEST_E2E=1 cargo test --no-fail-fast --lib --bins "${fast[@]}"
 
-step "python overlay tests and the end-to-end lanes, side by side"
-run pytest env SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
-  PYTHONPATH=python_overlay "$venv/bin/python" -m pytest python_overlay/tests -q -p no:cacheprovider &
+step "python overlay tests, the vLLM version matrix and the end-to-end lanes, side by side"
+matrix_rc=0
+wait "$matrix_build" || matrix_rc=$?
+printf '\n== vllm-matrix venvs (background build): exit %d\n' "$matrix_rc"; cat "$matrix_build_log"
+{
+  run pytest env SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
+    PYTHONPATH=python_overlay "$venv/bin/python" -m pytest python_overlay/tests -q -p no:cacheprovider
+  run vllm-matrix bash tests/vllm-matrix.sh --tiny-cpu-venv "$venv"
+} &
 lane a &
 lane b &
 wait

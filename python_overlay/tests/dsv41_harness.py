@@ -112,6 +112,16 @@ def build(vc):
             return DeepseekV41ForCausalLM(vllm_config=vc, prefix="")
 
 
+def checkpoint(ckpt: Path, names: list[str]):
+    """The checkpoint's tensors in file order, each name appended to `names` as it is read."""
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            names.append(name)
+            yield name, f.get_tensor(name)
+
+
 def build_draft(vc):
     from vllm.config import set_current_vllm_config
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -136,24 +146,17 @@ def _draft_param(name: str) -> str:
 
 def draft_result(ckpt: Path, vc, linears: list[str] | None = None) -> dict:
     """The DSpark draft model: built with the target's (exl3) config, `mtp.*` loaded, PWAL, its EXL3 layers run."""
-    from safetensors import safe_open
     from vllm.config import set_current_vllm_config
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
     draft, dvc = build_draft(vc)
-    names = []
-
-    def stream():
-        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-            for name in f.keys():
-                names.append(name)
-                yield name, f.get_tensor(name)
+    names: list[str] = []
 
     out = {}
     with set_current_vllm_config(dvc):
         tracker = consumed.Tracker(draft)
-        draft.load_weights(tracker.watch(stream()))
+        draft.load_weights(tracker.watch(checkpoint(ckpt, names)))
         report = tracker.report(names, ckpt / "model.safetensors", _draft_param, DRAFT_ALIASED)
         report["not_consumed"] = [n for n in report["not_consumed"] if classes.DRAFT.match(n)]
         report["methods"] = classes.method_map(draft)
@@ -181,21 +184,14 @@ def draft_result(ckpt: Path, vc, linears: list[str] | None = None) -> dict:
 def load(model, vc, ckpt: Path) -> dict:
     """load_weights + process_weights_after_loading: what was consumed, what is missing, the quant map and the
     dense-served weights (taken before PWAL, which packs CPU linear weights away)."""
-    from safetensors import safe_open
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
 
-    names = []
-
-    def stream():
-        with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
-            for name in f.keys():
-                names.append(name)
-                yield name, f.get_tensor(name)
+    names: list[str] = []
 
     with set_current_vllm_config(vc):
         tracker = consumed.Tracker(model)
-        model.load_weights(tracker.watch(stream()))
+        model.load_weights(tracker.watch(checkpoint(ckpt, names)))
         report = tracker.report(names, ckpt / "model.safetensors")
         report["methods"] = classes.method_map(model)
         report["dense"] = dense_weights(model)

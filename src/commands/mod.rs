@@ -14,6 +14,7 @@ pub mod engine;
 pub mod guard;
 pub mod hub_run;
 pub mod image;
+pub mod image_lock;
 pub mod kits;
 pub mod load;
 pub mod logs;

@@ -16,9 +16,19 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             "kit {} runs the engine from the docker image {}; `setup` makes venvs only",
             kit.name,
             kit.engine.docker_image.as_deref().unwrap_or("?")
+        ))
+        .with_hint(format!(
+            "pull that image on every node (`docker pull {}`); `spark-kit preflight` checks its vLLM",
+            kit.engine.docker_image.as_deref().unwrap_or("?")
         )));
     }
     let recipe = Recipe::load(&kit.engine.requirements)?;
+    recipe.check_host(std::env::consts::ARCH, venv::BUILD_PYTHON_VERSION).map_err(|e| {
+        Failure::usage(e.to_string()).with_hint(
+            "run `spark-kit setup` on the nodes themselves, with a spark-kit built there against that CPython \
+             (docs/operations.md, \"Which vLLM\"); on this machine use --kit tiny-cpu",
+        )
+    })?;
     let reporter = Lines::new(args.quiet || args.json);
     let info = venv::ensure(&s.deploy.dirs.cache, &recipe, &reporter).map_err(|e| {
         let cache_hint = e.cache_hint(&s.deploy.dirs.cache);
