@@ -30,4 +30,5 @@ pub mod reporter;
 pub mod settings;
 pub mod signals;
 pub mod supervisor;
+pub mod vllm_support;
 pub mod weights;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::guard::{self, HostedGuard};
 use super::hang;
-use super::probe::{http_get, one_token, parse_progress};
+use super::prober::{Prober, Target};
 use super::runtime::{self, check_port, LaunchEnv, Runtime, UpReporter};
 use crate::cluster::protocol::{decode, encode, Command, Event, VERSION};
 use crate::deploy::Deployment;
@@ -68,8 +68,8 @@ struct Running {
     target: Option<EngineRef>,
     /// Boot phase and child exits read from the engine's lines.
     watch: Arc<Mutex<LogWatch>>,
-    /// The kit's deployment on this node (its ports and API key), resolved at `Start`.
-    deploy: Box<Deployment>,
+    /// The head's probes of the engine's API, on their own thread (None on a worker).
+    prober: Option<Prober>,
     kit: Box<Kit>,
     node: usize,
     started: Instant,
@@ -145,7 +145,7 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                                 runtime,
                                 target: None,
                                 watch,
-                                deploy: Box::new(deploy),
+                                prober: (kit.nodes[node].role == Role::Head).then(|| prober(&kit, &deploy)),
                                 kit,
                                 node,
                                 started: Instant::now(),
@@ -239,6 +239,13 @@ fn start(
     Ok((engine, runtime))
 }
 
+/// The head's probes of its engine: the internal port, the served model, the first API key.
+fn prober(kit: &Kit, deploy: &Deployment) -> Prober {
+    let (host, port) = deploy.ports.internal_addr();
+    let key = deploy.api_key().ok().flatten().map(str::to_string);
+    Prober::start(Target { host, port, model: kit.engine.served_model_name.clone(), key })
+}
+
 /// An error and its fix on one line.
 fn one_line(e: &runtime::UpError) -> String {
     e.hint().map_or_else(|| e.to_string(), |h| format!("{e} (fix: {h})"))
@@ -307,22 +314,13 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
             out.emit(&Event::Boot { phase });
         }
     }
-    let head = r.kit.nodes[r.node].role == Role::Head;
-    // The engine's own API behind the gateway (loopback, engine.internal_port).
-    let (host, port) = r.deploy.ports.internal_addr();
-    let healthy = head.then(|| http_get(host, port, "/health").is_some_and(|(c, _)| c == 200));
-    let progress = if healthy == Some(true) {
-        http_get(host, port, "/metrics").and_then(|(c, body)| (c == 200).then(|| parse_progress(&body)).flatten())
-    } else {
-        None
-    };
-    if healthy == Some(true)
-        && !r.ready_reported
-        && one_token(host, port, &r.kit.engine.served_model_name, r.deploy.api_key().ok().flatten())
-    {
+    // The head's latest probes (their thread never holds up this loop).
+    let seen = r.prober.as_ref().map(Prober::seen);
+    if let Some(at) = seen.and_then(|s| s.ready_at).filter(|_| !r.ready_reported) {
         r.ready_reported = true;
-        out.emit(&Event::Ready { seconds: r.started.elapsed().as_secs_f64() });
+        out.emit(&Event::Ready { seconds: at.saturating_duration_since(r.started).as_secs_f64() });
     }
+    let (healthy, progress) = (seen.map(|s| s.healthy), seen.and_then(|s| s.progress));
     out.emit(&Event::Heartbeat { engine_alive: true, quiet_s, mem_available, healthy, progress });
 }
 
@@ -353,16 +351,20 @@ mod tests {
     fn agent_says_hello_answers_files_and_exits_on_eof() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a"), b"xyz").unwrap();
+        // A dangling link (a shared-blob cache copied without its store) is not a weight file.
+        std::os::unix::fs::symlink("../../blobs/ab/gone", dir.path().join("c")).unwrap();
         let cmd = encode(&Command::CheckFiles {
             root: dir.path().display().to_string(),
-            files: vec!["a".into(), "b".into()],
+            files: vec!["a".into(), "b".into(), "c".into()],
         })
         .unwrap();
         let input = std::io::Cursor::new(format!("{cmd}\nnot json\n").into_bytes());
         let mut out = Buf(Vec::new());
         assert_eq!(run(1, &[], input, &mut out), 0);
         assert!(matches!(out.0[0], Event::Hello { .. }));
-        assert!(out.0.contains(&Event::Files { present: vec![("a".into(), 3)], missing: vec!["b".into()] }));
+        assert!(out
+            .0
+            .contains(&Event::Files { present: vec![("a".into(), 3)], missing: vec!["b".into(), "c".into()] }));
         assert!(out.0.iter().any(|e| matches!(e, Event::Error { fatal: false, .. })));
         assert!(matches!(out.0.last(), Some(Event::Stopped { .. })));
     }

@@ -59,7 +59,7 @@ pub(super) fn checkpoint_in(
     let modelled = || {
         deepseek_v41_flash_exl3(&DeepSeekV41Dims::default())
             .map(|c| (c, "virtual DeepSeek V4.1 Flash EXL3 (modelled shapes, no files)".to_string()))
-            .map_err(|e| Failure::runtime(e.to_string()))
+            .map_err(Failure::from)
     };
     if use_virtual {
         return modelled();
@@ -67,7 +67,7 @@ pub(super) fn checkpoint_in(
     let kit = &s.kit;
     match model.cloned().or_else(|| served(kit, &s.deploy)) {
         Some(p) => {
-            let ckpt = Checkpoint::open(&p).map_err(|e| Failure::runtime(e.to_string()))?;
+            let ckpt = Checkpoint::open(&p)?;
             Ok((ckpt, format!("checkpoint headers in {}", p.display())))
         }
         None if allow_virtual && is_dsv41_flash_exl3(kit) => modelled(),

@@ -15,7 +15,8 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let settings = load::settings(&args.kit, &ctx.env)?;
     let kit = &settings.kit;
     let input = PreflightInput { running: running(&settings), ..input(&settings) };
-    let _ = writeln!(ctx.err, "preflight: {} node(s) of kit {}", kit.nodes.len(), kit.name);
+    let _ =
+        writeln!(ctx.err, "preflight: {} node(s) of kit {}; engine: {}", kit.nodes.len(), kit.name, kit.engine_line());
     if let Some(r) = &input.running {
         let _ = writeln!(
             ctx.err,
@@ -25,11 +26,16 @@ pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let facts = gather_facts(kit, &input, &settings.deploy.logs);
     let report = evaluate(kit, &input, &facts);
-    let text = if args.json {
-        serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
-    } else {
-        report.text()
-    };
+    if report.status == Verdict::Pass {
+        match super::image_lock::record_first_seen(&settings, &facts) {
+            Ok(Some(line)) => {
+                let _ = writeln!(ctx.err, "{line}");
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Failure::runtime(format!("cannot record the engine image in spark-kit.lock: {e}"))),
+        }
+    }
+    let text = if args.json { serde_json::to_string_pretty(&report)? } else { report.text() };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let (_, warn, fail, unchecked) = report.counts();
     match report.status {

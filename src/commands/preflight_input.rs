@@ -19,8 +19,11 @@ use crate::supervisor::control::request;
 fn weights(s: &Settings) -> (Option<u64>, Option<u64>) {
     let kit = &s.kit;
     let Ok((ckpt, _)) = checkpoint_in(s, None, false, true) else { return (None, None) };
-    match weight_budget(&ckpt, kit.tensor_parallel_size, num_hidden_layers(&kit.model.k_map)) {
-        Ok(b) => (Some(b.per_rank_bytes), Some(b.total_bytes + b.excluded_bytes)),
+    let layers = num_hidden_layers(&kit.model.k_map);
+    // What the engine holds per rank: the EXL3 budget plus the classes served dense at load.
+    let dense = crate::checkpoint::reconcile::dense_at_load(&ckpt, kit.tensor_parallel_size, layers);
+    match weight_budget(&ckpt, kit.tensor_parallel_size, layers) {
+        Ok(b) => (Some(b.per_rank_bytes + dense.extra_per_rank), Some(b.total_bytes + b.excluded_bytes)),
         Err(_) => (None, None),
     }
 }
@@ -41,7 +44,7 @@ pub fn model_dir(kit: &Kit, d: &Deployment) -> PathBuf {
 pub fn input(s: &Settings) -> PreflightInput {
     let (kit, d) = (&s.kit, &s.deploy);
     let (weights_per_rank, weights_on_disk) = weights(s);
-    let vllm_python = (kit.engine.runtime == Runtime::Venv)
+    let vllm_python = (kit.engine.runtime == Runtime::Venv || kit.engine.docker_mount_venv)
         .then(|| Recipe::load(&kit.engine.requirements).ok())
         .flatten()
         .and_then(|r| venv::find(d.cache(), &r))
@@ -56,6 +59,9 @@ pub fn input(s: &Settings) -> PreflightInput {
         image_build,
         image_sync,
         gateway_holds_api_port: false,
+        setup: Some(s.kit_ref.command("setup", &[])),
+        image_vllm_cache: Some(d.cache().join("image-vllm").display().to_string()),
+        recorded_image: super::image_lock::recorded(s),
         running: None,
     }
 }

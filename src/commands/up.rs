@@ -27,12 +27,13 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         return up_detach::detach(&s, ctx);
     }
     let gw_line = up_gateway::summary(&gw_cfg, gw_note.as_deref());
-    let front = Front::start(gw_cfg).map_err(|e| Failure::runtime(e.to_string()))?;
+    let front = Front::start(gw_cfg)?;
     UpLines.line(&gw_line);
     let handles = Handles::new(&s.kit).with_front(front);
     signals::forward_to(Arc::clone(&handles.stop)).map_err(|e| Failure::runtime_error(&e))?;
-    serve(&s.socket, handles.clone())
-        .map_err(|e| Failure::runtime(format!("cannot open the control socket {}: {e}", s.socket.display())))?;
+    serve(&s.socket, handles.clone()).map_err(|e| {
+        Failure::runtime(format!("cannot open the control socket {}: {e}", s.socket.display())).caused_by_chain_of(&e)
+    })?;
     let registration = Registration::new(&s, args, &mut *ctx.err);
     let (key, kit_ref) = (s.key.clone(), s.kit_ref.clone());
     let text =
@@ -73,7 +74,7 @@ pub fn restart(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = settings(args, &ctx.env)?;
     if is_running(&s) {
         writeln!(ctx.err, "==> stopping the running deployment").map_err(|e| io_failure(&e))?;
-        request(&s.socket, &s.kit.name, "down", None).map_err(|e| Failure::runtime(e.to_string()))?;
+        request(&s.socket, &s.kit.name, "down", None)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         while s.socket.exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(200));

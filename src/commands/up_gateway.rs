@@ -16,7 +16,7 @@ use crate::settings::Settings;
 /// start), the weights are unknown: the plan then has no prefill budget and the note says so.
 fn plan_of(s: &Settings) -> (Plan, Option<String>) {
     let planned = checkpoint_in(s, None, false, true)
-        .and_then(|(c, label)| kit_plan(&s.kit, &c, &label, &[]).map_err(|e| Failure::runtime(e.to_string())));
+        .and_then(|(c, label)| kit_plan(&s.kit, &c, &label, &[]).map_err(Failure::from));
     match planned {
         Ok(p) => (p, None),
         Err(why) => (
@@ -36,10 +36,10 @@ pub(super) fn config(s: &Settings) -> Result<(GatewayConfig, Option<String>), Fa
         )));
     }
     let kit = &s.kit;
-    let keys = s.deploy.keys.clone().map_err(|e| Failure::usage(e.to_string()))?;
-    let port = s.deploy.ports.internal_tcp().map_err(|e| Failure::usage(e.to_string()))?;
+    let keys = s.deploy.keys.clone()?;
+    let port = s.deploy.ports.internal_tcp()?;
     let (p, note) = plan_of(s);
-    let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port).map_err(|e| Failure::usage(e.to_string()))?;
+    let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port)?;
     // The served checkpoint's tokenizer, for counting completion prompts in process; a missing
     // file (a model made on the first start) is tried again once the engine is ready.
     cfg.tokenizer =

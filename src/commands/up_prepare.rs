@@ -43,8 +43,9 @@ pub fn is_running(s: &Settings) -> bool {
 /// Refuse to start a kit that is running; fail before anything starts when the local head's API
 /// port is taken (vLLM would notice late).
 pub fn check_free(s: &Settings) -> Result<(), Failure> {
-    std::fs::create_dir_all(&s.deploy.logs)
-        .map_err(|e| Failure::runtime(format!("cannot create {}: {e}", s.deploy.logs.display())))?;
+    std::fs::create_dir_all(&s.deploy.logs).map_err(|e| {
+        Failure::runtime(format!("cannot create {}: {e}", s.deploy.logs.display())).caused_by_chain_of(&e)
+    })?;
     if let Ok(snap) = request(&s.socket, &s.kit.name, "status", Some(Duration::from_secs(5))) {
         return Err(Failure::runtime(format!(
             "kit {} is already running (supervisor pid {}, state {:?})",
@@ -57,8 +58,7 @@ pub fn check_free(s: &Settings) -> Result<(), Failure> {
         )));
     }
     if s.head_is_local() {
-        check_port(&s.deploy.ports.host, s.deploy.ports.api)
-            .map_err(|e| Failure::runtime(e.to_string()).with_hint_opt(e.hint()))?;
+        check_port(&s.deploy.ports.host, s.deploy.ports.api)?;
     }
     Ok(())
 }

@@ -101,8 +101,12 @@ pub fn repair_requests(kit: &Kit, bad: &[&LockEntry], engram_dir: &Path) -> Vec<
 /// Record what a download fetched in the kit's lock file at `lock` (the repos it fetched replace
 /// their earlier entries; others are kept).
 pub fn record(lock: &Path, kit: &str, summary: &Summary) -> Result<(), HubError> {
-    let mut lf =
-        LockFile::load(lock).unwrap_or(LockFile { version: LockFile::VERSION, kit: kit.to_string(), files: vec![] });
+    let mut lf = LockFile::load(lock).unwrap_or(LockFile {
+        version: LockFile::VERSION,
+        kit: kit.to_string(),
+        files: vec![],
+        images: Vec::new(),
+    });
     kit.clone_into(&mut lf.kit);
     let repos: Vec<String> = summary.repos.iter().map(|r| r.repo.clone()).collect();
     lf.merge(&repos, summary.lock.clone());

@@ -87,13 +87,17 @@ def _decode(parts: dict[str, torch.Tensor], prefix: str, shape: tuple[int, int],
 
 
 def reconcile(
-    weights: Iterable[tuple[str, torch.Tensor]], config, dtype: torch.dtype, scope: str | None = None
+    weights: Iterable[tuple[str, torch.Tensor]],
+    config,
+    dtype: torch.dtype,
+    scope: str | None = None,
+    passed: set[str] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint stream with the decoded-at-load classes replaced by dense `<prefix>.weight` tensors.
 
     Names outside `scope` (a prefix; None = all) pass through untouched. The
     dense tensors follow the rest of the stream (their parts may arrive in
-    any order).
+    any order). EXL3 tensors handed on to vLLM are added to `passed`.
     """
     held: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
@@ -101,15 +105,19 @@ def reconcile(
         if kind in KINDS and (scope is None or name.startswith(scope)) and (DENSE.match(prefix) or WO_A.match(prefix)):
             held.setdefault(prefix, {})[name] = tensor
             continue
+        if kind in KINDS and passed is not None:
+            passed.add(name)
         yield name, tensor
     slices: dict[str, dict[int, torch.Tensor]] = {}
+    sources: dict[str, list[str]] = {}
     for prefix, parts in sorted(held.items()):
         wo_a = WO_A.match(prefix)
         if wo_a is None:
-            yield f"{prefix}.weight", _decode(parts, prefix, _shape(config, prefix), dtype)
+            yield f"{prefix}.weight", _sourced(_decode(parts, prefix, _shape(config, prefix), dtype), parts)
             continue
         layer, group = wo_a.group(1), int(wo_a.group(2))
         slices.setdefault(layer, {})[group] = _decode(parts, prefix, _shape(config, layer), dtype)
+        sources.setdefault(layer, []).extend(parts)
     groups = getattr(getattr(config, "text_config", config), "o_groups", 0)
     for layer, got in sorted(slices.items()):
         missing = [g for g in range(groups) if g not in got]
@@ -120,7 +128,13 @@ def reconcile(
                 f"{layer}.slice.{bad}.trellis: {'missing' if missing else 'not a group'}; the checkpoint stores "
                 f"wo_a as o_groups={groups} slices {layer}.slice.0..{groups - 1}"
             )
-        yield f"{layer}.weight", torch.cat([got[g] for g in range(groups)], 0)
+        yield f"{layer}.weight", _sourced(torch.cat([got[g] for g in range(groups)], 0), sources[layer])
+
+
+def _sourced(tensor: torch.Tensor, names) -> torch.Tensor:
+    """Record the checkpoint tensors a decoded weight was made from (the contract test counts them consumed)."""
+    tensor._spark_sources = tuple(names)
+    return tensor
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -138,21 +152,36 @@ def wrap_load_weights(cls, scope: str | None) -> None:
     original = cls.load_weights
 
     def load_weights(self, weights):
-        stream = reconcile(weights, self.config, _model_dtype(self), scope)
+        passed: set[str] = set()
+        stream = reconcile(weights, self.config, _model_dtype(self), scope, passed)
         try:
             return original(self, stream)
         except (KeyError, ValueError) as err:
-            if not any(f".{k}" in str(err) for k in KINDS):
+            culprit = _culprit(str(err), passed)
+            if culprit is None:
                 raise
             raise Exl3FormatError(
-                f"an EXL3 tensor reached a vLLM layer with no EXL3 method ({type(err).__name__}: {err}); "
-                f"vLLM {_version()}'s {cls.__name__} builds it without a quantization method and the overlay "
-                "does not decode that class at load (docs/exl3-overlay.md lists the classes it does)"
+                f"{culprit}: an EXL3 tensor reached a vLLM layer with no EXL3 method ({type(err).__name__}: "
+                f"{err}); vLLM {_version()}'s {cls.__name__} builds that layer without a quantization method "
+                "and the overlay does not decode its class at load (docs/exl3-overlay.md lists the classes it does)"
             ) from err
 
     load_weights.__wrapped__ = original
     cls.load_weights = load_weights
     cls._spark_exl3_reconciled = True
+
+
+def _culprit(message: str, passed: set[str]) -> str | None:
+    """The EXL3 tensor a vLLM load error is about: named in it, or whose layer it names."""
+    for name in sorted(passed):
+        if name in message:
+            return name
+    for name in sorted(passed):
+        prefix = name.rpartition(".")[0]
+        if f"'{prefix}'" in message or f"'{prefix.rsplit('.', 1)[-1]}'" in message:
+            return name
+    return next((w.strip("'\"") for w in message.split() if w.strip("'\"").endswith(tuple(f".{k}" for k in KINDS))),
+                None)
 
 
 def _version() -> str:
