@@ -1,0 +1,303 @@
+"""MoE decode at 1..64 rows (issue 30): exllamav3's decode kernel in row chunks, spark-kit's own
+decode kernel, exllamav3's own best path and the cold-read floor, side by side in one run.
+
+Run on the GPU machine (README.md beside this file):
+
+    python tests/gpu/exl3_moe_decode.py --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR [--prebuilt SO]
+
+Shape: TP rank 0 of 2 of one MoE layer of the reference model (384 experts, hidden 5120,
+intermediate 2304 -> 1152 per rank, top-6, MUL1, K 3, random trellis words). Steps (results to
+DIR/results-decode.json after each):
+1. accuracy: both TP-2 ranks summed vs the unsplit float32 CPU reference (8 experts routed) for
+   the chunked decode kernel (4..64 rows) and the own kernel (1..8 rows, chunked above), outputs
+   poisoned with NaN before each call; graph replay with new inputs vs eager.
+2. moe: every size in ROWS, each timed over 8 routings in turn (weights beyond the L2):
+   exllamav3's best path (<= 8 rows its decode kernel as its module calls it; above, exl3_moe with
+   its host-side schedule), the decode kernel in chunks of 8/16/32/42 rows, the own kernel, the
+   current fused path, and the floor: a cold read (rotating buffers, graph) of exactly the bytes
+   that size reads (the routed experts' trellises and scales). Each as a multiple of the floor and
+   as % of 4.8 TB/s; glue = chunked path - the same launches with inputs already converted.
+3. linears: exl3_gemm vs fp16 matmul at decode sizes (from exl3_moe_fused.py).
+4. estimate: decode ceiling with the checkpoint's layer count read from src/checkpoint/dsv41.rs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO / "python_overlay"))
+sys.path.insert(0, str(HERE))
+
+import exl3_moe_fused as base  # noqa: E402
+from spark_overlay import exl3  # noqa: E402
+from spark_overlay.exl3.backends.cuda_decode import loader  # noqa: E402
+from spark_overlay.exl3.backends.cuda_decode.coop_rows import CoopRows, max_chunk  # noqa: E402
+from spark_overlay.exl3.backends.cuda_decode.own import OwnDecodeMoE  # noqa: E402
+from spark_overlay.exl3.cuda_moe_fused import Exl3FusedMoE  # noqa: E402
+
+HIDDEN, INTER, EXPERTS, TOP_K, K = base.HIDDEN, base.INTER, base.EXPERTS, base.TOP_K, base.K_ROUTED
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+CHUNKS = (8, 16, 32, 42)
+HBM = 4.8e12
+ROTATE = 8
+TOL = 2e-3
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def layer_counts() -> dict:
+    """Decoder layers and DSpark (MTP) stages of the checkpoint, read from src/checkpoint/dsv41.rs."""
+    text = (REPO / "src" / "checkpoint" / "dsv41.rs").read_text()
+    layers = int(re.search(r"^\s*layers: (\d+),", text, re.M).group(1))
+    mtp = int(re.search(r"^\s*mtp_layers: (\d+),", text, re.M).group(1))
+    return {"decoder_layers": layers, "mtp_stages": mtp}
+
+
+def expert_bytes(loop) -> int:
+    """Bytes one expert's gate/up/down trellises and suh/svh occupy on this rank."""
+    total = 0
+    for sid in ("w1", "w3", "w2"):
+        shard = loop.layers[0][sid].shards[0]
+        total += sum(shard[k].numel() * shard[k].element_size() for k in ("trellis", "suh", "svh"))
+    return total
+
+
+class Floor:
+    """Cold reads of n bytes: a graph reading ROTATE consecutive slices of a pool beyond the L2."""
+
+    def __init__(self, lib, max_bytes: int):
+        self.lib = lib
+        self.slice = (max_bytes + 4095) // 4096 * 4096
+        self.pool = torch.empty(self.slice * ROTATE // 4 + 1024, dtype=torch.int32, device="cuda").random_()
+        self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def read(self, offset: int, nbytes: int) -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        blocks = max(1, min(sms * 4, (nbytes // 16 + 511) // 512))
+        err = self.lib.spark_floor_read(self.pool.data_ptr() + offset, nbytes // 16, self.sink.data_ptr(), blocks,
+                                        stream)
+        loader.check(err, "spark_floor_read")
+
+    def time_us(self, nbytes: int) -> float:
+        fns = [lambda i=i: self.read(i * self.slice, nbytes) for i in range(ROTATE)]
+        return base.graph_time(fns, iters=20)
+
+
+def own_call(own: OwnDecodeMoE, x, w, ids, chunk=8):
+    """The own kernel over any row count (8-row chunks), output pre-filled with NaN."""
+    out = torch.full((ids.shape[0], HIDDEN), float("nan"), dtype=x.dtype, device="cuda")
+    for s in range(0, ids.shape[0], chunk):
+        own(x[s:s + chunk], w[s:s + chunk], ids[s:s + chunk], out[s:s + chunk])
+    return out
+
+
+def accuracy(ext, lib, results):
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    full = base.full_experts(EXPERTS, gen, "cuda")
+    ranks = [Exl3FusedMoE(base.rank_loop(full, r, 2, ext), ext, "cuda", base.MAX_ROWS, f"rank{r}", top_k=TOP_K)
+             for r in range(2)]
+    coops = [{c: coop_for(layer, c) for c in (8, 32)} for layer in ranks]
+    owns = [own_for(layer) for layer in ranks]
+    dense, rows = {}, []
+    for tokens in (1, 4, 8, 16, 40, 64):
+        x, w, ids = base.routing(tokens, gen, only=8)
+        xf = x.float().cpu()
+        ref = torch.zeros(tokens, HIDDEN)
+        for e in sorted(set(ids.reshape(-1).tolist())):
+            if e not in dense:
+                dense[e] = {sid: exl3.full_weight(*(full[e][sid][k].cpu() for k in ("trellis", "suh", "svh")), "mul1")
+                            for sid in ("w1", "w3", "w2")}
+            d = dense[e]
+            we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
+            ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
+        row = {"tokens": tokens}
+        for c in (8, 32):
+            y = sum(cp[c](x, w, ids).float().cpu() for cp in coops)
+            row[f"coop_chunk{c}_vs_ref"] = base.rel(y, ref)
+        y = sum(own_call(o, x, w, ids).float().cpu() for o in owns)
+        row["own_nonfinite"] = int((~torch.isfinite(y)).sum())
+        row["own_vs_ref"] = base.rel(torch.nan_to_num(y, nan=1e9), ref)
+        rows.append(row)
+        log(json.dumps(row))
+    replays = []
+    for tokens, name in ((16, "coop_chunk8"), (64, "coop_chunk32"), (4, "own"), (1, "own")):
+        fn = {"coop_chunk8": coops[0][8], "coop_chunk32": coops[0][32]}.get(name) or (lambda a, b, c: own_call(owns[0], a, b, c))
+        x, w, ids = base.routing(tokens, gen)
+        static = [t.clone() for t in (x, w, ids)]
+        graph, out = base.capture(lambda: fn(*static))
+        nx, nw, nids = base.routing(tokens, gen)
+        for s, n in zip(static, (nx, nw, nids)):
+            s.copy_(n)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = fn(nx, nw, nids)
+        replays.append({"path": name, "tokens": tokens, "max_rel": base.rel(out, eager)})
+    results["accuracy"] = {"rows": rows, "graph_replay_vs_eager": replays}
+    log(json.dumps(replays))
+    del ranks, coops, owns, full
+    torch.cuda.empty_cache()
+
+
+def coop_for(layer: Exl3FusedMoE, chunk: int) -> CoopRows:
+    k = float(K)
+    return CoopRows(layer.ext, layer.tables, (k, k, k), False, True, HIDDEN, layer.inter, TOP_K, chunk,
+                    torch.device("cuda"), layer.prefix)
+
+
+def own_for(layer: Exl3FusedMoE) -> OwnDecodeMoE:
+    return OwnDecodeMoE(layer.tables, K, HIDDEN, layer.inter, layer.num_local, TOP_K, torch.device("cuda"))
+
+
+def moe(ext, lib, results):
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    full = base.full_experts(EXPERTS, gen, "cuda")
+    loop = base.rank_loop(full, 0, 2, ext)
+    del full
+    fused = Exl3FusedMoE(loop, ext, "cuda", base.MAX_ROWS, "model.layers.3.mlp.experts", top_k=TOP_K)
+    host = base.host_scheduled(fused)
+    direct = base.coop_direct(fused)
+    coops = {c: coop_for(fused, c) for c in CHUNKS}
+    own = own_for(fused)
+    per_expert = expert_bytes(loop)
+    results["expert_bytes"] = per_expert
+    floor = Floor(lib, int(per_expert * EXPERTS + 2 * 64 * HIDDEN * 4))
+    table = []
+    for tokens in ROWS:
+        sets = [base.routing(tokens, gen) for _ in range(ROTATE)]
+        active = sum(len(set(ids.reshape(-1).tolist())) for _, _, ids in sets) / ROTATE
+        nbytes = int(active * per_expert + tokens * HIDDEN * 2 * 2)
+        row = {"tokens": tokens, "active_experts_mean": active, "bytes_read": nbytes}
+        row["floor_us"] = floor.time_us(nbytes // 16 * 16)
+        it = 20
+
+        def g(fn):
+            graph, _ = base.capture(lambda: [fn(*s) for s in sets])
+            us = base.cuda_time(graph.replay, it) / ROTATE
+            del graph
+            return us
+
+        if tokens <= 8:
+            row["exl3_best_path"] = "exl3_moe_coop (its decode kernel, graph)"
+            row["exl3_best_us"] = g(direct)
+        else:
+            row["exl3_best_path"] = "exl3_moe, host-scheduled (eager)"
+            row["exl3_best_us"] = base.cuda_time(lambda: [host(*s) for s in sets], it) / ROTATE
+        row["fused_main_us"] = g(fused)
+        ref = fused(*sets[0]).float()
+        for c in CHUNKS:
+            if c >= tokens and c != 8 and c != CHUNKS[-1]:
+                continue
+            row[f"coop_chunk{c}_us"] = g(coops[c])
+            row[f"coop_chunk{c}_vs_fused"] = base.rel(coops[c](*sets[0]), ref)
+        # Glue: the chunk-8 launches alone, inputs converted beforehand, into a fixed output
+        conv = [(x.half().contiguous(), ids.long().contiguous(), w.half().contiguous()) for x, w, ids in sets]
+        outbuf = torch.empty(tokens + 8, HIDDEN, dtype=torch.float32, device="cuda")
+
+        def bare(x16, ids64, w16, cp=coops[8]):
+            for s in range(0, tokens, 8):
+                cp.launch(x16[s:s + 8], ids64[s:s + 8], w16[s:s + 8], outbuf[s:s + 8])
+
+        graph, _ = base.capture(lambda: [bare(*c) for c in conv])
+        row["coop_chunk8_bare_us"] = base.cuda_time(graph.replay, it) / ROTATE
+        del graph
+        row["glue_us"] = round(row["coop_chunk8_us"] - row["coop_chunk8_bare_us"], 2)
+        try:
+            row["own_us"] = g(lambda x, w, ids: own_call(own, x, w, ids))
+            row["own_vs_fused"] = base.rel(own_call(own, *sets[0]), ref)
+            if tokens == 1:
+                for parts in (1, 2, 4):
+                    own.parts_a = parts
+                    row[f"own_parts{parts}_us"] = g(lambda x, w, ids: own(x, w, ids))
+                own.parts_a = 0
+        except Exception as err:  # keep the other columns
+            row["own_error"] = f"{type(err).__name__}: {err}"
+        for key in [k for k in row if k.endswith("_us") and k != "glue_us"]:
+            us = row[key]
+            row[key] = round(us, 2)
+            if key != "floor_us":
+                row[key.replace("_us", "_x_floor")] = round(us / row["floor_us"], 2)
+            row[key.replace("_us", "_pct_hbm")] = round(100 * nbytes / (us * 1e-6) / HBM, 1)
+        best_ours = min(v for k, v in row.items() if k.startswith("coop_chunk") and k.endswith("_us") and "bare" not in k)
+        row["best_chunked_over_exl3_best"] = round(best_ours / row["exl3_best_us"], 3)
+        if "own_us" in row:
+            row["own_over_exl3_best"] = round(row["own_us"] / row["exl3_best_us"], 3)
+        table.append(row)
+        log(json.dumps(row))
+    results["moe_rank0"] = table
+    del fused, loop, coops, own
+    torch.cuda.empty_cache()
+
+
+def estimate(results):
+    lin = results.get("decode_layer_linears", {}).get("total_us")
+    one = next((r for r in results.get("moe_rank0", []) if r["tokens"] == 1), None)
+    if lin is None or one is None:
+        return
+    counts = layer_counts()
+    out = {**counts, "linears_us_per_layer": lin}
+    for key in ("exl3_best", "fused_main", "coop_chunk8", "own", "floor"):
+        if f"{key}_us" in one:
+            for name, n in (("decode", counts["decoder_layers"]),
+                            ("with_mtp", counts["decoder_layers"] + counts["mtp_stages"])):
+                out[f"{key}_{name}_tok_s"] = round(1e6 / (n * (one[f"{key}_us"] + lin)), 1)
+    results["decode_ceiling"] = out
+    log(f"decode ceiling (one rank, MoE + EXL3 linears only): {out}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--wheel", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/exl3-scratch"))
+    parser.add_argument("--skip", default="", help="comma list of steps to skip: accuracy,moe,linears")
+    parser.add_argument("--prebuilt", type=Path, help="an exllamav3_ext .so built by an earlier run (no JIT build)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+               "layer_counts": layer_counts()}
+    t = time.time()
+    cap = torch.cuda.get_device_capability()
+    lib = loader.load(f"sm_{cap[0]}{cap[1]}")
+    results["own_build_s"] = round(time.time() - t, 1)
+    t = time.time()
+    ext = base.load_extension(args)
+    results["build_s"] = round(time.time() - t, 1)
+    log(f"own kernels {results['own_build_s']} s, exllamav3_ext {results['build_s']} s on {results['gpu']}")
+    steps = (("accuracy", lambda: accuracy(ext, lib, results)), ("moe", lambda: moe(ext, lib, results)),
+             ("linears", lambda: base.linears(ext, results)))
+    for name, fn in steps:
+        if name in skip:
+            continue
+        t = time.time()
+        try:
+            fn()
+        except Exception as err:  # keep what the other steps measured
+            results[f"{name}_error"] = f"{type(err).__name__}: {err}"
+            log(f"step {name} failed: {err!r}")
+        results[f"{name}_s"] = round(time.time() - t, 1)
+        estimate(results)
+        (args.out / "results-decode.json").write_text(json.dumps(results, indent=1))
+    acc = results.get("accuracy", {}).get("rows", [])
+    ok = bool(acc) and all(r["coop_chunk8_vs_ref"] <= TOL and r["coop_chunk32_vs_ref"] <= TOL for r in acc)
+    ok = ok and not any(k.endswith("_error") for k in results)
+    own_ok = bool(acc) and all(r["own_vs_ref"] <= TOL and r["own_nonfinite"] == 0 for r in acc)
+    log(f"own kernel accuracy {'OK' if own_ok else 'FAILED'}")
+    log("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
