@@ -122,7 +122,7 @@ __global__ void rot_in_kernel(const MoeArgs a)
 
 // GEMV over one projection for every row that picked the block's expert.
 // Block: 8 warps = 2 n-tiles (16 columns each) x 4 k-warps; blockIdx: (slot, proj, n-group, k-part).
-template <int K, int NR, int U>
+template <int K, int NR, int U, int D>
 __global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
@@ -203,24 +203,48 @@ __global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
     #pragma unroll
     for (int r = 0; r < NR; ++r) { acc0[r] = 0.0f; acc1[r] = 0.0f; }
 
+    // Each warp streams its k-tiles through a ring of D stages of U tiles in shared memory
+    // (cp.async, 16-byte pieces, L1 bypassed): D - 1 stages of loads stay in flight without
+    // holding registers, and the decode reads each tile's words from there.
+    constexpr int PIECES = U * WORDS / 4;  // 16-byte pieces per stage
+    __shared__ uint4 ring[8][D][PIECES];
     const size_t tile_stride = (size_t) ntiles_n * WORDS;
     const uint32_t* tp = trellis + (size_t) ntile * WORDS;
-    for (int kt = kb; kt < ke; kt += U)
+    const int batches = ke > kb ? (ke - kb + U - 1) / U : 0;
+    auto issue = [&] (int batch)
     {
-        uint32_t wa[U], wb[U], wc[U];
-        #pragma unroll
-        for (int u = 0; u < U; ++u)
+        if (batch < batches)
         {
-            const int t = min(kt + u, ke - 1);
-            const uint32_t* p = tp + (size_t) t * tile_stride;
-            wa[u] = __ldg(p + w0); wb[u] = __ldg(p + w1); wc[u] = __ldg(p + w2);
+            for (int i = lane; i < PIECES; i += 32)
+            {
+                const int t = kb + batch * U + i / (WORDS / 4);
+                if (t < ke)
+                {
+                    const uint4* src = (const uint4*) (tp + (size_t) t * tile_stride) + i % (WORDS / 4);
+                    const unsigned dst = (unsigned) __cvta_generic_to_shared(&ring[warp][batch % D][i]);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src));
+                }
+            }
         }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    #pragma unroll
+    for (int i = 0; i < D - 1; ++i) issue(i);
+    for (int batch = 0; batch < batches; ++batch)
+    {
+        issue(batch + D - 1);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(D - 1));
+        __syncwarp();
+        const uint32_t* stage = (const uint32_t*) ring[warp][batch % D];
         #pragma unroll
         for (int u = 0; u < U; ++u)
         {
-            if (kt + u >= ke) break;
-            const uint32_t h0 = __funnelshift_l(wb[u], wa[u], off);
-            const uint32_t h1 = __funnelshift_l(wc[u], wb[u], off);
+            const int kt = kb + batch * U + u;
+            if (kt >= ke) break;
+            const uint32_t* tw = stage + u * WORDS;
+            const uint32_t wa = tw[w0], wb = tw[w1], wc = tw[w2];
+            const uint32_t h0 = __funnelshift_l(wb, wa, off);
+            const uint32_t h1 = __funnelshift_l(wc, wb, off);
             float wv[8];
             #pragma unroll
             for (int j = 0; j < 8; ++j)
@@ -235,7 +259,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
                 wv[j] = fmaf(__uint_as_float(f), MUL1_S, MUL1_C);
             }
             // element (r, c) of position j: r = 2q + (j & 1) + 8 * ((j >> 1) & 1), c = lane / 4 + 8 * (j >> 2)
-            const int k0 = (kt + u) * 16 + 2 * q;
+            const int k0 = kt * 16 + 2 * q;
             #pragma unroll
             for (int r = 0; r < NR; ++r)
             {
@@ -252,7 +276,9 @@ __global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
                 acc1[r] = fmaf(wv[7], xb.y, acc1[r]);
             }
         }
+        __syncwarp();
     }
+    asm volatile("cp.async.wait_all;\n" ::);
     // Reduce over the 4 lanes of a column (q), then over the 4 k-warps in a fixed order
     #pragma unroll
     for (int r = 0; r < NR; ++r)
@@ -317,6 +343,8 @@ __global__ void mid_kernel(const MoeArgs a)
     *(float4*) (a.ah + (size_t) slot * a.I + col) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
+constexpr int OUT_MAX_TOPK = 8;
+
 __global__ void out_kernel(const MoeArgs a)
 {
     const int lane = threadIdx.x & 31;
@@ -328,57 +356,79 @@ __global__ void out_kernel(const MoeArgs a)
     const int slots = a.bsz * a.topk;
     const int col = chunk * 128 + lane * 4;
     float o[4] = {0, 0, 0, 0};
-    for (int k = 0; k < a.topk; ++k)
+    for (int k0 = 0; k0 < a.topk; k0 += OUT_MAX_TOPK)
     {
-        const int slot = row * a.topk + k;
-        const int e = expert_of(a.ids, a.ids64, slot);
-        if (e < 0 || e >= a.n_local) continue;
-        float v[4] = {0, 0, 0, 0};
-        for (int p = 0; p < a.parts_b; ++p)
-        {
-            const float4 dv = *(const float4*) (a.dd + ((size_t) p * slots + slot) * a.H + col);
-            v[0] += dv.x; v[1] += dv.y; v[2] += dv.z; v[3] += dv.w;
-        }
-        had128(v[0], v[1], v[2], v[3], lane);
-        const half* svh = (const half*) table(a, 2, 2, e);
-        const float rw = load_as_float(a.w, slot, a.w_dt);
+        // Every pick's loads first (independent), then the transforms in pick order
+        float4 dv[OUT_MAX_TOPK];
+        float rw[OUT_MAX_TOPK];
+        const half* svh[OUT_MAX_TOPK];
         #pragma unroll
-        for (int i = 0; i < 4; ++i) o[i] += rw * v[i] * __half2float(svh[col + i]);
+        for (int k = 0; k < OUT_MAX_TOPK; ++k)
+        {
+            const int slot = row * a.topk + k0 + k;
+            const int e = k0 + k < a.topk ? expert_of(a.ids, a.ids64, slot) : -1;
+            const bool live = e >= 0 && e < a.n_local;
+            dv[k] = make_float4(0, 0, 0, 0);
+            rw[k] = live ? load_as_float(a.w, slot, a.w_dt) : 0.0f;
+            svh[k] = live ? (const half*) table(a, 2, 2, e) : nullptr;
+            if (live)
+                for (int p = 0; p < a.parts_b; ++p)
+                {
+                    const float4 t = *(const float4*) (a.dd + ((size_t) p * slots + slot) * a.H + col);
+                    dv[k].x += t.x; dv[k].y += t.y; dv[k].z += t.z; dv[k].w += t.w;
+                }
+        }
+        #pragma unroll
+        for (int k = 0; k < OUT_MAX_TOPK; ++k)
+        {
+            if (k0 + k >= a.topk) break;
+            float v0 = dv[k].x, v1 = dv[k].y, v2 = dv[k].z, v3 = dv[k].w;
+            had128(v0, v1, v2, v3, lane);
+            if (svh[k] == nullptr) continue;
+            o[0] += rw[k] * v0 * __half2float(svh[k][col + 0]);
+            o[1] += rw[k] * v1 * __half2float(svh[k][col + 1]);
+            o[2] += rw[k] * v2 * __half2float(svh[k][col + 2]);
+            o[3] += rw[k] * v3 * __half2float(svh[k][col + 3]);
+        }
     }
     #pragma unroll
     for (int i = 0; i < 4; ++i) store_from_float(a.out, (int64_t) row * a.H + col + i, a.out_dt, o[i]);
 }
 
 template <int K, int NR>
-cudaError_t launch_gemv(const MoeArgs& a, int down, cudaStream_t stream)
+cudaError_t launch_gemv(const MoeArgs& a, int down, int unroll, cudaStream_t stream)
 {
     const int slots = a.bsz * a.topk;
     const int nproj = down ? 1 : 2;
     const int groups = (down ? a.H : a.I) >> 5;
     const int parts = down ? a.parts_b : a.parts_a;
     const int blocks = slots * nproj * groups * parts;
-    gemv_kernel<K, NR, 4><<<blocks, 256, 0, stream>>>(a, down);
+    // unroll: 2 -> stages of 2 tiles, 4 deep; 4 -> 4 tiles, 4 deep; 8 -> 4 tiles, 8 deep (K <= 5: shared memory)
+    constexpr int DEEP = K <= 5 ? 8 : 4;
+    if (unroll >= 8) gemv_kernel<K, NR, 4, DEEP><<<blocks, 256, 0, stream>>>(a, down);
+    else if (unroll >= 4) gemv_kernel<K, NR, 4, 4><<<blocks, 256, 0, stream>>>(a, down);
+    else gemv_kernel<K, NR, 2, 4><<<blocks, 256, 0, stream>>>(a, down);
     return cudaGetLastError();
 }
 
 template <int K>
-cudaError_t launch_gemv_k(const MoeArgs& a, int down, int nr, cudaStream_t stream)
+cudaError_t launch_gemv_k(const MoeArgs& a, int down, int nr, int unroll, cudaStream_t stream)
 {
-    if (nr <= 1) return launch_gemv<K, 1>(a, down, stream);
-    if (nr <= 2) return launch_gemv<K, 2>(a, down, stream);
-    if (nr <= 4) return launch_gemv<K, 4>(a, down, stream);
-    return launch_gemv<K, 8>(a, down, stream);
+    if (nr <= 1) return launch_gemv<K, 1>(a, down, unroll, stream);
+    if (nr <= 2) return launch_gemv<K, 2>(a, down, unroll, stream);
+    if (nr <= 4) return launch_gemv<K, 4>(a, down, unroll, stream);
+    return launch_gemv<K, 8>(a, down, unroll, stream);
 }
 
-cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, cudaStream_t stream)
+cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, int unroll, cudaStream_t stream)
 {
     switch (k)
     {
-        case 2: return launch_gemv_k<2>(a, down, nr, stream);
-        case 3: return launch_gemv_k<3>(a, down, nr, stream);
-        case 4: return launch_gemv_k<4>(a, down, nr, stream);
-        case 5: return launch_gemv_k<5>(a, down, nr, stream);
-        case 6: return launch_gemv_k<6>(a, down, nr, stream);
+        case 2: return launch_gemv_k<2>(a, down, nr, unroll, stream);
+        case 3: return launch_gemv_k<3>(a, down, nr, unroll, stream);
+        case 4: return launch_gemv_k<4>(a, down, nr, unroll, stream);
+        case 5: return launch_gemv_k<5>(a, down, nr, unroll, stream);
+        case 6: return launch_gemv_k<6>(a, down, nr, unroll, stream);
         default: return cudaErrorInvalidValue;
     }
 }
@@ -411,10 +461,12 @@ extern "C" {
 int spark_decode_supports(int k) { return k >= 2 && k <= 6; }
 
 // One MoE layer call, 1..8 rows (bsz * topk <= 64). Scratch sizes: xh slots*2*H, gu parts_a*slots*2*I,
-// ah slots*I, dd parts_b*slots*H floats. Returns a cudaError_t (0 = launched).
+// ah slots*I, dd parts_b*slots*H floats. unroll: k-tiles streamed per warp (2, 4, 8: see launch_gemv); stages: bit mask
+// of the five launches to run (31 = all; fewer only to time them one by one). Returns a cudaError_t.
 int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* out,
                      int out_dt, int bsz, int topk, int H, int I, int n_local, const int64_t* tables, int k,
-                     float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, cudaStream_t stream)
+                     float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, int stages,
+                     cudaStream_t stream)
 {
     if (bsz < 1 || bsz > 8 || topk < 1 || bsz * topk > 64 || H % 128 || I % 128 || !spark_decode_supports(k))
         return (int) cudaErrorInvalidValue;
@@ -425,19 +477,18 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     a.xh = xh; a.gu = gu; a.ah = ah; a.dd = dd; a.parts_a = parts_a; a.parts_b = parts_b;
     const int slots = bsz * topk;
     const int warps_in = slots * (H / 128) * 2;
-    rot_in_kernel<<<(warps_in + 7) / 8, 256, 0, stream>>>(a);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return (int) err;
-    err = launch_gemv_any(a, k, 0, bsz, stream);
+    cudaError_t err = cudaSuccess;
+    if (stages & 1) rot_in_kernel<<<(warps_in + 7) / 8, 256, 0, stream>>>(a);
+    if ((err = cudaGetLastError()) != cudaSuccess) return (int) err;
+    if (stages & 2) err = launch_gemv_any(a, k, 0, bsz, unroll, stream);
     if (err != cudaSuccess) return (int) err;
     const int warps_mid = slots * (I / 128);
-    mid_kernel<<<(warps_mid + 7) / 8, 256, 0, stream>>>(a);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return (int) err;
-    err = launch_gemv_any(a, k, 1, bsz, stream);
+    if (stages & 4) mid_kernel<<<(warps_mid + 7) / 8, 256, 0, stream>>>(a);
+    if ((err = cudaGetLastError()) != cudaSuccess) return (int) err;
+    if (stages & 8) err = launch_gemv_any(a, k, 1, bsz, unroll, stream);
     if (err != cudaSuccess) return (int) err;
     const int warps_out = bsz * (H / 128);
-    out_kernel<<<(warps_out + 7) / 8, 256, 0, stream>>>(a);
+    if (stages & 16) out_kernel<<<(warps_out + 7) / 8, 256, 0, stream>>>(a);
     return (int) cudaGetLastError();
 }
 

@@ -41,6 +41,7 @@ class OwnDecodeMoE:
         self.tables = torch.stack([tables[name] for name in order]).contiguous()  # [9, num_local] int64
         self.k, self.hidden, self.inter, self.num_local, self.top_k = int(k), hidden, inter, num_local, top_k
         self.parts_a, self.parts_b = 0, 1  # 0: chosen per call (2 k-parts for gate/up at <= 8 slots)
+        self.unroll, self.stages = 4, 31  # k-tiles per register batch; launches to run (31: all five)
         slots = ROWS * top_k
         f32 = {"dtype": torch.float32, "device": self.device}
         self.xh = torch.empty(slots, 2, hidden, **f32)
@@ -68,7 +69,7 @@ class OwnDecodeMoE:
             x.data_ptr(), DTYPES[x.dtype], ids.data_ptr(), int(ids.dtype == torch.int64), w.data_ptr(),
             DTYPES[w.dtype], out.data_ptr(), DTYPES[out.dtype], rows, top_k, self.hidden, self.inter,
             self.num_local, self.tables.data_ptr(), self.k, self.xh.data_ptr(), self.gu.data_ptr(),
-            self.ah.data_ptr(), self.dd.data_ptr(), parts_a, self.parts_b, stream,
+            self.ah.data_ptr(), self.dd.data_ptr(), parts_a, self.parts_b, self.unroll, self.stages, stream,
         )
         loader.check(err, "spark_decode_moe")
         return out
