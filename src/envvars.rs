@@ -1,7 +1,8 @@
 //! Every environment variable spark-kit reads, passes on or sets, in one table: the name, who
 //! uses it, what it means and its default. `docs/configuration.md` ("Environment variables") is
 //! generated from [`VARS`] by [`markdown`]; `tests/envvars.rs` fails when the docs differ or when
-//! `src/` names a variable this table does not list.
+//! `src/` or the Python overlay (`python_overlay/spark_overlay`, `python_overlay/tools`) names a
+//! variable this table does not list.
 //!
 //! The process environment is read once, in `main`, and handed to commands as pairs; the modules
 //! named below look variables up in those pairs. A name ending in `*` is a family (a prefix).
@@ -17,6 +18,10 @@ pub enum Use {
     Set,
     /// Read when spark-kit is compiled.
     Build,
+    /// The Python overlay reads it inside the engine (from what spark-kit sets or passes, or the user's shell).
+    Overlay,
+    /// An overlay tool (`python_overlay/tools/`) sets it for its own process.
+    Tool,
 }
 
 impl Use {
@@ -28,6 +33,8 @@ impl Use {
             Self::Passed => "passed to the engine",
             Self::Set => "set for the engine",
             Self::Build => "build time",
+            Self::Overlay => "read by the overlay",
+            Self::Tool => "set by an overlay tool",
         }
     }
 }
@@ -54,7 +61,7 @@ const fn var(
     EnvVar { name, uses, by, meaning, default }
 }
 
-use Use::{Build, Passed, Read, Set};
+use Use::{Build, Overlay, Passed, Read, Set, Tool};
 
 /// The registry, grouped: spark-kit's own, Hugging Face, docker, the engine's, build time.
 pub const VARS: &[EnvVar] = &[
@@ -166,14 +173,53 @@ pub const VARS: &[EnvVar] = &[
         "the key vLLM requires, from `engine.api_keys` (the variable `engine.api_keys.env` names is read)",
         "unset (no key)",
     ),
-    var("SPARK_ENGRAM_DIR", &[Set], "engram", "the slim Engram directory the overlay reads", "`paths.engram_dir`"),
+    var(
+        "SPARK_ENGRAM_DIR",
+        &[Set, Overlay],
+        "engram; overlay engram.hook",
+        "the slim Engram directory the overlay reads",
+        "`paths.engram_dir`",
+    ),
     var(
         "SPARK_ENGRAM_PACKED_DIR",
-        &[Set],
-        "engram",
+        &[Set, Overlay],
+        "engram; overlay engram.hook",
         "packed per-rank Engram shards (only when some exist)",
         "unset",
     ),
+    var(
+        "SPARK_ENGRAM",
+        &[Overlay],
+        "overlay engram.hook",
+        "`0`/`off`/`false`: vLLM's stock Engram table instead of file-backed rows",
+        "file-backed rows",
+    ),
+    var("SPARK_ENGRAM_IO_THREADS", &[Overlay], "overlay engram.hook", "threads reading Engram rows (1..256)", "`16`"),
+    var("SPARK_ENGRAM_DIRECT", &[Overlay], "overlay engram.hook", "`1`: Engram rows read with O_DIRECT; `0`: buffered", "`1`"),
+    var(
+        "SPARK_ENGRAM_RESIDENT_SCALES",
+        &[Overlay],
+        "overlay engram.hook",
+        "`1`: packed Engram scales kept in memory",
+        "`0`",
+    ),
+    var(
+        "SPARK_EXL3_MOE_COOP",
+        &[Overlay],
+        "overlay exl3.backends.select",
+        "`0`: EXL3 MoE calls of <= 8 rows use the sorted `exl3_moe` kernels, not exllamav3's decode kernel",
+        "`1`",
+    ),
+    var(
+        "VLLM_PROCESS_NAME_PREFIX",
+        &[Overlay],
+        "overlay plugin",
+        "vLLM's process-title prefix; the overlay's logs name the process role from it",
+        "`VLLM`",
+    ),
+    var("TOKENIZERS_PARALLELISM", &[Tool], "tools/make_tiny_model.py", "tokenizer training single-threaded", "`false`"),
+    var("RAYON_NUM_THREADS", &[Tool], "tools/make_tiny_model.py", "as `TOKENIZERS_PARALLELISM`", "`1`"),
+    var("OMP_NUM_THREADS", &[Tool], "tools/make_tiny_model.py", "torch threads while making the tiny model", "`1`"),
     var(
         "SPARKKIT_BUILD_PYTHON",
         &[Build],

@@ -1,6 +1,8 @@
 //! The environment-variable registry (`src/envvars.rs`) stays true: docs/configuration.md's
-//! "Environment variables" section is generated from it, every variable `src/` (or build.rs)
-//! names is in it, and every entry is still named somewhere in `src/`.
+//! "Environment variables" section is generated from it, every variable `src/` (or build.rs) or the
+//! shipped Python overlay (`python_overlay/spark_overlay`, `python_overlay/tools`) names is in it,
+//! and every entry is still named somewhere in them. The overlay's own tests
+//! (`python_overlay/tests`) are left out, as `#[cfg(test)]` items are in Rust.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -105,8 +107,71 @@ fn names_in(code: &str) -> Vec<(String, usize)> {
     out
 }
 
-/// name → first place it is named, over src/ and build.rs.
+/// Python: every env-var-like string literal (comments dropped), and every name read or set through
+/// `environ.get(` / `environ[` / `getenv(` / `setdefault(` / `env.get(` whatever its family, with its line.
+fn names_in_python(code: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("");
+        for quote in ['"', '\''] {
+            let mut parts = line.split(quote);
+            let mut before = parts.next().unwrap_or("").to_string();
+            while let (Some(lit), Some(after)) = (parts.next(), parts.next()) {
+                let shaped =
+                    !lit.is_empty() && lit.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+                let looks = shaped && (FAMILIES.iter().any(|f| lit.starts_with(f)) || WORDS.contains(&lit));
+                let read = ["environ.get(", "environ[", "getenv(", "setdefault(", "env.get("]
+                    .iter()
+                    .any(|c| before.trim_end().ends_with(c));
+                if looks || (shaped && read) {
+                    out.push((lit.to_string(), n + 1));
+                }
+                before = after.to_string();
+            }
+        }
+    }
+    out
+}
+
+fn py_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            py_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "py") {
+            out.push(p);
+        }
+    }
+}
+
+/// name → first place it is named, over the shipped Python overlay (not its tests).
+fn named_in_python() -> BTreeMap<String, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["python_overlay/spark_overlay", "python_overlay/tools"] {
+        py_files(&root.join(dir), &mut files);
+    }
+    let mut found = BTreeMap::new();
+    for f in files {
+        for (name, line) in names_in_python(&std::fs::read_to_string(&f).unwrap()) {
+            let at = format!("{}:{line}", f.strip_prefix(root).unwrap().display());
+            found.entry(name).or_insert(at);
+        }
+    }
+    found
+}
+
+/// name → first place it is named, over src/, build.rs and the shipped Python overlay.
 fn named_in_sources() -> BTreeMap<String, String> {
+    let mut found = named_in_rust();
+    for (name, at) in named_in_python() {
+        found.entry(name).or_insert(at);
+    }
+    found
+}
+
+/// name → first place it is named, over src/ and build.rs.
+fn named_in_rust() -> BTreeMap<String, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rs_files(&root.join("src"), &mut files);
@@ -135,6 +200,24 @@ fn every_variable_src_names_is_in_the_registry() {
 }
 
 #[test]
+fn every_variable_the_python_overlay_names_is_in_the_registry() {
+    let found = named_in_python();
+    for known in ["SPARK_ENGRAM_DIR", "SPARK_EXL3_MOE_COOP", "RAYON_NUM_THREADS"] {
+        assert!(found.contains_key(known), "the Python scan is broken: {known} not found in {found:?}");
+    }
+    let missing: Vec<String> = found
+        .iter()
+        .filter(|(name, _)| envvars::find(name).is_none())
+        .map(|(name, at)| format!("{name} ({at})"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "environment variables the Python overlay names are missing from src/envvars.rs VARS: {}",
+        missing.join(", ")
+    );
+}
+
+#[test]
 fn every_registry_entry_is_still_named_in_src() {
     let found: BTreeSet<String> = named_in_sources().into_keys().collect();
     let stale: Vec<&str> = VARS
@@ -145,7 +228,11 @@ fn every_registry_entry_is_still_named_in_src() {
             None => !found.contains(*name),
         })
         .collect();
-    assert!(stale.is_empty(), "src/envvars.rs lists variables src/ no longer names: {}", stale.join(", "));
+    assert!(
+        stale.is_empty(),
+        "src/envvars.rs lists variables neither src/ nor the Python overlay names any more: {}",
+        stale.join(", ")
+    );
 }
 
 #[test]
@@ -168,4 +255,11 @@ fn the_scan_finds_reads_literals_and_skips_tests() {
     let code = "let a = get(env, \"HF_HOME\"); // \"HF_IN_COMMENT\"\nenv!(\"MY_BUILD_VAR\"); var(\"OUT_DIR\");\n#[arg(value_name = \"PATH\")]\n#[cfg(test)]\nmod tests { const X: &str = \"HF_FAKE\"; }\nconst Y: &str = \"VLLM_AFTER\";";
     let names: Vec<String> = names_in(&without_tests(code)).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["HF_HOME", "MY_BUILD_VAR", "VLLM_AFTER"]);
+}
+
+#[test]
+fn the_python_scan_finds_reads_and_literals_and_skips_comments() {
+    let code = "x = os.environ.get(\"ANY_NAME\", \"1\")  # \"HF_IN_COMMENT\"\nos.environ['OTHER'] = 'v'\nos.environ.setdefault(\"THIRD\", \"1\")\nmsg = \"set SPARK_X\"\nk = \"VLLM_LIT\"\ny = env.get('FROM_ENV')\nz = d.get('lower')\n";
+    let names: Vec<String> = names_in_python(code).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["ANY_NAME", "OTHER", "THIRD", "VLLM_LIT", "FROM_ENV"]);
 }

@@ -1,5 +1,5 @@
 //! The Rust EXL3 decoder (src/checkpoint/exl3_decode) against three independent truths:
-//! exllamav3's kernels (committed fixture cases from tests/gpu/), the Python reference decoder on
+//! exllamav3's kernels (committed fixture cases from python_overlay/tests/gpu/), the Python reference decoder on
 //! random packs from its packer, and exllamav3's reconstruction of a real converted checkpoint's
 //! head. Tensors are read with the project's own safetensors parser.
 

@@ -55,7 +55,7 @@ class Provider:
 # Registered in order, once per process.
 PROVIDERS: tuple[Provider, ...] = (
     # The "exl3" quantization method (Exl3Config, linear and MoE methods).
-    Provider("exl3", "spark_overlay.exl3.vllm_config:register"),
+    Provider("exl3", "spark_overlay.exl3.vllm.config:register"),
     # File-backed Engram tables: only where vLLM has DeepSeek V4.1's ParallelEngramEmbedding.
     Provider("engram", "spark_overlay.engram.hook:register"),
     # In vLLM's top process: each child's ending logged as it is reaped (what died first).

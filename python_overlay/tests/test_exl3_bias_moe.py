@@ -3,7 +3,7 @@
 The CUDA MoE class (`cuda_backend.Exl3CudaMoE`) is driven here with a stand-in for
 exllamav3's extension whose `exl3_gemm` is the reference `forward`, so routing,
 expert maps, router weights, biases and the TP=2 rule "down bias once" are
-checked without a GPU; tests/gpu/exl3_ground_truth.py runs the same class on
+checked without a GPU; python_overlay/tests/gpu/exl3_ground_truth.py runs the same class on
 the real kernel.
 """
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from spark_overlay.exl3 import MARKER_VALUES, Exl3FormatError, forward, random_trellis
-from spark_overlay.exl3.cuda_backend import Exl3CudaMoE
-from spark_overlay.exl3.shards import ShardSpec, check_part, decode_shard, rank_part
+from spark_overlay.exl3.backends.cuda_backend import Exl3CudaMoE
+from spark_overlay.exl3.format.shards import ShardSpec, check_part, decode_shard, rank_part
 
 MUL1 = torch.tensor(MARKER_VALUES["mul1"], dtype=torch.int32)
 
@@ -88,7 +88,7 @@ def test_bias_shape_and_dtype_are_checked():
 
 
 def test_bias_slot_places_fused_shards():
-    vllm_linear = pytest.importorskip("spark_overlay.exl3.vllm_linear")
+    vllm_linear = pytest.importorskip("spark_overlay.exl3.vllm.linear")
     OutputShard = vllm_linear.OutputShard
     # QKV at TP=2, rank 1: q 256 of 512, k/v 128 of 256 each.
     shards = [
@@ -211,7 +211,7 @@ def test_cuda_moe_refuses_unaligned_or_incomplete_experts():
 
 
 def test_cuda_extension_missing_fails_closed(monkeypatch):
-    vllm_linear = pytest.importorskip("spark_overlay.exl3.vllm_linear")
+    from spark_overlay.exl3.backends import select
     import builtins
 
     real_import = builtins.__import__
@@ -223,11 +223,11 @@ def test_cuda_extension_missing_fails_closed(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_exllamav3)
     with pytest.raises(Exl3FormatError, match="EXL3 on CUDA needs exllamav3's extension"):
-        vllm_linear.cuda_extension()
+        select.cuda_extension()
 
 
 def test_linear_bias_loader_places_checks_and_passes_other_params_through():
-    vllm_linear = pytest.importorskip("spark_overlay.exl3.vllm_linear")
+    vllm_linear = pytest.importorskip("spark_overlay.exl3.vllm.linear")
     from types import SimpleNamespace
 
     OutputShard = vllm_linear.OutputShard
@@ -259,7 +259,7 @@ def test_linear_bias_loader_places_checks_and_passes_other_params_through():
 
 
 def test_moe_biases_all_or_none_and_the_layer_must_take_them():
-    vllm_moe = pytest.importorskip("spark_overlay.exl3.vllm_moe")
+    vllm_moe = pytest.importorskip("spark_overlay.exl3.vllm.moe")
     from types import SimpleNamespace
 
     spec = lambda name: ShardSpec(name, 256, 256, (0, 256), (0, 256))  # noqa: E731

@@ -1,6 +1,6 @@
 """Reference decoder vs exllamav3 1.6.5's CUDA kernels, from fixtures written on an H200.
 
-data/exl3_kernel_cases.safetensors comes from tests/gpu/exl3_ground_truth.py
+data/exl3_kernel_cases.safetensors comes from python_overlay/tests/gpu/exl3_ground_truth.py
 (README beside it): 128x128 random valid trellises for 3inst K 1/4, mcg K 2/8,
 mul1 K 3/6/1.5/3.5 with random suh/svh, the kernel's W_hat
 (`ext.reconstruct`) and, for three cases, its fused full W

@@ -6,7 +6,7 @@ takes, from counts, tiers and buffer rows). Checked: TP=2 halves summed equal
 the float32 reference at decode and prefill sizes (chunks, every row tier, two
 K groups), no host sync on the call path, every expert served by exactly one
 launch with `num_active` an upper bound, and the fail-closed cases.
-tests/gpu/exl3_moe_fused.py runs the same class on the real kernel.
+python_overlay/tests/gpu/exl3_moe_fused.py runs the same class on the real kernel.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import torch
 
 from exl3_standin import HostSyncError, NoHostSync, StandInExt
 from spark_overlay.exl3 import MARKER_VALUES, Exl3FormatError, full_weight, random_trellis
-from spark_overlay.exl3 import cuda_backend, moe_schedule
-from spark_overlay.exl3.cuda_backend import Exl3CudaMoE, Exl3CudaShards
-from spark_overlay.exl3.cuda_moe_fused import Exl3FusedMoE, self_check_ids
-from spark_overlay.exl3.shards import ShardSpec, rank_part
+from spark_overlay.exl3.backends import cuda_backend, moe_schedule
+from spark_overlay.exl3.backends.cuda_backend import Exl3CudaMoE, Exl3CudaShards
+from spark_overlay.exl3.backends.cuda_moe_fused import Exl3FusedMoE, self_check_ids
+from spark_overlay.exl3.format.shards import ShardSpec, rank_part
 
 HIDDEN, INTER, EXPERTS = 256, 512, 8
 

@@ -1,4 +1,4 @@
-"""EXL3 tensor-parallel shards (spark_overlay.exl3.shards): TP=2 slices combine to the unsplit layer; bad packs fail closed.
+"""EXL3 tensor-parallel shards (spark_overlay.exl3.format.shards): TP=2 slices combine to the unsplit layer; bad packs fail closed.
 
 vLLM-free: the same ShardSpec / check_part / rank_part / decode_shard the
 vLLM linear method uses, driven directly.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spark_overlay.exl3 import MARKER_VALUES, Exl3FormatError, random_trellis
-from spark_overlay.exl3.shards import ShardSpec, check_part, decode_shard, rank_part
+from spark_overlay.exl3.format.shards import ShardSpec, check_part, decode_shard, rank_part
 
 GEN_SEED = 5
 

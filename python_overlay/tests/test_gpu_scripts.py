@@ -1,4 +1,4 @@
-"""The GPU scripts (tests/gpu/*.py) on a machine without a GPU: they import, their stand-ins keep up.
+"""The GPU scripts (python_overlay/tests/gpu/*.py) on a machine without a GPU: they import, their stand-ins keep up.
 
 * every script imports (its top level needs only torch and the overlay);
 * every stand-in runtime class a script defines (name ending in "Runtime") overrides each public
@@ -22,7 +22,7 @@ import pytest
 from spark_overlay.engram import hook
 
 REPO = Path(__file__).resolve().parents[2]
-GPU = REPO / "tests" / "gpu"
+GPU = REPO / "python_overlay" / "tests" / "gpu"
 SCRIPTS = sorted(GPU.glob("*.py"))
 
 
@@ -66,7 +66,7 @@ def test_gpu_script_imports_and_its_runtime_stand_ins_follow_the_hook(path):
 
 
 def test_the_runtime_check_fails_on_a_stand_in_without_dp():
-    class OldRuntime:  # what tests/gpu/engram_dequant.py had before the DP change
+    class OldRuntime:  # what gpu/engram_dequant.py had before the DP change
         def tp(self):
             return 2, 1
 

@@ -93,7 +93,7 @@ def encode_linear(weight, k: float, generator):
     target = (target / float(suh[0].abs())).to(torch.float32)
 
     table = exl3.codebook_table(CODEBOOK).to(torch.float32)
-    from spark_overlay.exl3.trellis import symbol_widths
+    from spark_overlay.exl3.format.trellis import symbol_widths
 
     widths = symbol_widths(k)
     tiles = exl3.matrix_to_states(target)  # [T0, T1, 256] float targets in stream order

@@ -3,7 +3,7 @@
 Same arithmetic as ``dequant.dequant``: the weight byte bit-cast to FP8 E4M3
 and widened to float32, times the E8M0 scale as float32 (2^(e-127) built from
 its bits; E=0 is the subnormal 2^-127, E=255 NaN), rounded to bf16. Checked
-bit for bit against the CPU reference by tests/gpu/engram_dequant.py.
+bit for bit against the CPU reference by python_overlay/tests/gpu/engram_dequant.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run on a machine with nvcc + torch + a GPU (see README.md beside this file):
 
-    python tests/gpu/exl3_ground_truth.py --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR
+    python python_overlay/tests/gpu/exl3_ground_truth.py --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR
 
 1. Unpacks the wheel into a scratch dir with empty package __init__ files
    (format doc §4.1) and JIT-builds `exllamav3_ext` (TORCH_CUDA_ARCH_LIST from
@@ -41,12 +41,12 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "python_overlay"))
 
 from spark_overlay import exl3  # noqa: E402
-from spark_overlay.exl3.cuda_backend import Exl3CudaMoE, Exl3CudaShards  # noqa: E402
-from spark_overlay.exl3.shards import ShardSpec, rank_part  # noqa: E402
+from spark_overlay.exl3.backends.cuda_backend import Exl3CudaMoE, Exl3CudaShards  # noqa: E402
+from spark_overlay.exl3.format.shards import ShardSpec, rank_part  # noqa: E402
 
 CASES_FOR_FIXTURE = [("3inst", 1), ("3inst", 4), ("mcg", 2), ("mcg", 8), ("mul1", 3), ("mul1", 6), ("mul1", 1.5),
                      ("mul1", 3.5)]

@@ -23,17 +23,14 @@ fails naming it). Back ends:
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from dataclasses import dataclass
 
 import torch
 
-from .errors import Exl3FormatError
-from .shards import PART_DTYPES, PART_KINDS, ShardSpec, check_part, decode_shard, rank_bias, rank_part, shard_k
-
-logger = logging.getLogger("vllm.spark_overlay.exl3")
+from ..format.errors import Exl3FormatError
+from ..format.shards import PART_DTYPES, PART_KINDS, ShardSpec, check_part, rank_bias, rank_part, shard_k
+from ..backends import cpu, select
+from . import common
 
 QKV_SHARDS = {"q": 0, "k": 1, "v": 2}
 
@@ -48,38 +45,6 @@ class OutputShard:
     # after it (the LM head pads the vocabulary per rank).
     local_out: int
     pad_rows: int = 0
-
-
-class _FirstUse:
-    """Logs one line per process the first time any EXL3 layer computes."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pids: set[int] = set()
-
-    def __call__(self, prefix: str, backend: str, x: torch.Tensor) -> None:
-        pid = os.getpid()
-        if pid in self._pids:
-            return
-        with self._lock:
-            if pid in self._pids:
-                return
-            self._pids.add(pid)
-        from spark_overlay.plugin import process_role
-
-        logger.info(
-            "exl3: first %s forward through %s (x %s %s) in pid=%d (%s)",
-            backend,
-            prefix,
-            list(x.shape),
-            str(x.dtype).removeprefix("torch."),
-            pid,
-            process_role() or "unknown role",
-        )
-
-
-first_use = _FirstUse()
-first_moe_use = _FirstUse()
 
 
 def _checkpoint_name(prefix: str, key: object, packed_modules_mapping: dict[str, list[str]]) -> str:
@@ -190,35 +155,6 @@ def supported_layer(layer: torch.nn.Module) -> bool:
         RowParallelLinear,
         ParallelLMHead,
     )
-
-
-def cuda_extension():
-    """exllamav3's compiled extension, or an Exl3FormatError saying how to get it."""
-    try:
-        from exllamav3.ext import exllamav3_ext
-    except Exception as err:  # ImportError, or a failed JIT build
-        raise Exl3FormatError(
-            "EXL3 on CUDA needs exllamav3's extension (exllamav3_ext) and it could not be imported "
-            f"({type(err).__name__}: {err}); install exllamav3 1.6.5 with a CUDA toolchain matching torch "
-            "into the engine venv (tests/gpu/README.md shows the build), or serve on the CPU back end"
-        ) from err
-    return exllamav3_ext
-
-
-def engine_sizes() -> tuple[list[int], int]:
-    """(the CUDA-graph capture sizes, [] when eager; the largest batch in tokens) from vLLM's config.
-
-    The EXL3 CUDA paths pretune at the capture sizes and size the fused MoE's
-    temp buffers for the largest batch (scheduler_config.max_num_batched_tokens).
-    """
-    from vllm.config import get_current_vllm_config
-
-    cfg = get_current_vllm_config()
-    sizes: list[int] = []
-    if not getattr(cfg.model_config, "enforce_eager", False):
-        sizes = [int(s) for s in (getattr(cfg.compilation_config, "cudagraph_capture_sizes", None) or [])]
-    max_tokens = int(getattr(cfg.scheduler_config, "max_num_batched_tokens", 0) or 0)
-    return sizes, max(max_tokens, max(sizes, default=0), 1)
 
 
 def _linear_method_base():
@@ -347,7 +283,7 @@ class Exl3LinearMethod(_linear_method_base()):
             if hasattr(layer, kind):
                 delattr(layer, kind)
         layer.exl3_k = [shard_k(layer.exl3_parts[s.key]) for s in shards]
-        if _on_cuda():
+        if common.backend() == select.CUDA:
             self._process_cuda(layer, shards, expected)
         else:
             self._process_cpu(layer, shards, expected)
@@ -361,36 +297,32 @@ class Exl3LinearMethod(_linear_method_base()):
             UnquantizedEmbeddingMethod,
         )
 
-        dtype = layer.exl3_params_dtype
-        rows = []
-        for shard in shards:
-            w = decode_shard(shard.spec, layer.exl3_parts[shard.key], expected)
-            rows.append(w.to(dtype))
-            if shard.pad_rows:
-                rows.append(torch.zeros(shard.pad_rows, w.shape[1], dtype=dtype))
-        weight = torch.cat(rows, 0) if len(rows) > 1 else rows[0]
+        parts = [(s.spec, layer.exl3_parts[s.key], s.pad_rows) for s in shards]
+        weight = cpu.dense_linear(parts, expected, layer.exl3_params_dtype)
         want = (sum(layer.exl3_output_partition_sizes), layer.exl3_input_size_per_partition)
         if tuple(weight.shape) != want:
             raise Exl3FormatError(f"{self.prefix}: decoded weight {list(weight.shape)} != vLLM's {list(want)}")
         layer.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
         self._dense = UnquantizedEmbeddingMethod() if type(layer) is ParallelLMHead else UnquantizedLinearMethod()
         self._dense.process_weights_after_loading(layer)
-        self.backend = "cpu"
+        self.backend = select.CPU
 
     def _process_cuda(self, layer: torch.nn.Module, shards: list[OutputShard], expected: str | None) -> None:
-        from .cuda_backend import prepare_cuda_layer
+        from ..backends.cuda_backend import prepare_cuda_layer
 
-        prepare_cuda_layer(layer, shards, expected, cuda_extension(), engine_sizes()[0])
-        self.backend = "cuda"
+        prepare_cuda_layer(layer, shards, expected, select.cuda_extension(), common.engine_sizes()[0])
+        self.backend = select.CUDA
 
     # -- compute -----------------------------------------------------------------------------
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        first_use(self.prefix, self.backend or "unprocessed", x)
-        if self.backend == "cpu":
+        common.first_use(self.prefix, self.backend or "unprocessed", x)
+        if self.backend is not None:
+            cpu.check_width(self.prefix, x, layer.exl3_input_size_per_partition)
+        if self.backend == select.CPU:
             return self._dense.apply(layer, x, bias)
-        if self.backend == "cuda":
-            from .cuda_backend import cuda_linear
+        if self.backend == select.CUDA:
+            from ..backends.cuda_backend import cuda_linear
 
             return cuda_linear(layer, x, bias)
         raise Exl3FormatError(f"{self.prefix}: EXL3 layer used before its weights were processed")
@@ -398,8 +330,3 @@ class Exl3LinearMethod(_linear_method_base()):
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         raise Exl3FormatError(f"{self.prefix}: an EXL3 layer cannot be used as a token embedding")
 
-
-def _on_cuda() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cuda()

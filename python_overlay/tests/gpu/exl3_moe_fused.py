@@ -2,7 +2,7 @@
 
 Run on the GPU machine (see README.md beside this file):
 
-    python tests/gpu/exl3_moe_fused.py --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR
+    python python_overlay/tests/gpu/exl3_moe_fused.py --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR
 
 Steps (results to DIR/results-moe.json after each):
 1. JIT-builds exllamav3's extension (exl3_ground_truth.build_extension).
@@ -31,15 +31,15 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "python_overlay"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from spark_overlay import exl3  # noqa: E402
-from spark_overlay.exl3 import moe_schedule  # noqa: E402
-from spark_overlay.exl3.cuda_backend import Exl3CudaMoE, Exl3CudaShards  # noqa: E402
-from spark_overlay.exl3.cuda_moe_fused import Exl3FusedMoE, shared_buffers  # noqa: E402
-from spark_overlay.exl3.shards import ShardSpec, rank_part  # noqa: E402
+from spark_overlay.exl3.backends import moe_schedule  # noqa: E402
+from spark_overlay.exl3.backends.cuda_backend import Exl3CudaMoE, Exl3CudaShards  # noqa: E402
+from spark_overlay.exl3.backends.cuda_moe_fused import Exl3FusedMoE, shared_buffers  # noqa: E402
+from spark_overlay.exl3.format.shards import ShardSpec, rank_part  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOP_K, K_ROUTED, K_SHARED, K_ATTN = 5120, 2304, 384, 6, 3, 5, 5
 HBM = 4.8e12

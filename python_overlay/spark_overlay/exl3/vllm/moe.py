@@ -30,8 +30,10 @@ import os
 
 import torch
 
-from .errors import Exl3FormatError
-from .shards import PART_DTYPES, PART_KINDS, ShardSpec, check_part, decode_shard, rank_part, shard_k
+from ..format.errors import Exl3FormatError
+from ..format.shards import PART_DTYPES, PART_KINDS, ShardSpec, check_part, rank_part, shard_k
+from ..backends import cpu, select
+from . import common
 
 logger = logging.getLogger("vllm.spark_overlay.exl3")
 
@@ -142,8 +144,6 @@ class Exl3MoEMethod(_base()):
         return True
 
     def process_weights_after_loading(self, layer) -> None:
-        from vllm.platforms import current_platform
-
         num_experts, hidden, inter, dtype = layer.exl3_moe_sizes
         for group in ("w13", "w2"):
             for kind in (*PART_KINDS, "bias"):
@@ -152,45 +152,28 @@ class Exl3MoEMethod(_base()):
         has_bias = self._check_biases(experts)
         tp_rank = self.moe.moe_parallel_config.tp_rank
         ks = [shard_k(shards[sid][1]) for shards in experts for sid in SHARDS]
-        if current_platform.is_cuda():
+        if common.backend() == select.CUDA:
             self._process_cuda(layer, experts, tp_rank, ks)
             return
-        w13 = torch.empty(num_experts, 2 * inter, hidden, dtype=dtype)
-        w2 = torch.empty(num_experts, hidden, inter, dtype=dtype)
-        for e, shards in enumerate(experts):
-            decoded = {sid: decode_shard(spec, parts, self.config.codebook) for sid, (spec, parts) in shards.items()}
-            w13[e, :inter] = decoded["w1"].to(dtype)
-            w13[e, inter:] = decoded["w3"].to(dtype)
-            w2[e] = decoded["w2"].to(dtype)
-        if has_bias:
-            b13 = torch.zeros(num_experts, 2 * inter, dtype=dtype)
-            b2 = torch.zeros(num_experts, hidden, dtype=dtype)
-            for e, shards in enumerate(experts):
-                b13[e, :inter] = shards["w1"][1]["bias"].to(dtype)
-                b13[e, inter:] = shards["w3"][1]["bias"].to(dtype)
-                if tp_rank == 0:  # added once: the other ranks' partial sums carry no down bias
-                    b2[e] = shards["w2"][1]["bias"].to(dtype)
-            layer.register_parameter("w13_bias", torch.nn.Parameter(b13, requires_grad=False))
-            layer.register_parameter("w2_bias", torch.nn.Parameter(b2, requires_grad=False))
+        dense = cpu.dense_experts(experts, self.config.codebook, dtype, hidden, inter, has_bias, tp_rank == 0)
         del layer.exl3_moe_parts
-        layer.register_parameter("w13_weight", torch.nn.Parameter(w13, requires_grad=False))
-        layer.register_parameter("w2_weight", torch.nn.Parameter(w2, requires_grad=False))
+        for name, tensor in dense.items():
+            layer.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=False))
         super().process_weights_after_loading(layer)
-        self.backend = "cpu"
+        self.backend = select.CPU
         self._log_ready(num_experts, ks)
 
     def _process_cuda(self, layer, experts: list[dict], tp_rank: int, ks: list[float]) -> None:
-        from .cuda_backend import prepare_cuda_moe
-        from .vllm_linear import cuda_extension, engine_sizes
+        from ..backends.cuda_backend import prepare_cuda_moe
 
         activation = str(getattr(getattr(layer, "activation", None), "value", getattr(layer, "activation", "silu")))
         if activation != "silu":
             raise Exl3FormatError(
                 f"{self.prefix}: EXL3 experts on CUDA support the SiLU-and-mul activation only, not {activation!r}"
             )
-        max_rows = engine_sizes()[1]
+        max_rows = common.engine_sizes()[1]
         layer.exl3_cuda_moe = prepare_cuda_moe(
-            experts, self.config.codebook, cuda_extension(), tp_rank == 0, self.prefix, max_rows,
+            experts, self.config.codebook, select.cuda_extension(), tp_rank == 0, self.prefix, max_rows,
             int(getattr(self.moe, "experts_per_token", 0) or getattr(layer, "top_k", 8)),
         )
         del layer.exl3_moe_parts
@@ -211,9 +194,7 @@ class Exl3MoEMethod(_base()):
         )
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-        from .vllm_linear import first_moe_use
-
-        first_moe_use(self.prefix, f"{self.backend} moe", x)
+        common.first_moe_use(self.prefix, f"{self.backend} moe", x)
         if (self.backend or "").startswith("cuda"):
             if shared_experts is not None:
                 from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder

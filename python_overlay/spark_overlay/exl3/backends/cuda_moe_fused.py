@@ -20,21 +20,19 @@ per layer; the loop cannot be captured and says so inside a capture.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
-from . import moe_schedule
-from .codebook import CODEBOOK_MCG, CODEBOOK_MUL1
+from ..format.codebook import CODEBOOK_MCG, CODEBOOK_MUL1
+from ..format.errors import Exl3FormatError
+from . import moe_schedule, select
 from .cuda_backend import MOE_SHARDS, Exl3CudaMoE
-from .errors import Exl3FormatError
 
 logger = logging.getLogger("vllm.spark_overlay.exl3")
 
 REQUIRED_SYMBOLS = ("exl3_moe", "exl3_moe_max_concurrency")
 ACT_SILU = 0  # MOE_ACT_SILU in exllamav3's exl3_moe_common.cuh (and MOE_COOP_ACT_SILU)
 COOP_ROWS = 8  # exllamav3's MAX_BSZN: its decode kernel (exl3_moe_coop) takes up to 8 token rows
-COOP_ENV, COOP_DEFAULT = "SPARK_EXL3_MOE_COOP", "1"  # "0": <= 8 rows take the sorted exl3_moe tiers too
 SELF_CHECK_TOLERANCE = 1e-2  # fused vs loop, max |dy| / max |y| (both fp16 GEMMs, different order)
 
 _buffers: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -153,7 +151,7 @@ class Exl3FusedMoE:
         It takes one bit width for gate and up and one launch for the layer (a single K group), reads
         the top-k ids directly (no sort) and keeps its own self-resetting completion counters.
         """
-        if os.environ.get(COOP_ENV, COOP_DEFAULT) == "0":
+        if not select.moe_coop():
             return None
         if not hasattr(self.ext, "exl3_moe_coop") or len(self.groups) != 1:
             return None

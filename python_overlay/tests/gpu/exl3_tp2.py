@@ -1,7 +1,7 @@
 """TP=2 across two processes: the overlay's EXL3 shards, fused MoE and linear, summed by a real all-reduce.
 
-    python tests/gpu/exl3_tp2.py --backend nccl --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR  # 2 GPUs
-    python tests/gpu/exl3_tp2.py --backend gloo --small --out DIR                                        # CPU dry run
+    python python_overlay/tests/gpu/exl3_tp2.py --backend nccl --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR  # 2 GPUs
+    python python_overlay/tests/gpu/exl3_tp2.py --backend gloo --small --out DIR                                        # CPU dry run
 
 Two processes (torch.multiprocessing, one per rank; NVLink multicast left off: NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1). Every checkpoint tensor is made from a seed of its
@@ -28,15 +28,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "python_overlay"))
 sys.path.insert(0, str(REPO / "python_overlay" / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from spark_overlay import exl3  # noqa: E402
-from spark_overlay.exl3.cuda_backend import Exl3CudaMoE, Exl3CudaShards  # noqa: E402
-from spark_overlay.exl3.cuda_moe_fused import Exl3FusedMoE  # noqa: E402
-from spark_overlay.exl3.shards import ShardSpec, check_part, rank_part  # noqa: E402
+from spark_overlay.exl3.backends.cuda_backend import Exl3CudaMoE, Exl3CudaShards  # noqa: E402
+from spark_overlay.exl3.backends.cuda_moe_fused import Exl3FusedMoE  # noqa: E402
+from spark_overlay.exl3.format.shards import ShardSpec, check_part, rank_part  # noqa: E402
 
 REAL = {"hidden": 5120, "inter": 2304, "experts": 384, "top_k": 6, "k": 3, "o_in": 8192, "k_attn": 5}
 SMALL = {"hidden": 256, "inter": 512, "experts": 8, "top_k": 3, "k": 3, "o_in": 512, "k_attn": 4}

@@ -4,7 +4,7 @@ The kernel computes y = had(x ⊙ suh) @ W_hat, had(·) ⊙ svh in fp16 without
 materialising W (format doc §2.1). It needs whole 128-blocks on both sides,
 so every shard of the layer must be a whole-tile slice (`ShardSpec.whole_tiles`);
 anything else fails closed. `Exl3CudaShards` is vLLM-free so the GPU parity
-check (tests/gpu/) runs it directly against the CPU reference.
+check (python_overlay/tests/gpu/) runs it directly against the CPU reference.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from .codebook import CODEBOOK_MCG, CODEBOOK_MUL1
-from .errors import Exl3FormatError
-from .linear import unpack_signs
-from .shards import ShardSpec, shard_codebook, shard_k
-from .trellis import HALF_K
+from ..format.codebook import CODEBOOK_MCG, CODEBOOK_MUL1
+from ..format.errors import Exl3FormatError
+from ..format.linear import unpack_signs
+from ..format.shards import ShardSpec, shard_codebook, shard_k
+from ..format.trellis import HALF_K
 
 
 class Exl3CudaShards:

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from .codebook import CODEBOOKS
-from .errors import Exl3FormatError
+from ..format.codebook import CODEBOOKS
+from ..format.errors import Exl3FormatError
 
 logger = logging.getLogger("vllm.spark_overlay.exl3")
 
@@ -109,10 +109,10 @@ class Exl3Config(_quantization_config_base()):
         from vllm.model_executor.layers.fused_moe import RoutedExperts
         from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 
-        from .vllm_linear import Exl3LinearMethod, supported_layer
+        from .linear import Exl3LinearMethod, supported_layer
 
         if isinstance(layer, RoutedExperts):
-            from .vllm_moe import Exl3MoEMethod
+            from .moe import Exl3MoEMethod
 
             return Exl3MoEMethod(layer.moe_config, self, prefix)
         if isinstance(layer, LinearBase) and prefix.rsplit(".", 1)[-1] in UNQUANTIZED_LEAVES:

@@ -11,7 +11,7 @@
    captured in a CUDA graph then replayed with new ids, against the CPU reference.
 
 Re-run (on a machine with one CUDA GPU, torch + triton, from the repository root):
-    PYTHONPATH=python_overlay python tests/gpu/engram_dequant.py --out results.json
+    PYTHONPATH=python_overlay python python_overlay/tests/gpu/engram_dequant.py --out results.json
 """
 
 from __future__ import annotations

@@ -1,0 +1,52 @@
+"""The one place that chooses an EXL3 back end and reads the EXL3 switches.
+
+Back ends: "cpu" (decode once at load, dense GEMM: `backends.cpu`) and "cuda"
+(exllamav3's kernels: `backends.cuda_backend`, `backends.cuda_moe_fused`).
+The vLLM glue asks `backend(on_cuda)` with the platform vLLM reports and
+`cuda_extension()` for the compiled kernels; nothing else under `exl3/`
+reads the environment.
+
+Switches (registered in src/envvars.rs):
+
+    SPARK_EXL3_MOE_COOP   "0": MoE calls of <= 8 rows take the sorted exl3_moe
+                          kernels instead of exllamav3's decode kernel
+                          exl3_moe_coop; default "1"
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ..format.errors import Exl3FormatError
+
+CPU, CUDA = "cpu", "cuda"
+MOE_COOP_ENV, MOE_COOP_DEFAULT = "SPARK_EXL3_MOE_COOP", "1"
+SWITCHES = (MOE_COOP_ENV,)
+
+
+def backend(on_cuda: bool) -> str:
+    """The back end of every EXL3 layer of this process: "cuda" on a CUDA platform, else "cpu"."""
+    return CUDA if on_cuda else CPU
+
+
+def moe_coop(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether <= 8-row MoE calls may use exllamav3's decode kernel (exl3_moe_coop)."""
+    raw = env.get(MOE_COOP_ENV, MOE_COOP_DEFAULT)
+    if raw not in ("0", "1"):
+        raise Exl3FormatError(f"{MOE_COOP_ENV}={raw!r} is not 0 or 1")
+    return raw == "1"
+
+
+def cuda_extension():
+    """exllamav3's compiled extension, or an Exl3FormatError saying how to get it."""
+    try:
+        from exllamav3.ext import exllamav3_ext
+    except Exception as err:  # ImportError, or a failed JIT build
+        raise Exl3FormatError(
+            "EXL3 on CUDA needs exllamav3's extension (exllamav3_ext) and it could not be imported "
+            f"({type(err).__name__}: {err}); install exllamav3 1.6.5 with a CUDA toolchain matching torch "
+            "into the engine venv (python_overlay/tests/gpu/README.md shows the build), or serve on the "
+            "CPU back end"
+        ) from err
+    return exllamav3_ext
