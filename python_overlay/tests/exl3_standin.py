@@ -111,7 +111,11 @@ class StandInExt:
     def exl3_moe_coop(self, x, sel, rw, min_expert, max_expert, hi, g_t, g_su, g_sv, u_t, u_su, u_sv, d_t, d_su, d_sv,
                       g_bias, u_bias, d_bias, kg, ku, kd, mcg, mul1, act, act_limit, gated, had_g, had_u, gu_g, gu_u,
                       act_out, d_out, ctr, out, sh_out, sh_gate_w):
-        """exllamav3's decode kernel: every (token, slot) through its expert, added to `out` rows 0..bsz-1."""
+        """exllamav3's decode kernel: every (token, slot) through its expert, summed and stored in `out` rows 0..bsz-1.
+
+        The real kernel stores every row (its last-arriving block writes the row's sum), so whatever
+        `out` held before is overwritten; rows past bsz are left alone.
+        """
         with kernel_body():
             _check(x.dtype == torch.float16 and sel.dtype == torch.int64 and rw.dtype == torch.float16, "coop dtypes")
             _check(sel.is_contiguous() and rw.is_contiguous() and sel.shape == rw.shape, "sel/rw (bsz, topk)")
@@ -127,6 +131,7 @@ class StandInExt:
             _check(ctr.dtype == torch.int32 and ctr.numel() >= ctr_len and not ctr.any(), "coop counters (zeroed)")
             cb = "mcg" if mcg else "mul1"
             lo = 0 if min_expert < 0 else min_expert
+            out[:bsz] = 0
             for t in range(bsz):
                 for j in range(top_k):
                     e = int(sel[t, j]) - lo

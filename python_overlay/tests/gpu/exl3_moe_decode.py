@@ -3,20 +3,24 @@ decode kernel, exllamav3's own best path and the cold-read floor, side by side i
 
 Run on the GPU machine (README.md beside this file):
 
-    python tests/gpu/exl3_moe_decode.py --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR [--prebuilt SO]
+    python python_overlay/tests/gpu/exl3_moe_decode.py --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR \
+        [--prebuilt SO]
 
 Shape: TP rank 0 of 2 of one MoE layer of the reference model (384 experts, hidden 5120,
 intermediate 2304 -> 1152 per rank, top-6, MUL1, K 3, random trellis words). Steps (results to
 DIR/results-decode.json after each):
-1. accuracy: both TP-2 ranks summed vs the unsplit float32 CPU reference (8 experts routed) for
-   the chunked decode kernel (4..64 rows) and the own kernel (1..8 rows, chunked above), outputs
-   poisoned with NaN before each call; graph replay with new inputs vs eager.
+1. accuracy: both TP-2 ranks summed vs the unsplit float32 CPU reference (8 experts routed) at
+   1..64 rows for the served path (`Exl3FusedMoE`, decode kernel up to 64 rows), the same layer
+   under SPARK_EXL3_MOE_COOP=own (own kernel at 1..8 rows, after its load-time self-check) and =0
+   (sorted tiers), and 8-row chunks; the own kernel's output poisoned with NaN first; graph
+   replay with new inputs vs eager.
 2. moe: every size in ROWS, each timed over 8 routings in turn (weights beyond the L2):
    exllamav3's best path (<= 8 rows its decode kernel as its module calls it; above, exl3_moe with
-   its host-side schedule), the decode kernel in chunks of 8/16/32/42 rows, the own kernel, the
-   current fused path, and the floor: a cold read (rotating buffers, graph) of exactly the bytes
-   that size reads (the routed experts' trellises and scales). Each as a multiple of the floor and
-   as % of 4.8 TB/s; glue = chunked path - the same launches with inputs already converted.
+   its host-side schedule), the served path, the own kernel, the sorted tiers, the decode kernel
+   in chunks of 8/16/32/42 rows, and the floor: a cold read (rotating buffers, graph) of exactly
+   the bytes that size reads (the routed experts' trellises and scales, x and y). Each as a
+   multiple of the floor and as % of 4.8 TB/s; glue = served path - its launches alone with the
+   inputs already converted.
 3. linears: exl3_gemm vs fp16 matmul at decode sizes (from exl3_moe_fused.py).
 4. estimate: decode ceiling with the checkpoint's layer count read from src/checkpoint/dsv41.rs.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -33,16 +38,17 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = HERE.parents[2]
 sys.path.insert(0, str(REPO / "python_overlay"))
 sys.path.insert(0, str(HERE))
 
 import exl3_moe_fused as base  # noqa: E402
 from spark_overlay import exl3  # noqa: E402
 from spark_overlay.exl3.backends.cuda_decode import loader  # noqa: E402
-from spark_overlay.exl3.backends.cuda_decode.coop_rows import CoopRows, max_chunk  # noqa: E402
+from spark_overlay.exl3.backends import select  # noqa: E402
+from spark_overlay.exl3.backends.cuda_decode.coop_rows import CoopRows  # noqa: E402
 from spark_overlay.exl3.backends.cuda_decode.own import OwnDecodeMoE  # noqa: E402
-from spark_overlay.exl3.cuda_moe_fused import Exl3FusedMoE  # noqa: E402
+from spark_overlay.exl3.backends.cuda_moe_fused import Exl3FusedMoE  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOP_K, K = base.HIDDEN, base.INTER, base.EXPERTS, base.TOP_K, base.K_ROUTED
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -103,13 +109,28 @@ def own_call(own: OwnDecodeMoE, x, w, ids, chunk=8):
     return out
 
 
+def layer_with(mode: str, loop, ext, prefix):
+    """An Exl3FusedMoE built under SPARK_EXL3_MOE_COOP=mode (the switch is read at load)."""
+    old = os.environ.get(select.MOE_COOP_ENV)
+    os.environ[select.MOE_COOP_ENV] = mode
+    try:
+        return Exl3FusedMoE(loop, ext, "cuda", base.MAX_ROWS, prefix, top_k=TOP_K)
+    finally:
+        if old is None:
+            del os.environ[select.MOE_COOP_ENV]
+        else:
+            os.environ[select.MOE_COOP_ENV] = old
+
+
 def accuracy(ext, lib, results):
     gen = torch.Generator(device="cuda").manual_seed(5)
     full = base.full_experts(EXPERTS, gen, "cuda")
-    ranks = [Exl3FusedMoE(base.rank_loop(full, r, 2, ext), ext, "cuda", base.MAX_ROWS, f"rank{r}", top_k=TOP_K)
-             for r in range(2)]
-    coops = [{c: coop_for(layer, c) for c in (8, 32)} for layer in ranks]
-    owns = [own_for(layer) for layer in ranks]
+    loops = [base.rank_loop(full, r, 2, ext) for r in range(2)]
+    paths = {"fused": [layer_with("1", lp, ext, f"rank{r}") for r, lp in enumerate(loops)],
+             "fused_own": [layer_with("own", lp, ext, f"rank{r}") for r, lp in enumerate(loops)],
+             "tiers": [layer_with("0", lp, ext, f"rank{r}") for r, lp in enumerate(loops)]}
+    results["own_wired"] = all(layer.own is not None for layer in paths["fused_own"])
+    chunk8 = [coop_for(layer, 8) for layer in paths["fused"]]
     dense, rows = {}, []
     for tokens in (1, 4, 8, 16, 40, 64):
         x, w, ids = base.routing(tokens, gen, only=8)
@@ -123,30 +144,30 @@ def accuracy(ext, lib, results):
             we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
             ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
         row = {"tokens": tokens}
-        for c in (8, 32):
-            y = sum(cp[c](x, w, ids).float().cpu() for cp in coops)
-            row[f"coop_chunk{c}_vs_ref"] = base.rel(y, ref)
-        y = sum(own_call(o, x, w, ids).float().cpu() for o in owns)
-        row["own_nonfinite"] = int((~torch.isfinite(y)).sum())
-        row["own_vs_ref"] = base.rel(torch.nan_to_num(y, nan=1e9), ref)
+        for name, layers in paths.items():
+            row[f"{name}_vs_ref"] = base.rel(sum(layer(x, w, ids).float().cpu() for layer in layers), ref)
+        row["coop_chunk8_vs_ref"] = base.rel(sum(c(x, w, ids).float().cpu() for c in chunk8), ref)
+        if tokens <= 8:
+            y = sum(own_call(layer.own, x, w, ids).float().cpu() for layer in paths["fused_own"] if layer.own)
+            row["own_nonfinite"] = int((~torch.isfinite(torch.as_tensor(y))).sum())
         rows.append(row)
         log(json.dumps(row))
     replays = []
-    for tokens, name in ((16, "coop_chunk8"), (64, "coop_chunk32"), (4, "own"), (1, "own")):
-        fn = {"coop_chunk8": coops[0][8], "coop_chunk32": coops[0][32]}.get(name) or (lambda a, b, c: own_call(owns[0], a, b, c))
+    for tokens, name in ((16, "fused"), (64, "fused"), (4, "fused_own"), (1, "fused_own")):
+        layer = paths[name][0]
         x, w, ids = base.routing(tokens, gen)
         static = [t.clone() for t in (x, w, ids)]
-        graph, out = base.capture(lambda: fn(*static))
+        graph, out = base.capture(lambda: layer(*static))
         nx, nw, nids = base.routing(tokens, gen)
         for s, n in zip(static, (nx, nw, nids)):
             s.copy_(n)
         graph.replay()
         torch.cuda.synchronize()
-        eager = fn(nx, nw, nids)
+        eager = layer(nx, nw, nids)
         replays.append({"path": name, "tokens": tokens, "max_rel": base.rel(out, eager)})
     results["accuracy"] = {"rows": rows, "graph_replay_vs_eager": replays}
     log(json.dumps(replays))
-    del ranks, coops, owns, full
+    del paths, chunk8, loops, full
     torch.cuda.empty_cache()
 
 
@@ -156,20 +177,18 @@ def coop_for(layer: Exl3FusedMoE, chunk: int) -> CoopRows:
                     torch.device("cuda"), layer.prefix)
 
 
-def own_for(layer: Exl3FusedMoE) -> OwnDecodeMoE:
-    return OwnDecodeMoE(layer.tables, K, HIDDEN, layer.inter, layer.num_local, TOP_K, torch.device("cuda"))
-
-
 def moe(ext, lib, results):
     gen = torch.Generator(device="cuda").manual_seed(9)
     full = base.full_experts(EXPERTS, gen, "cuda")
     loop = base.rank_loop(full, 0, 2, ext)
     del full
-    fused = Exl3FusedMoE(loop, ext, "cuda", base.MAX_ROWS, "model.layers.3.mlp.experts", top_k=TOP_K)
+    prefix = "model.layers.3.mlp.experts"
+    fused = layer_with("1", loop, ext, prefix)
+    fused_own = layer_with("own", loop, ext, prefix)
+    tiers = layer_with("0", loop, ext, prefix)
     host = base.host_scheduled(fused)
     direct = base.coop_direct(fused)
     coops = {c: coop_for(fused, c) for c in CHUNKS}
-    own = own_for(fused)
     per_expert = expert_bytes(loop)
     results["expert_bytes"] = per_expert
     floor = Floor(lib, int(per_expert * EXPERTS + 2 * 64 * HIDDEN * 4))
@@ -194,49 +213,51 @@ def moe(ext, lib, results):
         else:
             row["exl3_best_path"] = "exl3_moe, host-scheduled (eager)"
             row["exl3_best_us"] = base.cuda_time(lambda: [host(*s) for s in sets], it) / ROTATE
-        row["fused_main_us"] = g(fused)
-        ref = fused(*sets[0]).float()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fused(*sets[0])
+            row["fused_host_sync"] = "none"
+        except RuntimeError as err:
+            row["fused_host_sync"] = str(err)[:200]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        row["fused_us"] = g(fused)
+        row["fused_tiers_us"] = g(tiers)
+        ref = tiers(*sets[0]).float()
+        row["fused_vs_tiers"] = base.rel(fused(*sets[0]), ref)
+        if tokens <= 8 and fused_own.own is not None:
+            row["fused_own_us"] = g(fused_own)
+            row["fused_own_vs_tiers"] = base.rel(fused_own(*sets[0]), ref)
         for c in CHUNKS:
             if c >= tokens and c != 8 and c != CHUNKS[-1]:
                 continue
             row[f"coop_chunk{c}_us"] = g(coops[c])
-            row[f"coop_chunk{c}_vs_fused"] = base.rel(coops[c](*sets[0]), ref)
-        # Glue: the chunk-8 launches alone, inputs converted beforehand, into a fixed output
+        # Glue: the served path's launches alone (chunks of 42), inputs converted beforehand, fixed output
         conv = [(x.half().contiguous(), ids.long().contiguous(), w.half().contiguous()) for x, w, ids in sets]
-        outbuf = torch.empty(tokens + 8, HIDDEN, dtype=torch.float32, device="cuda")
+        chunk = fused.coop.chunk
+        outbuf = torch.empty(tokens + chunk, HIDDEN, dtype=torch.float32, device="cuda")
 
-        def bare(x16, ids64, w16, cp=coops[8]):
-            for s in range(0, tokens, 8):
-                cp.launch(x16[s:s + 8], ids64[s:s + 8], w16[s:s + 8], outbuf[s:s + 8])
+        def bare(x16, ids64, w16, cp=fused.coop):
+            for s in range(0, tokens, chunk):
+                cp.launch(x16[s:s + chunk], ids64[s:s + chunk], w16[s:s + chunk], outbuf[s:s + chunk])
 
         graph, _ = base.capture(lambda: [bare(*c) for c in conv])
-        row["coop_chunk8_bare_us"] = base.cuda_time(graph.replay, it) / ROTATE
+        row["fused_bare_us"] = base.cuda_time(graph.replay, it) / ROTATE
         del graph
-        row["glue_us"] = round(row["coop_chunk8_us"] - row["coop_chunk8_bare_us"], 2)
-        try:
-            row["own_us"] = g(lambda x, w, ids: own_call(own, x, w, ids))
-            row["own_vs_fused"] = base.rel(own_call(own, *sets[0]), ref)
-            if tokens == 1:
-                for parts in (1, 2, 4):
-                    own.parts_a = parts
-                    row[f"own_parts{parts}_us"] = g(lambda x, w, ids: own(x, w, ids))
-                own.parts_a = 0
-        except Exception as err:  # keep the other columns
-            row["own_error"] = f"{type(err).__name__}: {err}"
+        row["glue_us"] = round(row["fused_us"] - row["fused_bare_us"], 2)
         for key in [k for k in row if k.endswith("_us") and k != "glue_us"]:
             us = row[key]
             row[key] = round(us, 2)
             if key != "floor_us":
                 row[key.replace("_us", "_x_floor")] = round(us / row["floor_us"], 2)
             row[key.replace("_us", "_pct_hbm")] = round(100 * nbytes / (us * 1e-6) / HBM, 1)
-        best_ours = min(v for k, v in row.items() if k.startswith("coop_chunk") and k.endswith("_us") and "bare" not in k)
-        row["best_chunked_over_exl3_best"] = round(best_ours / row["exl3_best_us"], 3)
-        if "own_us" in row:
-            row["own_over_exl3_best"] = round(row["own_us"] / row["exl3_best_us"], 3)
+        row["fused_over_exl3_best"] = round(row["fused_us"] / row["exl3_best_us"], 3)
+        if "fused_own_us" in row:
+            row["fused_own_over_exl3_best"] = round(row["fused_own_us"] / row["exl3_best_us"], 3)
         table.append(row)
         log(json.dumps(row))
     results["moe_rank0"] = table
-    del fused, loop, coops, own
+    del fused, fused_own, tiers, loop, coops
     torch.cuda.empty_cache()
 
 
@@ -247,7 +268,7 @@ def estimate(results):
         return
     counts = layer_counts()
     out = {**counts, "linears_us_per_layer": lin}
-    for key in ("exl3_best", "fused_main", "coop_chunk8", "own", "floor"):
+    for key in ("exl3_best", "fused", "fused_own", "floor"):
         if f"{key}_us" in one:
             for name, n in (("decode", counts["decoder_layers"]),
                             ("with_mtp", counts["decoder_layers"] + counts["mtp_stages"])):
@@ -291,9 +312,10 @@ def main() -> int:
         estimate(results)
         (args.out / "results-decode.json").write_text(json.dumps(results, indent=1))
     acc = results.get("accuracy", {}).get("rows", [])
-    ok = bool(acc) and all(r["coop_chunk8_vs_ref"] <= TOL and r["coop_chunk32_vs_ref"] <= TOL for r in acc)
+    ok = bool(acc) and all(r["fused_vs_ref"] <= TOL and r["coop_chunk8_vs_ref"] <= TOL for r in acc)
     ok = ok and not any(k.endswith("_error") for k in results)
-    own_ok = bool(acc) and all(r["own_vs_ref"] <= TOL and r["own_nonfinite"] == 0 for r in acc)
+    own_ok = bool(acc) and results.get("own_wired") and all(
+        r["fused_own_vs_ref"] <= TOL and r.get("own_nonfinite", 0) == 0 for r in acc)
     log(f"own kernel accuracy {'OK' if own_ok else 'FAILED'}")
     log("OK" if ok else "FAILED")
     return 0 if ok else 1

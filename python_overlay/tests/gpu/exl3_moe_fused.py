@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spark_overlay import exl3  # noqa: E402
 from spark_overlay.exl3.backends import moe_schedule  # noqa: E402
 from spark_overlay.exl3.backends.cuda_backend import Exl3CudaMoE, Exl3CudaShards  # noqa: E402
+from spark_overlay.exl3.backends.cuda_decode.coop_rows import CoopRows  # noqa: E402
 from spark_overlay.exl3.backends.cuda_moe_fused import Exl3FusedMoE, shared_buffers  # noqa: E402
 from spark_overlay.exl3.format.shards import ShardSpec, rank_part  # noqa: E402
 
@@ -199,16 +200,16 @@ def host_scheduled(layer: Exl3FusedMoE, rows=256):
 
 
 def coop_direct(layer: Exl3FusedMoE):
-    """Anchor (b) at <= 8 rows: exllamav3's decode kernel called directly, as its module's run_bszN does."""
-    c, t = layer.coop, layer.tables
+    """Anchor (b) at <= 8 rows: exllamav3's decode kernel called directly, as its module's run_bszN does
+    (8-row scratch and output, routing weights converted to fp16, nothing else)."""
     k = float(K_ROUTED)
+    rows = CoopRows(layer.ext, layer.tables, (k, k, k), False, True, HIDDEN, layer.inter, layer.top_k, 8,
+                    layer.device, layer.prefix)
+    out = torch.empty(8, HIDDEN, dtype=torch.float32, device=layer.device)
 
     def run(x, w, ids):
-        layer.ext.exl3_moe_coop(x, ids, w.half(), -1, -1, HIDDEN, t["w1_trellis"], t["w1_suh"], t["w1_svh"],
-                                t["w3_trellis"], t["w3_suh"], t["w3_svh"], t["w2_trellis"], t["w2_suh"], t["w2_svh"],
-                                None, None, None, k, k, k, False, True, 0, 0.0, True, c["had_g"], c["had_u"],
-                                c["gu_g"], c["gu_u"], c["act"], c["d_out"], c["ctr"], c["out"], None, None)
-        return c["out"][: x.shape[0]]
+        rows.launch(x, ids, w.half(), out)
+        return out[: x.shape[0]]
 
     return run
 

@@ -120,10 +120,10 @@ __global__ void rot_in_kernel(const MoeArgs a)
     *dst = make_float4(v[0], v[1], v[2], v[3]);
 }
 
-// GEMV over one projection for every row that picked the block's expert.
-// Block: 8 warps = 2 n-tiles (16 columns each) x 4 k-warps; blockIdx: (slot, proj, n-group, k-part).
+// GEMV over one projection for every row that picked the item's expert.
+// Block: 8 warps = 2 n-tiles (16 columns each) x 4 k-warps; item: (slot, proj, n-group, k-part).
 template <int K, int NR, int U, int D>
-__global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
+__device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
     const int warp = threadIdx.x >> 5;
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
     const int nproj = down ? 1 : 2;
     const int groups = n_out >> 5;
     const int parts = down ? a.parts_b : a.parts_a;
-    int b = blockIdx.x;
+    int b = item;
     const int part = b % parts; b /= parts;
     const int group = b % groups; b /= groups;
     const int proj_i = b % nproj;
@@ -306,6 +306,18 @@ __global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
     }
 }
 
+// Persistent grid (as many blocks as fit at once): each block takes items blockIdx.x, + gridDim.x, ...
+// so the last round is not a partial wave of whole items.
+template <int K, int NR, int U, int D>
+__global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down, int items)
+{
+    for (int item = blockIdx.x; item < items; item += gridDim.x)
+    {
+        gemv_item<K, NR, U, D>(a, down, item);
+        __syncthreads();
+    }
+}
+
 __global__ void mid_kernel(const MoeArgs a)
 {
     const int lane = threadIdx.x & 31;
@@ -343,56 +355,69 @@ __global__ void mid_kernel(const MoeArgs a)
     *(float4*) (a.ah + (size_t) slot * a.I + col) = make_float4(v[0], v[1], v[2], v[3]);
 }
 
-constexpr int OUT_MAX_TOPK = 8;
+constexpr int OUT_MAX_TOPK = 8;  // picks per row the out kernel takes (a warp each)
 
-__global__ void out_kernel(const MoeArgs a)
+// Block per (row, 128-chunk): warp k takes pick k (k-part sum, H128, * svh * routing weight) into
+// shared memory, warp 0 sums the picks in order and stores the chunk in the output dtype.
+__global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
 {
+    __shared__ float part[OUT_MAX_TOPK][128];
     const int lane = threadIdx.x & 31;
-    const int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int k = threadIdx.x >> 5;
     const int chunks = a.H >> 7;
-    if (item >= a.bsz * chunks) return;
-    const int chunk = item % chunks;
-    const int row = item / chunks;
+    const int chunk = blockIdx.x % chunks;
+    const int row = blockIdx.x / chunks;
     const int slots = a.bsz * a.topk;
     const int col = chunk * 128 + lane * 4;
-    float o[4] = {0, 0, 0, 0};
-    for (int k0 = 0; k0 < a.topk; k0 += OUT_MAX_TOPK)
+    if (k < a.topk)
     {
-        // Every pick's loads first (independent), then the transforms in pick order
-        float4 dv[OUT_MAX_TOPK];
-        float rw[OUT_MAX_TOPK];
-        const half* svh[OUT_MAX_TOPK];
-        #pragma unroll
-        for (int k = 0; k < OUT_MAX_TOPK; ++k)
+        const int slot = row * a.topk + k;
+        const int e = expert_of(a.ids, a.ids64, slot);
+        float v0 = 0, v1 = 0, v2 = 0, v3 = 0;
+        for (int p = 0; p < a.parts_b; ++p)
         {
-            const int slot = row * a.topk + k0 + k;
-            const int e = k0 + k < a.topk ? expert_of(a.ids, a.ids64, slot) : -1;
-            const bool live = e >= 0 && e < a.n_local;
-            dv[k] = make_float4(0, 0, 0, 0);
-            rw[k] = live ? load_as_float(a.w, slot, a.w_dt) : 0.0f;
-            svh[k] = live ? (const half*) table(a, 2, 2, e) : nullptr;
-            if (live)
-                for (int p = 0; p < a.parts_b; ++p)
-                {
-                    const float4 t = *(const float4*) (a.dd + ((size_t) p * slots + slot) * a.H + col);
-                    dv[k].x += t.x; dv[k].y += t.y; dv[k].z += t.z; dv[k].w += t.w;
-                }
+            const float4 t = *(const float4*) (a.dd + ((size_t) p * slots + slot) * a.H + col);
+            v0 += t.x; v1 += t.y; v2 += t.z; v3 += t.w;
         }
-        #pragma unroll
-        for (int k = 0; k < OUT_MAX_TOPK; ++k)
+        had128(v0, v1, v2, v3, lane);
+        float* dst = part[k] + lane * 4;
+        if (e >= 0 && e < a.n_local)
         {
-            if (k0 + k >= a.topk) break;
-            float v0 = dv[k].x, v1 = dv[k].y, v2 = dv[k].z, v3 = dv[k].w;
-            had128(v0, v1, v2, v3, lane);
-            if (svh[k] == nullptr) continue;
-            o[0] += rw[k] * v0 * __half2float(svh[k][col + 0]);
-            o[1] += rw[k] * v1 * __half2float(svh[k][col + 1]);
-            o[2] += rw[k] * v2 * __half2float(svh[k][col + 2]);
-            o[3] += rw[k] * v3 * __half2float(svh[k][col + 3]);
+            const half* svh = (const half*) table(a, 2, 2, e) + col;
+            const float rw = load_as_float(a.w, slot, a.w_dt);
+            dst[0] = rw * v0 * __half2float(svh[0]); dst[1] = rw * v1 * __half2float(svh[1]);
+            dst[2] = rw * v2 * __half2float(svh[2]); dst[3] = rw * v3 * __half2float(svh[3]);
+        }
+        else
+        {
+            dst[0] = 0; dst[1] = 0; dst[2] = 0; dst[3] = 0;
         }
     }
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) store_from_float(a.out, (int64_t) row * a.H + col + i, a.out_dt, o[i]);
+    __syncthreads();
+    if (k == 0)
+    {
+        float o[4] = {0, 0, 0, 0};
+        for (int j = 0; j < a.topk; ++j)
+            for (int i = 0; i < 4; ++i) o[i] += part[j][lane * 4 + i];
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) store_from_float(a.out, (int64_t) row * a.H + col + i, a.out_dt, o[i]);
+    }
+}
+
+template <int K, int NR, int U, int D>
+cudaError_t launch_persistent(const MoeArgs& a, int down, int items, cudaStream_t stream)
+{
+    static int resident = 0;  // blocks of this instance that fit on the device at once
+    if (!resident)
+    {
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<K, NR, U, D>, 256, 0);
+        resident = max(1, sms * per_sm);
+    }
+    gemv_kernel<K, NR, U, D><<<min(items, resident), 256, 0, stream>>>(a, down, items);
+    return cudaGetLastError();
 }
 
 template <int K, int NR>
@@ -402,13 +427,12 @@ cudaError_t launch_gemv(const MoeArgs& a, int down, int unroll, cudaStream_t str
     const int nproj = down ? 1 : 2;
     const int groups = (down ? a.H : a.I) >> 5;
     const int parts = down ? a.parts_b : a.parts_a;
-    const int blocks = slots * nproj * groups * parts;
+    const int items = slots * nproj * groups * parts;
     // unroll: 2 -> stages of 2 tiles, 4 deep; 4 -> 4 tiles, 4 deep; 8 -> 4 tiles, 8 deep (K <= 5: shared memory)
     constexpr int DEEP = K <= 5 ? 8 : 4;
-    if (unroll >= 8) gemv_kernel<K, NR, 4, DEEP><<<blocks, 256, 0, stream>>>(a, down);
-    else if (unroll >= 4) gemv_kernel<K, NR, 4, 4><<<blocks, 256, 0, stream>>>(a, down);
-    else gemv_kernel<K, NR, 2, 4><<<blocks, 256, 0, stream>>>(a, down);
-    return cudaGetLastError();
+    if (unroll >= 8) return launch_persistent<K, NR, 4, DEEP>(a, down, items, stream);
+    if (unroll >= 4) return launch_persistent<K, NR, 4, 4>(a, down, items, stream);
+    return launch_persistent<K, NR, 2, 4>(a, down, items, stream);
 }
 
 template <int K>
@@ -468,7 +492,7 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
                      float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, int stages,
                      cudaStream_t stream)
 {
-    if (bsz < 1 || bsz > 8 || topk < 1 || bsz * topk > 64 || H % 128 || I % 128 || !spark_decode_supports(k))
+    if (bsz < 1 || bsz > 8 || topk < 1 || topk > OUT_MAX_TOPK || H % 128 || I % 128 || !spark_decode_supports(k))
         return (int) cudaErrorInvalidValue;
     if (parts_a < 1 || parts_b < 1) return (int) cudaErrorInvalidValue;
     MoeArgs a;
@@ -487,8 +511,7 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     if ((err = cudaGetLastError()) != cudaSuccess) return (int) err;
     if (stages & 8) err = launch_gemv_any(a, k, 1, bsz, unroll, stream);
     if (err != cudaSuccess) return (int) err;
-    const int warps_out = bsz * (H / 128);
-    if (stages & 16) out_kernel<<<(warps_out + 7) / 8, 256, 0, stream>>>(a);
+    if (stages & 16) out_kernel<<<bsz * (H / 128), 32 * topk, 0, stream>>>(a);
     return (int) cudaGetLastError();
 }
 

@@ -1,8 +1,8 @@
 """Build and load spark-kit's own decode kernels (decode_moe.cu) as a plain shared library.
 
-The source has no torch headers: nvcc (CUDA_HOME/bin/nvcc, else on PATH) compiles it for the
-device's compute capability into a cache folder keyed by the source's hash, and ctypes loads
-it. Every launcher returns a cudaError_t; `check` turns a non-zero one into Exl3FormatError.
+The source has no torch headers: nvcc (on PATH, else under torch's CUDA_HOME) compiles it for
+the device's compute capability into ~/.cache/spark-kit/exl3-decode, keyed by the source's hash,
+and ctypes loads it. Every launcher returns a cudaError_t; `check` turns a non-zero one into Exl3FormatError.
 """
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ...errors import Exl3FormatError
+from ...format.errors import Exl3FormatError
 
 SOURCE = Path(__file__).with_name("decode_moe.cu")
 _libs: dict[str, ctypes.CDLL] = {}
 
 
 def nvcc_path() -> str | None:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return str(Path(home) / "bin" / "nvcc")
     found = shutil.which("nvcc")
     if found:
         return found
@@ -35,8 +32,7 @@ def nvcc_path() -> str | None:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "spark-kit" / "exl3-decode"
+    return Path.home() / ".cache" / "spark-kit" / "exl3-decode"
 
 
 def library_path(arch: str) -> Path:
@@ -52,7 +48,7 @@ def load(arch: str) -> ctypes.CDLL:
     if not path.exists():
         nvcc = nvcc_path()
         if nvcc is None:
-            raise Exl3FormatError("exl3 decode kernel: nvcc not found (set CUDA_HOME); the decode kernel needs it once")
+            raise Exl3FormatError("exl3 decode kernel: nvcc not found (put the CUDA toolkit's bin on PATH); it builds once")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         cmd = [nvcc, f"-arch={arch}", "-O3", "-shared", "-Xcompiler", "-fPIC", str(SOURCE), "-o", str(tmp)]

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import torch
 
-from ...codebook import CODEBOOK_MUL1
+from ...format.codebook import CODEBOOK_MUL1
 from . import loader
 
 ROWS = 8  # rows per call (the kernel's limit; more rows are chunked by the caller)
+MAX_TOP_K = 8  # picks per row (the output kernel's warps per block)
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
-def supports(groups: list[tuple]) -> str | None:
+def supports(groups: list[tuple], top_k: int = 1) -> str | None:
     """Why the own kernel cannot take a layer with these (codebook, Kg, Ku, Kd, ...) groups, or None."""
+    if top_k > MAX_TOP_K:
+        return f"top-{top_k} routing (the own kernel takes up to top-{MAX_TOP_K})"
     if len(groups) != 1:
         return "experts with different bit widths"
     cb, kg, ku, kd = groups[0][:4]
@@ -54,6 +57,7 @@ class OwnDecodeMoE:
         rows, top_k = topk_ids.shape
         if not 0 < rows <= ROWS or top_k > self.top_k:
             raise ValueError(f"own decode kernel: {rows} rows x top-{top_k} (takes 1..{ROWS} x top-{self.top_k})")
+        dtype = x.dtype
         x = x.reshape(rows, self.hidden)
         x = x if x.dtype in (torch.float16, torch.bfloat16) else x.to(torch.float16)
         x = x.contiguous()
@@ -62,7 +66,7 @@ class OwnDecodeMoE:
         w = topk_weights if topk_weights.dtype in DTYPES else topk_weights.float()
         w = w.contiguous()
         if out is None:
-            out = torch.empty(rows, self.hidden, dtype=x.dtype, device=x.device)
+            out = torch.empty(rows, self.hidden, dtype=dtype if dtype in DTYPES else x.dtype, device=x.device)
         parts_a = self.parts_a or (2 if rows * top_k <= 8 else 1)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         err = self.lib.spark_decode_moe(
@@ -72,4 +76,4 @@ class OwnDecodeMoE:
             self.ah.data_ptr(), self.dd.data_ptr(), parts_a, self.parts_b, self.unroll, self.stages, stream,
         )
         loader.check(err, "spark_decode_moe")
-        return out
+        return out if out.dtype == dtype else out.to(dtype)
