@@ -4,7 +4,7 @@
 
 Rank 0 of the reference layer (384 experts, 5120 / 1152, top-6, MUL1, K 3, random trellis
 words) built straight from tensors: accuracy at 1/4/8 rows (8 experts routed) against the float32
-CPU reference, every launch's time alone (stage mask) and the register-batch depth (unroll 2/4/8)
+CPU reference (fp16 within 2e-3; bf16 output adds one bf16 rounding), every launch's time alone (stage mask) and the register-batch depth (unroll 2/4/8)
 at 1/4/8 rows, each over 8 routings in turn, beside the cold-read floor of the same bytes.
 Writes DIR/results-decode-own.json.
 """
@@ -104,7 +104,9 @@ def main() -> int:
         results["timing"].append(row)
         log(json.dumps(row))
     (args.out / "results-decode-own.json").write_text(json.dumps(results, indent=1))
-    ok = all(r["vs_ref"] <= 2e-3 and r["nonfinite"] == 0 for r in results["accuracy"])
+    # bf16 output: one rounding of each output element (2^-9 relative) on top of the fp16 budget
+    tol = {str(torch.float16): 2e-3, str(torch.bfloat16): 2e-3 + 2 ** -8}
+    ok = all(r["vs_ref"] <= tol[r["dtype"]] and r["nonfinite"] == 0 for r in results["accuracy"])
     log("OK" if ok else "FAILED")
     return 0 if ok else 1
 

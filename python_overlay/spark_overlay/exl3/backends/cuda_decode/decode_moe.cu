@@ -306,16 +306,12 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
     }
 }
 
-// Persistent grid (as many blocks as fit at once): each block takes items blockIdx.x, + gridDim.x, ...
-// so the last round is not a partial wave of whole items.
+// One block per item. (A persistent grid looping over items, tried to avoid the partial last
+// wave, ran gate/up 18 % slower on the H200: 64 instead of 48 registers, 4 blocks per SM instead of 5.)
 template <int K, int NR, int U, int D>
-__global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down, int items)
+__global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
 {
-    for (int item = blockIdx.x; item < items; item += gridDim.x)
-    {
-        gemv_item<K, NR, U, D>(a, down, item);
-        __syncthreads();
-    }
+    gemv_item<K, NR, U, D>(a, down, blockIdx.x);
 }
 
 __global__ void mid_kernel(const MoeArgs a)
@@ -404,22 +400,6 @@ __global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
     }
 }
 
-template <int K, int NR, int U, int D>
-cudaError_t launch_persistent(const MoeArgs& a, int down, int items, cudaStream_t stream)
-{
-    static int resident = 0;  // blocks of this instance that fit on the device at once
-    if (!resident)
-    {
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<K, NR, U, D>, 256, 0);
-        resident = max(1, sms * per_sm);
-    }
-    gemv_kernel<K, NR, U, D><<<min(items, resident), 256, 0, stream>>>(a, down, items);
-    return cudaGetLastError();
-}
-
 template <int K, int NR>
 cudaError_t launch_gemv(const MoeArgs& a, int down, int unroll, cudaStream_t stream)
 {
@@ -430,9 +410,10 @@ cudaError_t launch_gemv(const MoeArgs& a, int down, int unroll, cudaStream_t str
     const int items = slots * nproj * groups * parts;
     // unroll: 2 -> stages of 2 tiles, 4 deep; 4 -> 4 tiles, 4 deep; 8 -> 4 tiles, 8 deep (K <= 5: shared memory)
     constexpr int DEEP = K <= 5 ? 8 : 4;
-    if (unroll >= 8) return launch_persistent<K, NR, 4, DEEP>(a, down, items, stream);
-    if (unroll >= 4) return launch_persistent<K, NR, 4, 4>(a, down, items, stream);
-    return launch_persistent<K, NR, 2, 4>(a, down, items, stream);
+    if (unroll >= 8) gemv_kernel<K, NR, 4, DEEP><<<items, 256, 0, stream>>>(a, down);
+    else if (unroll >= 4) gemv_kernel<K, NR, 4, 4><<<items, 256, 0, stream>>>(a, down);
+    else gemv_kernel<K, NR, 2, 4><<<items, 256, 0, stream>>>(a, down);
+    return cudaGetLastError();
 }
 
 template <int K>
