@@ -132,16 +132,18 @@ class StandInExt:
             cb = "mcg" if mcg else "mul1"
             lo = 0 if min_expert < 0 else min_expert
             out[:bsz] = 0
-            for t in range(bsz):
-                for j in range(top_k):
-                    e = int(sel[t, j]) - lo
-                    if min_expert >= 0 and not 0 <= e < max_expert - min_expert:
-                        continue
-                    xs = x[t:t + 1].float()
-                    g = xs @ self._weight(int(g_t[e]), int(g_su[e]), int(g_sv[e]), cb)
-                    u = xs @ self._weight(int(u_t[e]), int(u_su[e]), int(u_sv[e]), cb)
-                    h = (torch.nn.functional.silu(g) * u).to(torch.float16).float()
-                    out[t] += float(rw[t, j]) * (h @ self._weight(int(d_t[e]), int(d_su[e]), int(d_sv[e]), cb))[0]
+            local = sel.long() - lo
+            for e in sorted(set(local.reshape(-1).tolist())):  # each expert once, over all rows that picked it
+                if min_expert >= 0 and not 0 <= e < max_expert - min_expert:
+                    continue
+                picked = local == e
+                rows = picked.any(-1)
+                xs = x[rows].float()
+                g = xs @ self._weight(int(g_t[e]), int(g_su[e]), int(g_sv[e]), cb)
+                u = xs @ self._weight(int(u_t[e]), int(u_su[e]), int(u_sv[e]), cb)
+                h = (torch.nn.functional.silu(g) * u).to(torch.float16).float()
+                wts = (rw.float() * picked).sum(-1)[rows]
+                out[:bsz][rows] += wts[:, None] * (h @ self._weight(int(d_t[e]), int(d_su[e]), int(d_sv[e]), cb))
             self.launches.append({"coop": True, "bsz": bsz, "experts": []})
 
     def exl3_moe_max_concurrency(self, device: int) -> int:
