@@ -27,7 +27,6 @@ DIR/results-decode.json after each):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -43,7 +42,6 @@ sys.path.insert(0, str(REPO / "python_overlay"))
 sys.path.insert(0, str(HERE))
 
 import exl3_moe_fused as base  # noqa: E402
-from spark_overlay import exl3  # noqa: E402
 from spark_overlay.exl3.backends.cuda_decode import loader  # noqa: E402
 from spark_overlay.exl3.backends import select  # noqa: E402
 from spark_overlay.exl3.backends.cuda_decode.coop_rows import CoopRows  # noqa: E402
@@ -146,15 +144,7 @@ def accuracy(ext, lib, results):
     dense, rows = {}, []
     for tokens in (1, 4, 8, 16, 40, 64):
         x, w, ids = base.routing(tokens, gen, only=8)
-        xf = x.float().cpu()
-        ref = torch.zeros(tokens, HIDDEN)
-        for e in sorted(set(ids.reshape(-1).tolist())):
-            if e not in dense:
-                dense[e] = {sid: exl3.full_weight(*(full[e][sid][k].cpu() for k in ("trellis", "suh", "svh")), "mul1")
-                            for sid in ("w1", "w3", "w2")}
-            d = dense[e]
-            we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
-            ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
+        ref = base.reference(full, dense, x, w, ids)
         row = {"tokens": tokens}
         for name, layers in paths.items():
             row[f"{name}_vs_ref"] = base.rel(sum(layer(x, w, ids).float().cpu() for layer in layers), ref)
@@ -227,14 +217,7 @@ def moe(ext, lib, results):
         else:
             row["exl3_best_path"] = "exl3_moe, host-scheduled (eager)"
             row["exl3_best_us"] = base.cuda_time(lambda: [host(*s) for s in sets], it) / ROTATE
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            fused(*sets[0])
-            row["fused_host_sync"] = "none"
-        except RuntimeError as err:
-            row["fused_host_sync"] = str(err)[:200]
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        row["fused_host_sync"] = base.host_sync(fused, sets[0])
         row["fused_us"] = g(fused)
         row["fused_tiers_us"] = g(tiers)
         ref = tiers(*sets[0]).float()
@@ -292,15 +275,7 @@ def estimate(results):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--wheel", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--scratch", type=Path, default=Path("/tmp/exl3-scratch"))
-    parser.add_argument("--skip", default="", help="comma list of steps to skip: accuracy,moe,linears")
-    parser.add_argument("--prebuilt", type=Path, help="an exllamav3_ext .so built by an earlier run (no JIT build)")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    skip = set(filter(None, args.skip.split(",")))
+    args = base.arguments()
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                "layer_counts": layer_counts()}
     t = time.time()
@@ -313,18 +288,7 @@ def main() -> int:
     log(f"own kernels {results['own_build_s']} s, exllamav3_ext {results['build_s']} s on {results['gpu']}")
     steps = (("accuracy", lambda: accuracy(ext, lib, results)), ("moe", lambda: moe(ext, lib, results)),
              ("linears", lambda: base.linears(ext, results)))
-    for name, fn in steps:
-        if name in skip:
-            continue
-        t = time.time()
-        try:
-            fn()
-        except Exception as err:  # keep what the other steps measured
-            results[f"{name}_error"] = f"{type(err).__name__}: {err}"
-            log(f"step {name} failed: {err!r}")
-        results[f"{name}_s"] = round(time.time() - t, 1)
-        estimate(results)
-        (args.out / "results-decode.json").write_text(json.dumps(results, indent=1))
+    base.run_steps(steps, args.skip, results, args.out / "results-decode.json", estimate)
     acc = results.get("accuracy", {}).get("rows", [])
     ok = bool(acc) and all(r["fused_vs_ref"] <= TOL and r["coop_chunk8_vs_ref"] <= TOL for r in acc)
     ok = ok and not any(k.endswith("_error") for k in results)

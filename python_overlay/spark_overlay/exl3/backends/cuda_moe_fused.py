@@ -197,10 +197,7 @@ class Exl3FusedMoE:
             ids = self_check_ids(experts, self.num_local, self.top_k, rows).to(self.device)
             x = torch.randn(rows, self.hidden, generator=gen, device=self.device).to(torch.float16)
             w = torch.softmax(torch.randn(rows, self.top_k, generator=gen, device=self.device), -1)
-            got = self.own(x, w, ids).float()
-            want = self.coop(x, w, ids, torch.float32)
-            scale = float(want.abs().max()) or 1.0
-            err = float((got - want).abs().max()) / scale
+            err = max_rel(self.own(x, w, ids), self.coop(x, w, ids, torch.float32))
             if not err <= SELF_CHECK_TOLERANCE:
                 raise Exl3FormatError(
                     f"{self.loop.layers[experts[0]]['w1'].name}: spark-kit's own decode kernel disagrees with "
@@ -224,10 +221,7 @@ class Exl3FusedMoE:
             x = torch.randn(tokens, self.hidden, generator=gen, device=self.device).to(torch.float16)
             w = torch.softmax(torch.randn(tokens, top_k, generator=gen, device=self.device), -1)
             ids = ids.to(self.device)
-            got = self(x, w, ids).float()
-            want = self.loop(x, w, ids).float()
-            scale = float(want.abs().max()) or 1.0
-            err = float((got - want).abs().max()) / scale
+            err = max_rel(self(x, w, ids), self.loop(x, w, ids))
             if not err <= SELF_CHECK_TOLERANCE:
                 raise Exl3FormatError(
                     f"{self.loop.layers[experts[0]]['w1'].name}: exllamav3's fused MoE kernel disagrees with exl3_gemm "
@@ -293,6 +287,13 @@ class Exl3FusedMoE:
             )
         except TypeError as err:  # pybind: the installed extension takes other arguments
             raise Exl3FormatError(f"{self.prefix}: exl3_moe rejected the call ({err}); extension ABI mismatch") from err
+
+
+def max_rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want| in float32 (a self-check's measure; 0 when both are zero)."""
+    got, want = got.float(), want.float()
+    scale = float(want.abs().max()) or 1.0
+    return float((got - want).abs().max()) / scale
 
 
 def self_check_ids(experts: list[int], num_local: int, top_k: int, tokens: int) -> torch.Tensor:
