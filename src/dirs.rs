@@ -11,15 +11,18 @@ pub struct Dirs {
     pub cache: PathBuf,
 }
 
-fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
+/// The value of `key` in the environment pairs `main` hands in (the last one wins); None when
+/// unset or empty.
+#[must_use]
+pub fn env_value<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
     env.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
 }
 
 impl Dirs {
     #[must_use]
     pub fn from_env(env: &[(String, String)]) -> Self {
-        let home = PathBuf::from(get(env, "HOME").unwrap_or("/root"));
-        let cache = match (get(env, "SPARK_KIT_CACHE"), get(env, "XDG_CACHE_HOME")) {
+        let home = PathBuf::from(env_value(env, "HOME").unwrap_or("/root"));
+        let cache = match (env_value(env, "SPARK_KIT_CACHE"), env_value(env, "XDG_CACHE_HOME")) {
             (Some(c), _) => PathBuf::from(c),
             (None, Some(x)) => Path::new(x).join("spark-kit"),
             (None, None) => home.join(".cache/spark-kit"),

@@ -105,6 +105,27 @@ impl Failure {
     }
 }
 
+/// What a library error tells `main` about itself: its class (exit code) and a one-line fix.
+/// Every error a command meets implements it (`commands/classes.rs`, one table), so a command
+/// ends a fallible call in `?`: [`Failure`]'s `From` keeps the message, the whole `source()`
+/// chain (`caused by:`), the class and the hint.
+pub trait Classified: std::error::Error + 'static {
+    /// The exit class: a runtime failure unless the error says the input was wrong.
+    fn exit_code(&self) -> ExitCode {
+        ExitCode::Runtime
+    }
+    /// A one-line fix, where there is one.
+    fn hint(&self) -> Option<String> {
+        None
+    }
+}
+
+impl<E: Classified> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Self { code: e.exit_code(), message: e.to_string(), causes: chain(&e), hint: Classified::hint(&e) }
+    }
+}
+
 /// The messages of the errors below `e` (its `source()`, that one's source, …), outermost first.
 #[must_use]
 pub fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
@@ -156,6 +177,34 @@ mod tests {
         struct Inline(#[source] std::io::Error);
         let f = Failure::runtime_error(&Inline(std::io::Error::other("permission denied")));
         assert_eq!(f.render(), "error: cannot read kit.yaml: permission denied\n");
+    }
+
+    impl Classified for Outer {
+        fn exit_code(&self) -> ExitCode {
+            ExitCode::Usage
+        }
+        fn hint(&self) -> Option<String> {
+            Some("check the file's permissions".into())
+        }
+    }
+
+    fn load() -> Result<(), Outer> {
+        Err(Outer::Load(Middle(std::io::Error::other("permission denied"))))
+    }
+
+    fn command() -> Result<(), Failure> {
+        load()?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_classified_error_ends_in_a_question_mark_with_its_class_chain_and_hint() {
+        let f = command().unwrap_err();
+        assert_eq!(f.code, ExitCode::Usage);
+        assert_eq!(
+            f.render(),
+            "error: cannot load the kit\ncaused by: cannot read kit.yaml\ncaused by: permission denied\nhint: check the file's permissions\n"
+        );
     }
 
     #[test]

@@ -160,6 +160,8 @@ impl std::fmt::Display for LocateError {
     }
 }
 
+impl std::error::Error for LocateError {}
+
 fn ask(socket: &Path, kit: &str) -> Option<Snapshot> {
     request(socket, kit, "status", Some(Duration::from_secs(5))).ok()
 }

@@ -38,12 +38,13 @@ fn cargo_own(name: &str) -> bool {
     name.starts_with("CARGO_") || name == "OUT_DIR"
 }
 
-fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every file below `dir` whose extension is `ext`.
+fn files_with(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let p = e.path();
         if p.is_dir() {
-            rs_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
+            files_with(&p, ext, out);
+        } else if p.extension().is_some_and(|x| x == ext) {
             out.push(p);
         }
     }
@@ -133,23 +134,12 @@ fn names_in_python(code: &str) -> Vec<(String, usize)> {
     out
 }
 
-fn py_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            py_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "py") {
-            out.push(p);
-        }
-    }
-}
-
 /// name → first place it is named, over the shipped Python overlay (not its tests).
 fn named_in_python() -> BTreeMap<String, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     for dir in ["python_overlay/spark_overlay", "python_overlay/tools"] {
-        py_files(&root.join(dir), &mut files);
+        files_with(&root.join(dir), "py", &mut files);
     }
     let mut found = BTreeMap::new();
     for f in files {
@@ -174,7 +164,7 @@ fn named_in_sources() -> BTreeMap<String, String> {
 fn named_in_rust() -> BTreeMap<String, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    rs_files(&root.join("src"), &mut files);
+    files_with(&root.join("src"), "rs", &mut files);
     files.push(root.join("build.rs"));
     let mut found = BTreeMap::new();
     for f in files {

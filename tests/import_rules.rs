@@ -223,6 +223,9 @@ fn command_files(dispatcher: &str) -> BTreeSet<String> {
     out
 }
 
+/// What the deployment layer (src/deploy/) may import: it sits under everything that reads it.
+const DEPLOY_IMPORTS: [&str; 3] = ["deploy", "kit", "dirs"];
+
 /// The rules of docs/architecture.md "Who may import whom"; one message per broken rule.
 fn check(arrows: &[Arrow], commands: &BTreeSet<String>) -> Vec<String> {
     let mut bad = Vec::new();
@@ -234,6 +237,9 @@ fn check(arrows: &[Arrow], commands: &BTreeSet<String>) -> Vec<String> {
             ("cluster", "supervisor" | "agent") => Some("the wire (cluster/) imports no side"),
             ("agent", "supervisor") | ("supervisor", "agent") => Some("head and node meet only on the wire"),
             (_, "commands") if f != "commands" && !a.from.is_empty() => Some("library modules never import commands"),
+            ("deploy", t) if !DEPLOY_IMPORTS.contains(&t) => {
+                Some("deploy/ is the bottom layer: it imports only kit and dirs")
+            }
             _ => None,
         };
         if let Some(why) = forbidden {
@@ -405,6 +411,17 @@ fn a_cycle_of_three_is_found() {
         bad[0].contains("engine, node, weights") && bad[0].contains("weights → engine: src/weights/a.rs:1"),
         "{bad:?}"
     );
+}
+
+#[test]
+fn the_deployment_layer_imports_only_kit_and_dirs() {
+    let files = [
+        ("deploy/hf.rs", "use crate::dirs::env_value;\nuse crate::kit::Kit;"),
+        ("deploy/mod.rs", "use crate::engine::model;"),
+    ];
+    let bad = check(&arrows(&files), &cmds());
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].contains("src/deploy/mod.rs:1") && bad[0].contains("bottom layer"), "{bad:?}");
 }
 
 #[test]

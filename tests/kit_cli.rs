@@ -172,7 +172,7 @@ fn bad_flags_and_env_name_their_source() {
     );
     let o = spark(&["config", "--kit", "no-such-kit"], &[]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).starts_with("error: no kit named `no-such-kit` and no such file; built-in kits: dgx-spark-2x-dsv41-exl3, tiny-cpu, tiny-cpu-2node, tiny-cpu-docker, tiny-cpu-docker-2node\nhint: "));
+    assert!(stderr(&o).starts_with("error: no kit named `no-such-kit` and no such file; built-in kits: dgx-spark-2x-dsv41-exl3, dgx-spark-2x-dsv41-exl3-docker, tiny-cpu, tiny-cpu-2node, tiny-cpu-docker, tiny-cpu-docker-2node\nhint: "));
     let o = spark(&["config", "--no-such-flag"], &[]);
     assert_eq!(o.status.code(), Some(2));
 }
@@ -185,7 +185,14 @@ fn kits_lists_builtins_and_kit_show_prints_text() {
     let names: Vec<&str> = v.iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["dgx-spark-2x-dsv41-exl3", "tiny-cpu", "tiny-cpu-2node", "tiny-cpu-docker", "tiny-cpu-docker-2node"]
+        [
+            "dgx-spark-2x-dsv41-exl3",
+            "dgx-spark-2x-dsv41-exl3-docker",
+            "tiny-cpu",
+            "tiny-cpu-2node",
+            "tiny-cpu-docker",
+            "tiny-cpu-docker-2node"
+        ]
     );
     let o = spark(&["kit", "show", "tiny-cpu"], &[]);
     let text = String::from_utf8(o.stdout).unwrap();
@@ -228,4 +235,76 @@ fn explain_shows_byte_sizes_as_written() {
     assert_eq!(row(&rows, "memory.boot_margin")["value"], 12_884_901_888u64);
     assert_eq!(row(&rows, "memory.boot_margin")["written"], "12GiB");
     assert!(row(&rows, "engine.port").get("written").is_none());
+}
+
+#[test]
+fn the_spark_kits_name_a_released_vllm_and_refuse_floating_tags_and_unsupported_versions() {
+    for kit in ["dgx-spark-2x-dsv41-exl3", "dgx-spark-2x-dsv41-exl3-docker"] {
+        let o = spark(&["kit", "check", kit], &[]);
+        assert!(o.status.success(), "{kit}: {}", stderr(&o));
+    }
+    let o = spark(&["plan", "--virtual"], &[]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.starts_with("engine: vLLM 0.34.0 (venv runtime, requirements engine-dgx-spark-cu130)"),
+        "the default kit's plan names the released vLLM: {out}"
+    );
+    let o = spark(&["plan", "--virtual", "--kit", "dgx-spark-2x-dsv41-exl3-docker"], &[]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .starts_with("engine: vLLM 0.34.0 (docker runtime, image vllm/vllm-openai:v0.34.0-aarch64)"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let o = spark(
+        &[
+            "config",
+            "--kit",
+            "dgx-spark-2x-dsv41-exl3-docker",
+            "--set",
+            "engine.docker_image=vllm/vllm-openai:latest-aarch64",
+            "--set",
+            "engine.vllm_version=0.1.dev20904+g179dd0fa9",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("engine.docker_image: `vllm/vllm-openai:latest-aarch64` has a floating tag"), "{e}");
+    assert!(
+        e.contains("engine.vllm_version: 0.1.dev20904+g179dd0fa9 is not a vLLM release the overlay supports (0.32.0, 0.33.0, 0.34.0)"),
+        "{e}"
+    );
+    // The venv kit's lock is for the Spark (aarch64, CPython 3.12): setup elsewhere says so.
+    let o = spark(&["setup", "--kit", "dgx-spark-2x-dsv41-exl3"], &[]);
+    if std::env::consts::ARCH != "aarch64" {
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            stderr(&o).contains("requirements set `engine-dgx-spark-cu130` is locked for Linux aarch64, CPython 3.12"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
+/// #28 item 4: a failure prints its whole cause chain through the binary: the error, then one
+/// `caused by:` line per `#[source]` below it (`?` into `Failure` keeps the chain), then the hint.
+#[test]
+fn a_failure_prints_its_cause_chain() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("kit.yaml");
+    std::fs::create_dir(&dir).unwrap();
+    let path = dir.to_str().unwrap();
+    for cmd in [&["kit", "check", path][..], &["plan", "--kit", path][..]] {
+        let out = spark(cmd, &[]);
+        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "error: cannot read kit file {}\ncaused by: Is a directory (os error 21)\nhint: check the path and its permissions\n",
+                dir.display()
+            ),
+            "{cmd:?}"
+        );
+    }
 }

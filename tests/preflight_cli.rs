@@ -89,3 +89,83 @@ fn bad_kit_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("engine.port"));
 }
+
+/// `preflight` in a fresh HOME (not /root), without the `HF_*` variables of the test's own
+/// environment.
+fn preflight_in(home: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = spark_kit();
+    cmd.env("HOME", home).env_remove("HF_HUB_CACHE").env_remove("HF_HOME").env_remove("XDG_CACHE_HOME");
+    cmd.args(["preflight", "--kit", "tiny-cpu", "--json"]).args(args).output().unwrap()
+}
+
+fn check<'a>(r: &'a serde_json::Value, id: &str) -> Vec<&'a serde_json::Value> {
+    r["checks"].as_array().unwrap().iter().filter(|c| c["id"] == id).collect()
+}
+
+/// #28: preflight measures a downloaded model in the HF cache under the user's own HOME (it
+/// read the lock and cache of HOME=/root whatever the user, so the weights were "unknown").
+#[test]
+fn a_downloaded_model_is_found_under_a_home_that_is_not_root() {
+    let home = tempfile::tempdir().unwrap();
+    let repo = home.path().join(".cache/huggingface/hub/models--acme--tiny");
+    let commit = "c".repeat(40);
+    let snap = repo.join("snapshots").join(&commit);
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), &commit).unwrap();
+    let header = r#"{"model.layers.0.mlp.down_proj.weight":{"dtype":"F16","shape":[64,64],"data_offsets":[0,8192]}}"#;
+    let mut file = u64::try_from(header.len()).unwrap().to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend(std::iter::repeat_n(0u8, 8192));
+    std::fs::write(snap.join("model.safetensors"), file).unwrap();
+    std::fs::write(snap.join("config.json"), "{}").unwrap();
+    let sets = ["--set", "model.source=hub", "--set", "model.repo=acme/tiny", "--set", "model.revision=main"];
+    let out = preflight_in(home.path(), &sets);
+    let r = json(&out);
+    let memory = check(&r, "memory");
+    let message = memory[0]["message"].as_str().unwrap();
+    assert!(!message.contains("weights per rank unknown"), "{message}");
+    assert!(message.contains("≥ weights") || message.contains("weights"), "{message}");
+    let disk = check(&r, "disk");
+    assert_eq!(disk[0]["message"], format!("weights already in {}", repo.display()));
+}
+
+/// #28: preflight while the kit's own deployment runs says so; its ports and engine are not
+/// reported as a conflict to kill (the ports FAILed "in use" with "stop what listens there").
+#[test]
+fn a_running_deployment_is_reported_as_running_not_as_a_conflict() {
+    use spark_kit::supervisor::{control, state::State, Handles};
+    let home = tempfile::tempdir().unwrap();
+    let (api, internal) =
+        (std::net::TcpListener::bind("127.0.0.1:0").unwrap(), std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let (api_port, internal_port) = (api.local_addr().unwrap().port(), internal.local_addr().unwrap().port());
+    let sets = [
+        "--set".to_string(),
+        format!("engine.port={api_port}"),
+        "--set".into(),
+        format!("engine.internal_port={internal_port}"),
+    ];
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    // Before it runs: the held ports are a conflict.
+    let r = json(&preflight_in(home.path(), &sets));
+    assert!(check(&r, "ports").iter().any(|c| c["verdict"] == "fail"), "{r}");
+    // The deployment's supervisor answers on the kit's control socket.
+    let kit = spark_kit::kit::resolve(spark_kit::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
+    let d = spark_kit::deploy::Deployment::resolve(&kit, &[("HOME".into(), home.path().display().to_string())]);
+    std::fs::create_dir_all(&d.logs).unwrap();
+    let handles = Handles::new(&kit);
+    handles.snapshot.lock().unwrap().state = State::Ready;
+    handles.snapshot.lock().unwrap().supervisor_pid = 4242;
+    control::serve(&control::socket_path(&d.logs, &kit.name), handles).unwrap();
+    let out = preflight_in(home.path(), &sets);
+    let (r, err) = (json(&out), String::from_utf8_lossy(&out.stderr).into_owned());
+    let ports = check(&r, "ports");
+    assert_eq!(ports.len(), 1, "{ports:?}");
+    assert_eq!(ports[0]["verdict"], "skip", "{r}");
+    let said = "kit tiny-cpu is running here (supervisor pid 4242, ready)";
+    assert!(ports[0]["message"].as_str().unwrap().starts_with(said), "{r}");
+    assert_eq!(check(&r, "leftovers")[0]["verdict"], "skip", "{r}");
+    assert!(err.contains(&format!("preflight: {said}: its ports")), "{err}");
+    assert!(!check(&r, "ports").iter().any(|c| c["fix"].as_str().is_some_and(|f| f.contains("stop what listens"))));
+    drop((api, internal));
+}

@@ -33,6 +33,10 @@ fn input() -> PreflightInput {
         image_build: None,
         image_sync: None,
         gateway_holds_api_port: false,
+        setup: Some("spark-kit setup --kit dgx-spark-2x-dsv41-exl3".into()),
+        image_vllm_cache: None,
+        recorded_image: None,
+        running: None,
     }
 }
 
@@ -80,7 +84,13 @@ fn healthy_pair_passes_every_check() {
     );
     assert_check(&r, "spark-1", "leftovers", Verdict::Pass, "no GPU processes");
     assert_check(&r, "spark-1", "disk", Verdict::Pass, "free for the weights");
-    assert_check(&r, "spark-1", "vllm", Verdict::Pass, "vLLM 0.1.dev20904+g179dd0fa9");
+    assert_check(
+        &r,
+        "spark-1",
+        "vllm",
+        Verdict::Pass,
+        "vLLM 0.34.0 in the engine venv (supported: 0.32.0, 0.33.0, 0.34.0)",
+    );
     assert_check(&r, "spark-1", "link", Verdict::Pass, "enp1s0f1np1 up, 200000 Mb/s, MTU 9000");
     assert_check(&r, "spark-1", "ipv4", Verdict::Pass, "192.168.100.10");
     // Never a fixed index: the head's GID is at 3, the worker's at 5.
@@ -106,6 +116,89 @@ fn healthy_pair_passes_every_check() {
     for id in ["same-driver", "same-kernel", "same-spark-kit", "same-vllm", "same-mtu", "same-speed"] {
         assert_check(&r, "all", id, Verdict::Pass, "spark-1, spark-2");
     }
+}
+
+/// A copy of fixture `name` with `cmd/<file>` replaced by `text` (a node that differs in one answer).
+fn fixture_with(name: &str, file: &str, text: &str) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let copied =
+        std::process::Command::new("cp").arg("-a").arg(fixture(name)).arg(d.path().join("n")).status().unwrap();
+    assert!(copied.success());
+    std::fs::write(d.path().join("n/cmd").join(file), text).unwrap();
+    d
+}
+
+fn preflight_at(kit: &Kit, head: &std::path::Path, worker: &std::path::Path, input: &PreflightInput) -> Report {
+    let source = |n: &kit::schema::Node, req: &FactRequest| -> spark_kit::node::preflight::Facts {
+        let root = if n.name == "spark-1" { head.to_path_buf() } else { worker.to_path_buf() };
+        Ok(gather(&RecordedProbe { root }, req))
+    };
+    run(kit, input, &source)
+}
+
+#[test]
+fn a_venv_with_the_0909_dev_vllm_fails_naming_it_the_supported_set_and_setup() {
+    let head = fixture_with("gb10-healthy", "vllm-version", "0.1.dev20904+g179dd0fa9\n");
+    let r = preflight_at(&kit_2x(), &head.path().join("n"), &fixture("gb10-healthy-worker"), &input());
+    assert_eq!(r.status, Verdict::Fail);
+    let c = check(&r, "spark-1", "vllm");
+    assert_eq!(c.verdict, Verdict::Fail);
+    assert_eq!(
+        c.message,
+        "vLLM 0.1.dev20904+g179dd0fa9 in the engine venv is not a release the overlay supports (0.32.0, 0.33.0, 0.34.0); the kit pins 0.34.0"
+    );
+    assert_eq!(
+        c.fix.as_deref(),
+        Some("run `spark-kit setup --kit dgx-spark-2x-dsv41-exl3` on this node: it builds the venv of engine.requirements (engine-dgx-spark-cu130) with its locked vLLM")
+    );
+    // A supported release that is not the kit's pin fails too.
+    let old = fixture_with("gb10-healthy", "vllm-version", "0.33.0\n");
+    let r = preflight_at(&kit_2x(), &old.path().join("n"), &fixture("gb10-healthy-worker"), &input());
+    assert_check(&r, "spark-1", "vllm", Verdict::Fail, "vLLM 0.33.0 in the engine venv; the kit pins 0.34.0");
+}
+
+fn docker_kit() -> Kit {
+    kit::resolve(kit::source(Some("dgx-spark-2x-dsv41-exl3-docker")).unwrap(), &[], &[]).unwrap().kit
+}
+
+#[test]
+fn the_docker_kit_reads_vllm_inside_the_image_and_never_says_setup() {
+    let r = preflight(&docker_kit(), "gb10-healthy", Some("gb10-healthy-worker"));
+    assert_check(
+        &r,
+        "spark-1",
+        "vllm",
+        Verdict::Pass,
+        "vLLM 0.34.0 in image vllm/vllm-openai:v0.34.0-aarch64 (5f1c0e7d2a9b)",
+    );
+    let head = fixture_with("gb10-healthy", "docker-vllm", "0.1.dev20904+g179dd0fa9\n");
+    let r = preflight_at(&docker_kit(), &head.path().join("n"), &fixture("gb10-healthy-worker"), &input());
+    let c = check(&r, "spark-1", "vllm");
+    assert_eq!(c.verdict, Verdict::Fail);
+    assert!(c.message.starts_with("vLLM 0.1.dev20904+g179dd0fa9 in image vllm/vllm-openai:v0.34.0-aarch64 (5f1c0e7d2a9b) is not a release the overlay supports (0.32.0, 0.33.0, 0.34.0)"), "{}", c.message);
+    let fix = c.fix.as_deref().unwrap();
+    assert!(
+        fix.contains("vllm/vllm-openai:v0.34.0-aarch64") && fix.contains("docker pull") && !fix.contains("setup"),
+        "{fix}"
+    );
+    // A venv is not asked for: the docker kit's vLLM is the image's.
+    assert!(!r.checks.iter().any(|c| c.message.contains("engine venv")), "{:#?}", r.checks);
+}
+
+#[test]
+fn an_image_id_other_than_the_recorded_one_fails_on_that_node() {
+    let worker = fixture_with(
+        "gb10-healthy-worker",
+        "docker-image",
+        "sha256:1111111111111111111111111111111111111111111111111111111111111111\n",
+    );
+    let recorded = "sha256:5f1c0e7d2a9b8c4e3f6a1d0b9c8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e";
+    let input = PreflightInput { recorded_image: Some((recorded.into(), "/d/spark-kit.lock".into())), ..input() };
+    let r = preflight_at(&docker_kit(), &fixture("gb10-healthy"), &worker.path().join("n"), &input);
+    assert_check(&r, "spark-1", "image", Verdict::Pass, "is here (5f1c0e7d2a9b)");
+    assert_check(&r, "spark-2", "image", Verdict::Fail, &format!("but /d/spark-kit.lock recorded {recorded} for it"));
+    assert_check(&r, "all", "image-id", Verdict::Fail, "differs between nodes");
+    assert_eq!(r.status, Verdict::Fail);
 }
 
 #[test]

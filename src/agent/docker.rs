@@ -7,7 +7,7 @@
 //! <shutdown_timeout_s>` then `docker rm -f` ([`container::stop`]).
 
 use super::runtime::{makes_model, prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
-use crate::dirs::Dirs;
+use crate::deploy::Deployment;
 use crate::engine::docker::{cache_mounts, container_name, run_argv, Mounts};
 use crate::engine::process::{self, Engine};
 use crate::engine::{argv, container, dockerctl, image_build};
@@ -24,14 +24,8 @@ fn docker_error(what: String) -> impl FnOnce(dockerctl::DockerError) -> UpError 
 impl Runtime for Docker {
     /// The overlay and the model; the venv only when the container mounts it
     /// (`engine.docker_mount_venv`) or a tiny model is made with its python.
-    fn prepare(
-        &self,
-        kit: &Kit,
-        dirs: &Dirs,
-        env: &[(String, String)],
-        rep: &dyn UpReporter,
-    ) -> Result<Prepared, UpError> {
-        prepare_files(kit, dirs, env, rep, kit.engine.docker_mount_venv || makes_model(kit))
+    fn prepare(&self, kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<Prepared, UpError> {
+        prepare_files(kit, deploy, rep, kit.engine.docker_mount_venv || makes_model(kit))
     }
 
     /// Remove a leftover container of the same name (a restart can race the daemon's own
@@ -54,7 +48,7 @@ impl Runtime for Docker {
         };
         // The compile caches live on the node; made here (as the agent's user) so that docker
         // does not make them as root.
-        let caches = cache_mounts(&Dirs::from_env(env.base).home);
+        let caches = cache_mounts(env.home);
         for (host, _) in &caches {
             std::fs::create_dir_all(host).map_err(|source| UpError::CacheDir { path: host.into(), source })?;
         }

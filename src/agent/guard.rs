@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::cluster::protocol::Event;
-use crate::dirs::Dirs;
+use crate::deploy::Deployment;
 use crate::kit::schema::Kit;
 use crate::memguard::{EngineRef, EngineSource, GuardError};
 
@@ -49,14 +49,14 @@ impl crate::memguard::GuardReporter for GuardToEvents {
 pub fn start(
     kit: &Kit,
     node: usize,
-    dirs: &Dirs,
+    deploy: &Deployment,
     events: std::sync::mpsc::Sender<Event>,
 ) -> Result<HostedGuard, HostError> {
     let cfg = crate::memguard::GuardConfig::from_kit(kit, &kit.nodes[node].name);
     let target = Arc::new(Mutex::new(None));
     let stop = Arc::new(AtomicBool::new(false));
     let provider = Follow(Arc::clone(&target));
-    let receipts = dirs.expand(&kit.paths.logs).join("receipts");
+    let receipts = deploy.logs.join("receipts");
     let mut guard = crate::memguard::Guard::new(cfg, Box::new(provider), &receipts, Arc::new(GuardToEvents(events)))
         .map_err(HostError::Guard)?;
     let s = Arc::clone(&stop);

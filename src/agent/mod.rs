@@ -11,6 +11,7 @@ pub mod docker;
 pub mod guard;
 pub mod hang;
 pub mod probe;
+pub mod prober;
 pub mod run;
 pub mod runtime;
 pub mod venv;

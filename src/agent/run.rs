@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use super::guard::{self, HostedGuard};
 use super::hang;
-use super::probe::{http_get, one_token, parse_progress};
+use super::prober::{Prober, Target};
 use super::runtime::{self, check_port, LaunchEnv, Runtime, UpReporter};
 use crate::cluster::protocol::{decode, encode, Command, Event, VERSION};
+use crate::deploy::Deployment;
 use crate::dirs::Dirs;
-use crate::engine::endpoint::{api_key, engine_addr};
 use crate::engine::log_watch::LogWatch;
 use crate::engine::process::{Engine, LineSink};
 use crate::engine::venv::SetupReporter;
@@ -68,7 +68,8 @@ struct Running {
     target: Option<EngineRef>,
     /// Boot phase and child exits read from the engine's lines.
     watch: Arc<Mutex<LogWatch>>,
-    api_key: Option<String>,
+    /// The head's probes of the engine's API, on their own thread (None on a worker).
+    prober: Option<Prober>,
     kit: Box<Kit>,
     node: usize,
     started: Instant,
@@ -127,15 +128,16 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                         }
                     }
                     last_line.store(ms(clock), Ordering::Relaxed);
+                    // This node's paths, ports and API key, against its own HOME and environment.
+                    let deploy = Deployment::resolve(&kit, env);
                     if guard.is_none() && kit.memory.guard.policy != crate::kit::schema::GuardPolicy::Off {
-                        match guard::start(&kit, node, &dirs, guard_tx.clone()) {
+                        match guard::start(&kit, node, &deploy, guard_tx.clone()) {
                             Ok(g) => guard = Some(g),
                             Err(e) => out.emit(&Event::Error { message: e.to_string(), fatal: false }),
                         }
                     }
-                    let api_key = api_key(&kit, env, &dirs).ok().flatten();
                     let watch = Arc::new(Mutex::new(LogWatch::default()));
-                    match start(&kit, node, &dirs, env, (&last_line, &watch), clock, out) {
+                    match start(&kit, node, &deploy, env, (&last_line, &watch), clock, out) {
                         Ok((engine, runtime)) => {
                             out.emit(&Event::Started { pgid: engine.pgid, log: engine.log.display().to_string() });
                             running = Some(Running {
@@ -143,7 +145,7 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                                 runtime,
                                 target: None,
                                 watch,
-                                api_key,
+                                prober: (kit.nodes[node].role == Role::Head).then(|| prober(&kit, &deploy)),
                                 kit,
                                 node,
                                 started: Instant::now(),
@@ -195,7 +197,7 @@ fn ms(clock: Instant) -> u64 {
 fn start(
     kit: &Kit,
     node: usize,
-    dirs: &Dirs,
+    deploy: &Deployment,
     env: &[(String, String)],
     (last_line, watch): (&Arc<AtomicU64>, &Arc<Mutex<LogWatch>>),
     clock: Instant,
@@ -207,10 +209,10 @@ fn start(
     let runtime = runtime::for_kit(kit).map_err(|e| e.to_string())?;
     let prep = {
         let rep = PhaseEvents { out: std::sync::Mutex::new(out) };
-        runtime.prepare(kit, dirs, env, &rep).map_err(|e| e.to_string())?
+        runtime.prepare(kit, deploy, &rep).map_err(|e| e.to_string())?
     };
     if kit.nodes[node].role == Role::Head {
-        let (host, port) = engine_addr(kit);
+        let (host, port) = deploy.ports.internal_addr();
         check_port(host, port)
             .map_err(|e| format!("engine.internal_port: {e}: set engine.internal_port to a free port"))?;
     }
@@ -226,15 +228,22 @@ fn start(
     });
     // Only the head serves the API: a worker whose environment lacks engine.api_keys.env's
     // variable starts without the key (`up` on the head refused a missing one before this).
-    let key = match api_key(kit, env, dirs) {
+    let key = match deploy.api_key() {
         Err(e) if e.is_unset_var() && kit.nodes[node].role != Role::Head => None,
-        r => r.map_err(|e| e.to_string())?,
+        r => r.map_err(ToString::to_string)?,
     };
-    let extra: Vec<(String, String)> = key.into_iter().map(|k| ("VLLM_API_KEY".to_string(), k)).collect();
+    let extra: Vec<(String, String)> = key.into_iter().map(|k| ("VLLM_API_KEY".to_string(), k.to_string())).collect();
     let engine = runtime
-        .launch(kit, node, &prep, &LaunchEnv { base: env, extra: &extra, sink: Some(sink) })
+        .launch(kit, node, &prep, &LaunchEnv { base: env, home: &deploy.dirs.home, extra: &extra, sink: Some(sink) })
         .map_err(|e| one_line(&e))?;
     Ok((engine, runtime))
+}
+
+/// The head's probes of its engine: the internal port, the served model, the first API key.
+fn prober(kit: &Kit, deploy: &Deployment) -> Prober {
+    let (host, port) = deploy.ports.internal_addr();
+    let key = deploy.api_key().ok().flatten().map(str::to_string);
+    Prober::start(Target { host, port, model: kit.engine.served_model_name.clone(), key })
 }
 
 /// An error and its fix on one line.
@@ -305,22 +314,13 @@ fn heartbeat(running: &mut Option<Running>, last_line: &AtomicU64, clock: Instan
             out.emit(&Event::Boot { phase });
         }
     }
-    let head = r.kit.nodes[r.node].role == Role::Head;
-    // The engine's own API behind the gateway (loopback, engine.internal_port).
-    let (host, port) = engine_addr(&r.kit);
-    let healthy = head.then(|| http_get(host, port, "/health").is_some_and(|(c, _)| c == 200));
-    let progress = if healthy == Some(true) {
-        http_get(host, port, "/metrics").and_then(|(c, body)| (c == 200).then(|| parse_progress(&body)).flatten())
-    } else {
-        None
-    };
-    if healthy == Some(true)
-        && !r.ready_reported
-        && one_token(host, port, &r.kit.engine.served_model_name, r.api_key.as_deref())
-    {
+    // The head's latest probes (their thread never holds up this loop).
+    let seen = r.prober.as_ref().map(Prober::seen);
+    if let Some(at) = seen.and_then(|s| s.ready_at).filter(|_| !r.ready_reported) {
         r.ready_reported = true;
-        out.emit(&Event::Ready { seconds: r.started.elapsed().as_secs_f64() });
+        out.emit(&Event::Ready { seconds: at.saturating_duration_since(r.started).as_secs_f64() });
     }
+    let (healthy, progress) = (seen.map(|s| s.healthy), seen.and_then(|s| s.progress));
     out.emit(&Event::Heartbeat { engine_alive: true, quiet_s, mem_available, healthy, progress });
 }
 
@@ -351,16 +351,20 @@ mod tests {
     fn agent_says_hello_answers_files_and_exits_on_eof() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a"), b"xyz").unwrap();
+        // A dangling link (a shared-blob cache copied without its store) is not a weight file.
+        std::os::unix::fs::symlink("../../blobs/ab/gone", dir.path().join("c")).unwrap();
         let cmd = encode(&Command::CheckFiles {
             root: dir.path().display().to_string(),
-            files: vec!["a".into(), "b".into()],
+            files: vec!["a".into(), "b".into(), "c".into()],
         })
         .unwrap();
         let input = std::io::Cursor::new(format!("{cmd}\nnot json\n").into_bytes());
         let mut out = Buf(Vec::new());
         assert_eq!(run(1, &[], input, &mut out), 0);
         assert!(matches!(out.0[0], Event::Hello { .. }));
-        assert!(out.0.contains(&Event::Files { present: vec![("a".into(), 3)], missing: vec!["b".into()] }));
+        assert!(out
+            .0
+            .contains(&Event::Files { present: vec![("a".into(), 3)], missing: vec!["b".into(), "c".into()] }));
         assert!(out.0.iter().any(|e| matches!(e, Event::Error { fatal: false, .. })));
         assert!(matches!(out.0.last(), Some(Event::Stopped { .. })));
     }

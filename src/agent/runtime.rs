@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use std::time::Instant;
 
-use crate::dirs::{logs_dir, Dirs};
+use crate::deploy::Deployment;
 use crate::engine::process::{self, Engine, LineSink};
 use crate::engine::{dockerctl, image_build, model, overlay, recipe::Recipe, venv};
 use crate::kit::schema::{Kit, ModelSource, Runtime as RuntimeKind};
@@ -39,6 +39,8 @@ pub struct Prepared {
 pub struct LaunchEnv<'a> {
     /// The agent's own environment (only a few names are passed on to the engine).
     pub base: &'a [(String, String)],
+    /// This node's HOME (the engine's compile caches live under it).
+    pub home: &'a std::path::Path,
     /// Added to the engine's environment last (e.g. `VLLM_API_KEY`).
     pub extra: &'a [(String, String)],
     /// Receives every engine output line (the hang detector).
@@ -48,13 +50,7 @@ pub struct LaunchEnv<'a> {
 /// A way of running the engine on a node.
 pub trait Runtime {
     /// Ensure everything the engine needs (environment, overlay, model); may take minutes.
-    fn prepare(
-        &self,
-        kit: &Kit,
-        dirs: &Dirs,
-        env: &[(String, String)],
-        rep: &dyn UpReporter,
-    ) -> Result<Prepared, UpError>;
+    fn prepare(&self, kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<Prepared, UpError>;
 
     /// Start node `node`'s engine in its own process group, logging to the kit's logs dir.
     fn launch(&self, kit: &Kit, node: usize, prep: &Prepared, env: &LaunchEnv<'_>) -> Result<Engine, UpError>;
@@ -86,10 +82,10 @@ pub trait Runtime {
 }
 
 /// The engine venv of `kit`: `engine.venv`, or the cache entry its requirements build.
-pub fn engine_venv(kit: &Kit, dirs: &Dirs, rep: &dyn UpReporter) -> Result<PathBuf, UpError> {
-    Ok(match &kit.engine.venv {
-        Some(p) => dirs.expand(p),
-        None => venv::ensure(&dirs.cache, &Recipe::load(&kit.engine.requirements)?, rep)?.path,
+pub fn engine_venv(kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<PathBuf, UpError> {
+    Ok(match &deploy.venv {
+        Some(p) => p.clone(),
+        None => venv::ensure(deploy.cache(), &Recipe::load(&kit.engine.requirements)?, rep)?.path,
     })
 }
 
@@ -98,34 +94,26 @@ pub fn engine_venv(kit: &Kit, dirs: &Dirs, rep: &dyn UpReporter) -> Result<PathB
 /// tables' environment. Reports the `setup` and `model` phases.
 pub fn prepare_files(
     kit: &Kit,
-    dirs: &Dirs,
-    env: &[(String, String)],
+    deploy: &Deployment,
     rep: &dyn UpReporter,
     want_venv: bool,
 ) -> Result<Prepared, UpError> {
-    let logs = logs_dir(kit, dirs);
+    let logs = deploy.logs.clone();
     let t = Instant::now();
     let what = if want_venv { format!("engine venv ({})", kit.engine.requirements) } else { "overlay".into() };
     rep.phase("setup", &what);
-    let venv = if want_venv { Some(engine_venv(kit, dirs, rep)?) } else { None };
-    let overlay = overlay::materialise(&dirs.cache)?;
+    let venv = if want_venv { Some(engine_venv(kit, deploy, rep)?) } else { None };
+    let overlay = overlay::materialise(deploy.cache())?;
     rep.phase_done("setup", t.elapsed().as_secs_f64());
 
     let t = Instant::now();
     rep.phase("model", &format!("{:?}", kit.model.source).to_lowercase());
-    let hf = model::hf_cache(kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p)).as_deref(), env, &dirs.home);
     // Only the tiny makers run python; they are only asked for with a venv (`makes_model`).
     let python = venv.as_ref().map(|v| v.join("bin/python")).unwrap_or_default();
-    let model = model::ensure(
-        kit,
-        &dirs.expand(&kit.paths.data_dir),
-        &hf,
-        &python,
-        &overlay,
-        &logs.join(format!("{}-model-maker.log", kit.name)),
-    )?;
+    let maker_log = logs.join(format!("{}-model-maker.log", kit.name));
+    let model = model::ensure(kit, deploy, &python, &overlay, &maker_log)?;
     rep.phase_done("model", t.elapsed().as_secs_f64());
-    let engram_env = crate::engram::engine_env(kit, dirs);
+    let engram_env = crate::engram::engine_env(kit, deploy);
     Ok(Prepared { venv, overlay, model, logs, engram_env })
 }
 

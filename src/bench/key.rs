@@ -3,9 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::dirs::Dirs;
-use crate::engine::endpoint::KeysError;
-use crate::kit::Kit;
+use crate::deploy::keys::KeysError;
+use crate::deploy::Deployment;
 
 /// Why the key cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -39,19 +38,19 @@ pub enum KeyFrom<'a> {
     Env(&'a str),
     /// `--api-key-file PATH`: its first non-blank line.
     File(&'a Path),
-    /// The kit's first `engine.api_keys` key (`dirs` expands its file path).
-    Kit(&'a Kit, &'a Dirs),
+    /// The kit's first `engine.api_keys` key, as its deployment read them.
+    Kit(&'a Deployment),
     None,
 }
 
 impl<'a> KeyFrom<'a> {
     /// `--api-key-env` wins over `--api-key-file`, which wins over the kit's keys.
     #[must_use]
-    pub fn of(env: Option<&'a str>, file: Option<&'a Path>, kit: Option<(&'a Kit, &'a Dirs)>) -> Self {
+    pub fn of(env: Option<&'a str>, file: Option<&'a Path>, kit: Option<&'a Deployment>) -> Self {
         match (env, file, kit) {
             (Some(name), _, _) => Self::Env(name),
             (None, Some(path), _) => Self::File(path),
-            (None, None, Some((kit, dirs))) => Self::Kit(kit, dirs),
+            (None, None, Some(d)) => Self::Kit(d),
             (None, None, None) => Self::None,
         }
     }
@@ -75,9 +74,7 @@ pub fn api_key(from: &KeyFrom<'_>, env: &[(String, String)]) -> Result<Option<St
                 None => Err(KeyError::EmptyFile(path.to_path_buf())),
             }
         }
-        KeyFrom::Kit(kit, dirs) => {
-            crate::engine::endpoint::api_key(kit, env, dirs).map(|k| k.map(|k| first_key(&k))).map_err(KeyError::Kit)
-        }
+        KeyFrom::Kit(d) => d.api_key().map(|k| k.map(first_key)).map_err(|e| KeyError::Kit(e.clone())),
         KeyFrom::None => Ok(None),
     }
 }

@@ -118,6 +118,40 @@ struct Acc {
     excluded: u64,
 }
 
+/// What one tensor puts on the largest rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    /// Not loaded (file-backed Engram tables).
+    Excluded,
+    /// Its largest rank's part of a split, in bytes.
+    Split(u64),
+    /// A full copy on every rank.
+    Replicated,
+}
+
+impl Share {
+    /// Bytes on the largest rank (`bytes`: the whole tensor's).
+    #[must_use]
+    pub const fn bytes(self, bytes: u64) -> u64 {
+        match self {
+            Self::Excluded => 0,
+            Self::Split(b) => b,
+            Self::Replicated => bytes,
+        }
+    }
+}
+
+/// How tensor `t` (part of a packed EXL3 matrix when `packed`) lands on the ranks at `tp`.
+#[must_use]
+pub fn share(t: &Tensor, packed: bool, num_hidden_layers: u32, tp: u32) -> Share {
+    let (prefix, leaf) = split_name(&t.name);
+    match slices(t, leaf, packed, classify(prefix, num_hidden_layers).split) {
+        Some(0) => Share::Excluded,
+        Some(units) => Share::Split(rank_share(t.bytes(), units, tp)),
+        None => Share::Replicated,
+    }
+}
+
 /// Bytes per rank for tensor parallel size `tp`, by class.
 ///
 /// # Errors
@@ -129,16 +163,14 @@ pub fn weight_budget(ckpt: &Checkpoint, tp: u32, num_hidden_layers: u32) -> Resu
     let packed: HashSet<&str> = super::exl3_audit::packed_prefixes(ckpt);
     let mut acc: BTreeMap<Class, Acc> = BTreeMap::new();
     for t in &ckpt.tensors {
-        let (prefix, leaf) = split_name(&t.name);
-        let is_packed = packed.contains(prefix);
-        let role = classify(prefix, num_hidden_layers);
-        let a = acc.entry(role.class).or_default();
+        let (prefix, _) = split_name(&t.name);
+        let a = acc.entry(classify(prefix, num_hidden_layers).class).or_default();
         let bytes = t.bytes();
         a.total += bytes;
-        match slices(t, leaf, is_packed, role.split) {
-            Some(0) => a.excluded += bytes,
-            Some(units) => a.split += rank_share(bytes, units, tp),
-            None => a.replicated += bytes,
+        match share(t, packed.contains(prefix), num_hidden_layers, tp) {
+            Share::Excluded => a.excluded += bytes,
+            Share::Split(b) => a.split += b,
+            Share::Replicated => a.replicated += bytes,
         }
     }
     let by_class: Vec<ClassBudget> = acc

@@ -6,12 +6,13 @@
 use super::budget::{weight_budget, BudgetError};
 use super::exl3_audit::num_hidden_layers;
 use super::names::Class;
+use super::reconcile::dense_at_load;
 use super::virtual_ckpt::DeepSeekV41Dims;
 use super::{Checkpoint, Origin};
-use crate::kit::bytes::GIB;
+use crate::kit::bytes::{human_size, GIB};
 use crate::kit::schema::Kit;
 use crate::plan::reference::{self as measured, KV_TOKENS_IN_POOL};
-use crate::plan::{input_from_kit, kv, kv_tokens, plan, Assumption, Plan, PlanInput};
+use crate::plan::{input_from_kit, kv, kv_tokens, plan, Assumption, DenseLine, Plan, PlanInput};
 
 /// The band of a weight figure from modelled shapes: ±0.5 % (per mille), the tolerance the
 /// modelled DeepSeek V4.1 Flash is held to against the reference's measured 99.5 GiB/rank.
@@ -36,15 +37,48 @@ pub fn kit_plan(
     label: &str,
     measured: &[(String, u64, u64)],
 ) -> Result<Plan, BudgetError> {
-    let budget = weight_budget(ckpt, kit.tensor_parallel_size, num_hidden_layers(&kit.model.k_map))?;
-    let source = format!("weight budget at TP {} over {label}", kit.tensor_parallel_size);
+    let layers = num_hidden_layers(&kit.model.k_map);
+    let budget = weight_budget(ckpt, kit.tensor_parallel_size, layers)?;
+    let dense = dense_at_load(ckpt, kit.tensor_parallel_size, layers);
+    let mut source = format!("weight budget at TP {} over {label}", kit.tensor_parallel_size);
+    if dense.extra_per_rank > 0 {
+        source.push_str(&format!(", + {:.3} GiB of classes served dense at load", gib(dense.extra_per_rank)));
+    }
+    let per_rank = budget.per_rank_bytes + dense.extra_per_rank;
     let modelled = matches!(ckpt.origin, Origin::Virtual { .. });
-    let mut input = input_from_kit(kit, budget.per_rank_bytes, source, measured);
+    let mut input = input_from_kit(kit, per_rank, source, measured);
     if modelled {
-        input.weights_band = budget.per_rank_bytes / 1000 * MODELLED_BAND_PER_MILLE;
+        input.weights_band = per_rank / 1000 * MODELLED_BAND_PER_MILLE;
     }
     let kv_note = derive_kv(kit, &mut input);
     let mut p = plan(&input);
+    p.engine = kit.engine_line();
+    for c in &dense.classes {
+        p.assumptions.push(Assumption {
+            name: format!("dense at load: {}", c.class),
+            value: format!("+{} per rank", human_size(c.extra_per_rank)),
+            source: format!(
+                "dense bf16 {} − EXL3 {} per rank over {} EXL3 matrices ({}; vLLM's {}): docs/exl3-overlay.md",
+                human_size(c.dense_per_rank),
+                human_size(c.exl3_per_rank),
+                c.matrices,
+                c.split,
+                c.vllm_layer
+            ),
+        });
+    }
+    p.dense_at_load = dense
+        .classes
+        .iter()
+        .map(|c| DenseLine {
+            class: c.class.into(),
+            vllm_layer: c.vllm_layer.into(),
+            split: c.split.into(),
+            exl3_per_rank: c.exl3_per_rank,
+            dense_per_rank: c.dense_per_rank,
+            extra_per_rank: c.extra_per_rank,
+        })
+        .collect();
     for c in budget.by_class.iter().filter(|c| c.per_rank_bytes > 0) {
         p.assumptions.push(Assumption {
             name: format!("weights: {}", c.class.name()),
@@ -73,6 +107,20 @@ pub fn kit_plan(
         }
     }
     Ok(p)
+}
+
+/// The plan of `kit` before its checkpoint can be read (a model the engine side makes on its
+/// first start): the weights are unknown, so no node has headroom and there is no prefill
+/// budget rather than a made-up one. The KV side is [`kit_plan`]'s.
+#[must_use]
+pub fn plan_without_weights(kit: &Kit) -> Plan {
+    let mut input = input_from_kit(kit, 0, "unknown", &[]);
+    input.nodes.iter_mut().for_each(|n| n.memory_total = None);
+    let kv_note = derive_kv(kit, &mut input);
+    let mut p = plan(&input);
+    p.engine = kit.engine_line();
+    p.assumptions.extend(kv_note);
+    p
 }
 
 /// The nodes the plan says do not fit (negative headroom, or a boot rule not met).

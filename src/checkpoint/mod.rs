@@ -16,6 +16,7 @@ pub mod kit_plan;
 pub mod names;
 mod packed_check;
 pub mod quant_ledger;
+pub mod reconcile;
 pub mod safetensors;
 pub mod tensor_data;
 pub mod text;

@@ -23,7 +23,7 @@ pub fn run(args: &BenchArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 }
 
 fn bench_failure(e: &BenchError) -> Failure {
-    let f = if e.is_usage() { Failure::usage(e.to_string()) } else { Failure::runtime(e.to_string()) };
+    let f = if e.is_usage() { Failure::usage_error(e) } else { Failure::runtime_error(e) };
     f.with_hint_opt(e.hint())
 }
 
@@ -39,20 +39,20 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let kit = resolved.as_ref().map(|r| &r.kit);
     let url = match (&args.url, &resolved) {
         (Some(u), _) => u.clone(),
-        (None, Some(s)) => s.ports.base_url(),
+        (None, Some(s)) => s.deploy.ports.base_url(),
         // Unreachable by construction (no --url loads a kit); kept total for safety.
         (None, None) => return Err(Failure::usage("pass --url URL or --kit K")),
     };
     let model =
         args.model.clone().or_else(|| kit.map(|k| k.engine.served_model_name.clone()).filter(|m| !m.is_empty()));
-    let from = KeyFrom::of(
-        args.api_key_env.as_deref(),
-        args.api_key_file.as_deref(),
-        resolved.as_ref().map(|s| (&s.kit, &s.dirs)),
-    );
-    let key = api_key(&from, &ctx.env).map_err(|e| Failure::usage(e.to_string()).with_hint(e.hint()))?;
+    let from =
+        KeyFrom::of(args.api_key_env.as_deref(), args.api_key_file.as_deref(), resolved.as_ref().map(|s| &s.deploy));
+    let key = api_key(&from, &ctx.env)?;
     let kit_receipt = match kit {
-        Some(k) => Some(KitReceipt::of(k).map_err(|e| Failure::runtime(format!("cannot hash the kit: {e}")))?),
+        Some(k) => Some(
+            KitReceipt::of(k)
+                .map_err(|e| Failure::runtime(format!("cannot hash the kit: {e}")).caused_by_chain_of(&e))?,
+        ),
         None => None,
     };
     let endpoint = Endpoint::new(&url, key).map_err(|e| bench_failure(&e))?;
@@ -92,14 +92,15 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 }
 
 fn write_outputs(args: &BenchRunArgs, result: &BenchResult, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let json =
-        serde_json::to_string_pretty(result).map_err(|e| Failure::runtime(format!("cannot encode the result: {e}")))?;
+    let json = serde_json::to_string_pretty(result)
+        .map_err(|e| Failure::runtime(format!("cannot encode the result: {e}")).caused_by_chain_of(&e))?;
     let to_stdout = args.json.as_deref() == Some(Path::new("-"));
     if let Some(path) = args.json.as_deref().filter(|_| !to_stdout) {
         std::fs::write(path, format!("{json}\n")).map_err(|e| {
             // Keep the numbers: print them before failing.
             let _ = writeln!(ctx.out, "{json}");
             Failure::runtime(format!("--json {}: {e}", path.display()))
+                .caused_by_chain_of(&e)
                 .with_hint("the JSON result was printed on stdout instead")
         })?;
         if !args.quiet {
@@ -112,7 +113,7 @@ fn write_outputs(args: &BenchRunArgs, result: &BenchResult, ctx: &mut Context<'_
         write!(ctx.out, "{}", table::render(result)).map_err(|e| io_failure(&e))?;
     }
     if let Some(p) = &args.plot {
-        plot::draw(result, p).map_err(|e| Failure::runtime(e.to_string()).with_hint(e.hint()))?;
+        plot::draw(result, p)?;
         if !args.quiet {
             let _ = writeln!(ctx.err, "==> plot: {}", p.display());
         }
@@ -131,7 +132,7 @@ fn compare_files(a: &Path, b: &Path, json: bool, ctx: &mut Context<'_>) -> Resul
     let rows = compare::rows(&ra, &rb);
     let (a, b) = (a.display().to_string(), b.display().to_string());
     let text = if json {
-        serde_json::to_string_pretty(&compare::json(&a, &b, &rows)).map_err(|e| Failure::runtime(e.to_string()))? + "\n"
+        serde_json::to_string_pretty(&compare::json(&a, &b, &rows))? + "\n"
     } else {
         compare::render(&a, &b, &ra, &rb, &rows)
     };

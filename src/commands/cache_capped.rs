@@ -6,8 +6,10 @@ use crate::error::Failure;
 use crate::weights::cachecap;
 
 pub fn run(args: &CacheCappedArgs) -> Result<(), Failure> {
-    let status = cachecap::run(&args.argv, args.cap)
-        .map_err(|e| Failure::runtime(format!("cannot run {}: {e}", args.argv.first().map_or("", String::as_str))))?;
+    let status = cachecap::run(&args.argv, args.cap).map_err(|e| {
+        Failure::runtime(format!("cannot run {}: {e}", args.argv.first().map_or("", String::as_str)))
+            .caused_by_chain_of(&e)
+    })?;
     if status.success() {
         Ok(())
     } else {

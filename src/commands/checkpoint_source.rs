@@ -1,42 +1,57 @@
-//! Which checkpoint a command reads: `--model`, the kit's `model.path`, the snapshot `download`
-//! recorded, or the modelled DeepSeek V4.1 Flash. Shared by `verify`, `plan` and `preflight`.
+//! Which checkpoint a command reads: `--model`, else the directory the engine serves
+//! (`engine::model::served_dir`: `model.path`, the Hub snapshot by the one rule of
+//! `deploy::hf::snapshot`, or the tiny model `up` makes), else the modelled DeepSeek V4.1 Flash.
+//! Shared by `verify`, `plan`, `preflight` and `up`'s gateway.
 
 use std::path::PathBuf;
 
 use crate::checkpoint::virtual_ckpt::{deepseek_v41_flash_exl3, DeepSeekV41Dims};
 use crate::checkpoint::Checkpoint;
+use crate::deploy::Deployment;
+use crate::engine::{model, overlay};
 use crate::error::Failure;
-use crate::kit::schema::Kit;
+use crate::kit::schema::{Kit, ModelSource};
+use crate::settings::Settings;
 
 pub(super) use crate::checkpoint::kit_plan::is_dsv41_flash_exl3;
 
-/// The snapshot directory `download` put the kit's model in, from `spark-kit.lock`.
-fn downloaded_model(kit: &Kit, env: &[(String, String)]) -> Option<PathBuf> {
-    let dirs = crate::dirs::Dirs::from_env(env);
-    let lock = crate::hub::lockfile::LockFile::load(&crate::hub::kit_files::lock_path(kit, &dirs)).ok()?;
-    let entry = lock.files.iter().find(|e| e.repo == kit.model.repo)?;
-    let cache = crate::hub::kit_files::kit_hf_cache(kit, env, &dirs);
-    let dir = crate::hub::cache::RepoCache::new(&cache, &kit.model.repo).snapshot(&entry.commit, "");
-    dir.is_dir().then_some(dir)
+/// The checkpoint directory the engine serves on this machine, when it exists.
+#[must_use]
+pub fn served(kit: &Kit, d: &Deployment) -> Option<PathBuf> {
+    model::served_dir(kit, d, &overlay::tag()).filter(|p| p.is_dir())
 }
 
-/// The checkpoint a command works on: `--model`, else the kit's `model.path`, else the snapshot
-/// `spark-kit download` recorded in `spark-kit.lock`, else (when `allow_virtual`) the modelled
-/// DeepSeek V4.1 Flash for kits that serve it. Returns it with a label saying where it came from.
-pub(super) fn checkpoint_for(
-    kit: &Kit,
-    model: Option<&PathBuf>,
-    use_virtual: bool,
-    allow_virtual: bool,
-) -> Result<(Checkpoint, String), Failure> {
-    checkpoint_in(kit, &[], model, use_virtual, allow_virtual)
+/// Why there is no checkpoint to read, with the fix.
+fn missing(s: &Settings) -> Failure {
+    let (kit, d) = (&s.kit, &s.deploy);
+    let (what, fix) = match kit.model.source {
+        ModelSource::Hub => (
+            format!(
+                "{}@{} is not in the Hugging Face cache {}",
+                kit.model.repo,
+                kit.model.revision,
+                d.hf_cache.display()
+            ),
+            format!("run `{}`", s.kit_ref.command("download", &[])),
+        ),
+        ModelSource::Local => {
+            ("model.path names no directory".to_string(), "set model.path to the checkpoint's directory".to_string())
+        }
+        ModelSource::TinyExl3 | ModelSource::TinyDense => (
+            "its model is made by `spark-kit up` on the first start and is not made yet".to_string(),
+            format!("run `{}` once (it makes the model)", s.kit_ref.command("up", &[])),
+        ),
+    };
+    Failure::usage(format!("kit `{}` has no local checkpoint: {what}", kit.name)).with_hint(format!(
+        "{fix}, or pass --model DIR (a directory of *.safetensors shards), or --virtual for the modelled DeepSeek V4.1 Flash"
+    ))
 }
 
-/// [`checkpoint_for`] with the process environment, which locates the HF cache and data dir of a
-/// downloaded model.
+/// The checkpoint a command works on (the kit and its deployment in `s`): `--model`, else the
+/// served directory ([`served`]), else (when `allow_virtual`) the modelled DeepSeek V4.1 Flash
+/// for kits that serve it. Returns it with a label saying where it came from.
 pub(super) fn checkpoint_in(
-    kit: &Kit,
-    env: &[(String, String)],
+    s: &Settings,
     model: Option<&PathBuf>,
     use_virtual: bool,
     allow_virtual: bool,
@@ -44,21 +59,18 @@ pub(super) fn checkpoint_in(
     let modelled = || {
         deepseek_v41_flash_exl3(&DeepSeekV41Dims::default())
             .map(|c| (c, "virtual DeepSeek V4.1 Flash EXL3 (modelled shapes, no files)".to_string()))
-            .map_err(|e| Failure::runtime(e.to_string()))
+            .map_err(Failure::from)
     };
     if use_virtual {
         return modelled();
     }
-    let path =
-        model.cloned().or_else(|| kit.model.path.as_ref().map(PathBuf::from)).or_else(|| downloaded_model(kit, env));
-    match path {
+    let kit = &s.kit;
+    match model.cloned().or_else(|| served(kit, &s.deploy)) {
         Some(p) => {
-            let ckpt = Checkpoint::open(&p).map_err(|e| Failure::runtime(e.to_string()))?;
+            let ckpt = Checkpoint::open(&p)?;
             Ok((ckpt, format!("checkpoint headers in {}", p.display())))
         }
         None if allow_virtual && is_dsv41_flash_exl3(kit) => modelled(),
-        None => Err(Failure::usage(format!("kit `{}` names no local checkpoint directory", kit.name)).with_hint(
-            "run `spark-kit download`, or pass --model DIR (a directory of *.safetensors shards), or --virtual for the modelled DeepSeek V4.1 Flash",
-        )),
+        None => Err(missing(s)),
     }
 }

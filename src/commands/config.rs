@@ -8,16 +8,17 @@ use crate::kit::explain;
 pub fn run(args: &ConfigArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let resolved = load::resolve(&args.kit, &ctx.env)?;
     let text = if args.explain {
-        let rows = explain::rows(&resolved).map_err(|e| Failure::runtime(format!("cannot render the kit: {e}")))?;
+        let rows = explain::rows(&resolved)
+            .map_err(|e| Failure::runtime(format!("cannot render the kit: {e}")).caused_by_chain_of(&e))?;
         if args.json {
-            serde_json::to_string_pretty(&rows).map_err(|e| Failure::runtime(e.to_string()))?
+            serde_json::to_string_pretty(&rows)?
         } else {
             table(&rows)
         }
     } else if args.json {
-        serde_json::to_string_pretty(&resolved.kit).map_err(|e| Failure::runtime(e.to_string()))?
+        serde_json::to_string_pretty(&resolved.kit)?
     } else {
-        serde_yaml::to_string(&resolved.kit).map_err(|e| Failure::runtime(e.to_string()))?
+        serde_yaml::to_string(&resolved.kit)?
     };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::hub_run::{hub_failure, run_download};
+use super::hub_run::run_download;
 use super::{io_failure, load, Context};
 use crate::cli::{DownloadArgs, Only};
 use crate::error::Failure;
@@ -19,31 +19,37 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Only::Model => Part::Model,
         Only::Engram => Part::Engram,
     });
-    let repos = requests(&s.kit, only, &s.engram_dir).map_err(|e| Failure::usage(e.to_string()).with_hint(e.hint()))?;
+    let repos = requests(&s.kit, only, &s.deploy.engram_dir)?;
     let opts = Options {
         jobs: args.jobs,
         range_size: args.range_size.bytes(),
         idle: Duration::from_secs(args.idle_timeout),
         backoff: Backoff { max_attempts: args.retries, ..Backoff::default() },
         journal_every: DEFAULT_JOURNAL_EVERY,
+        transport: s.kit.model.transport,
     };
-    let req =
-        Request { hf_cache: s.hf_cache.clone(), repos, opts, dry_run: args.dry_run, verify_cached: args.verify_cached };
+    let req = Request {
+        hf_cache: s.deploy.hf_cache.clone(),
+        repos,
+        opts,
+        dry_run: args.dry_run,
+        verify_cached: args.verify_cached,
+    };
     let reporter = crate::reporter::download::download(args.quiet);
-    let summary = run_download(&req, &ctx.env, &s.dirs, reporter.clone())?;
+    let summary = run_download(&req, &ctx.env, &s.deploy.dirs, reporter.clone())?;
     // Clears the bars before the summary is printed.
     drop(reporter);
     if !args.dry_run {
-        record(&s.lock_file, &s.kit.name, &summary).map_err(|e| hub_failure(&e))?;
+        record(&s.deploy.lock_file, &s.kit.name, &summary)?;
     }
     let text = if args.json {
-        let mut v = serde_json::to_value(&summary).map_err(|e| Failure::runtime(e.to_string()))?;
+        let mut v = serde_json::to_value(&summary)?;
         if !args.dry_run {
-            v["lock_file"] = serde_json::Value::String(s.lock_file.display().to_string());
+            v["lock_file"] = serde_json::Value::String(s.deploy.lock_file.display().to_string());
         }
-        serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?
+        serde_json::to_string_pretty(&v)?
     } else {
-        crate::hub::text::summary(&summary, &s.lock_file)
+        crate::hub::text::summary(&summary, &s.deploy.lock_file)
     };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))
 }

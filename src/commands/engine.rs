@@ -16,7 +16,7 @@ pub fn run(args: &EngineArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     // Each child's exit (EngineCore's crash, a signal) goes to the engine log, for the agent to
     // say what died: vLLM itself then exits 0.
     crate::engine::child_exit::watch(|c| crate::reporter::line(&c.line()));
-    let code = embed::run_vllm(&args.venv, &args.vllm).map_err(|e| Failure::runtime(e.to_string()))?;
+    let code = embed::run_vllm(&args.venv, &args.vllm)?;
     if code == 0 {
         Ok(())
     } else {

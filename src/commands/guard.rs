@@ -12,8 +12,7 @@ use crate::engine::dockerctl;
 use crate::error::Failure;
 use crate::kit::schema::{GuardPolicy, Transport};
 use crate::memguard::{
-    Channel, ContainerId, EngineRef, EngineSource, FixedContainer, Guard, GuardConfig, GuardError, GuardReporter,
-    Overrides,
+    Channel, ContainerId, EngineRef, EngineSource, FixedContainer, Guard, GuardConfig, GuardReporter, Overrides,
 };
 use crate::signals;
 
@@ -26,7 +25,7 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
     // The kit's checkpoint by default (locally made tiny models have no shards worth dropping).
     let kit_model = kit.model.path.is_some() || !kit.model.repo.is_empty();
     let model_paths = match (args.model.is_empty(), kit_model) {
-        (true, true) => vec![super::preflight_input::model_dir(kit, &ctx.env)],
+        (true, true) => vec![super::preflight_input::model_dir(kit, &settings.deploy)],
         _ => args.model.clone(),
     };
     let cfg = GuardConfig::from_kit(kit, node).with(Overrides {
@@ -55,7 +54,7 @@ pub fn config(args: &GuardArgs, ctx: &Context<'_>) -> Result<(GuardConfig, PathB
         return Err(Failure::usage(format!("--victims-under {p}: no such process"))
             .with_hint("pass a live pid whose descendants may be killed"));
     }
-    Ok((cfg, args.receipts.clone().unwrap_or_else(|| settings.logs.join("guard"))))
+    Ok((cfg, args.receipts.clone().unwrap_or_else(|| settings.deploy.logs.join("guard"))))
 }
 
 /// `--container NAME`: the running container's id and main pid.
@@ -69,18 +68,8 @@ fn container(name: &str) -> Result<EngineRef, Failure> {
             Ok(EngineRef::Container { id: ContainerId::parse(&id).ok_or_else(not_running)?, pid })
         }
         Ok(_) => Err(not_running()),
-        Err(e) => Err(Failure::runtime(format!("--container {name}: {e}")).with_hint(e.fix())),
+        Err(e) => Err(Failure::runtime(format!("--container {name}: {e}")).caused_by_chain_of(&e).with_hint(e.fix())),
     }
-}
-
-fn guard_failure(e: &GuardError) -> Failure {
-    Failure::runtime(e.to_string()).with_hint(match e {
-        GuardError::Receipts { .. } => "pass --receipts DIR with a directory you can write",
-        GuardError::Floors { .. } => "raise --soft or lower --hard",
-        GuardError::Open { .. } | GuardError::Meminfo { .. } => {
-            "the guard needs Linux /proc (meminfo and per-process stat)"
-        }
-    })
 }
 
 pub fn run(args: &GuardArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
@@ -92,7 +81,7 @@ pub fn run(args: &GuardArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         Some(name) => Box::new(FixedContainer(container(name)?)),
         None => Box::new(move || pgid),
     };
-    let mut guard = Guard::new(cfg, engine, &receipts, reporter).map_err(|e| guard_failure(&e))?;
+    let mut guard = Guard::new(cfg, engine, &receipts, reporter)?;
     signals::install(signals::Syscalls::Interrupt).map_err(|e| Failure::runtime_error(&e))?;
     if policy == GuardPolicy::Off {
         let _ = writeln!(ctx.err, "warning: guard policy `off`: the guard reports but never acts");
@@ -100,7 +89,7 @@ pub fn run(args: &GuardArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let worker = std::thread::Builder::new()
         .name("memguard".into())
         .spawn(move || guard.run(&signals::STOP))
-        .map_err(|e| Failure::runtime(format!("cannot start the guard thread: {e}")))?;
+        .map_err(|e| Failure::runtime(format!("cannot start the guard thread: {e}")).caused_by_chain_of(&e))?;
     for event in rx {
         let line = if args.json {
             serde_json::to_string(&event).unwrap_or_default()

@@ -25,14 +25,15 @@ fn docker_kit(args: &ImageSyncArgs, ctx: &Context<'_>, what: &str) -> Result<Set
 
 pub fn sync(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = docker_kit(args, ctx, "sync")?;
-    let exe =
-        crate::dirs::self_exe().map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")))?;
-    let sha = push::sha256_file(&exe).map_err(|e| Failure::runtime(format!("cannot read {}: {e}", exe.display())))?;
+    let exe = crate::dirs::self_exe()
+        .map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")).caused_by_chain_of(&e))?;
+    let sha = push::sha256_file(&exe)
+        .map_err(|e| Failure::runtime(format!("cannot read {}: {e}", exe.display())).caused_by_chain_of(&e))?;
     let rep = WriterLines::new(&mut *ctx.err);
-    let done = crate::image_sync::sync(&s.kit, &s.cache, &exe, &sha, &rep)
-        .map_err(|e| Failure::runtime(format!("image sync: {e}")).with_hint(e.fix()))?;
+    let done = crate::image_sync::sync(&s.kit, &s.deploy.dirs.cache, &exe, &sha, &rep)
+        .map_err(|e| Failure::runtime(format!("image sync: {e}")).caused_by_chain_of(&e).with_hint(e.fix()))?;
     if args.json {
-        let text = serde_json::to_string(&done).map_err(|e| Failure::runtime(e.to_string()))?;
+        let text = serde_json::to_string(&done)?;
         writeln!(ctx.out, "{text}").map_err(|e| io_failure(&e))?;
     } else {
         for n in &done {
@@ -46,23 +47,23 @@ pub fn build(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure>
     let s = docker_kit(args, ctx, "build")?;
     if !s.kit.engine.docker_mount_venv {
         let e = image_build::ImageError::NotBuildable { kit: s.kit.name.clone() };
-        return Err(Failure::usage(e.to_string()).with_hint(e.fix()));
+        return Err(Failure::usage_error(&e).with_hint(e.fix()));
     }
     let rep = WriterLines::new(&mut *ctx.err);
-    let venv = match &s.venv {
+    let venv = match &s.deploy.venv {
         Some(p) => p.clone(),
         None => {
             let recipe = crate::engine::recipe::Recipe::load(&s.kit.engine.requirements)
-                .map_err(|e| Failure::usage(format!("engine.requirements: {e}")))?;
-            crate::engine::venv::ensure(&s.cache, &recipe, &rep)
-                .map_err(|e| Failure::runtime(format!("engine venv: {e}")))?
+                .map_err(|e| Failure::usage(format!("engine.requirements: {e}")).caused_by_chain_of(&e))?;
+            crate::engine::venv::ensure(&s.deploy.dirs.cache, &recipe, &rep)
+                .map_err(|e| Failure::runtime(format!("engine venv: {e}")).caused_by_chain_of(&e))?
                 .path
         }
     };
-    let built = image_build::build(&s.kit, &venv, &s.cache, &rep)
-        .map_err(|e| Failure::runtime(format!("image build: {e}")).with_hint(e.fix()))?;
+    let built = image_build::build(&s.kit, &venv, &s.deploy.dirs.cache, &rep)
+        .map_err(|e| Failure::runtime(format!("image build: {e}")).caused_by_chain_of(&e).with_hint(e.fix()))?;
     if args.json {
-        let text = serde_json::to_string(&built).map_err(|e| Failure::runtime(e.to_string()))?;
+        let text = serde_json::to_string(&built)?;
         writeln!(ctx.out, "{text}").map_err(|e| io_failure(&e))?;
     } else {
         writeln!(ctx.out, "{}: {} {}", built.image, built.action, built.image_id).map_err(|e| io_failure(&e))?;

@@ -28,7 +28,7 @@ pub fn list(json: bool, ctx: &mut Context<'_>) -> Result<(), Failure> {
         });
     }
     if json {
-        let text = serde_json::to_string_pretty(&entries).map_err(|e| Failure::runtime(e.to_string()))?;
+        let text = serde_json::to_string_pretty(&entries)?;
         writeln!(ctx.out, "{text}").map_err(|e| io_failure(&e))?;
         return Ok(());
     }

@@ -62,10 +62,5 @@ pub fn resolve_for(
 /// Every kit error is a configuration error (exit code 2).
 #[must_use]
 pub fn kit_failure(e: KitError) -> Failure {
-    let hint = e.hint();
-    let f = Failure::usage(e.to_string());
-    match hint {
-        Some(h) => f.with_hint(h),
-        None => f,
-    }
+    Failure::from(e)
 }

@@ -47,7 +47,9 @@ pub fn run(args: &LogsArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| Failure::runtime(format!("cannot read logs of node {}: {e}", node.name)))?;
+            .map_err(|e| {
+                Failure::runtime(format!("cannot read logs of node {}: {e}", node.name)).caused_by_chain_of(&e)
+            })?;
         // Log lines carry their node and rank already; what `tail` (or ssh) itself says gets the
         // node name, and its last line is kept for the error.
         let last_err = Arc::new(Mutex::new(String::new()));
@@ -82,7 +84,7 @@ pub fn run(args: &LogsArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let mut failed = Vec::new();
     for (name, mut c, last_err) in children {
-        let status = c.wait().map_err(|e| Failure::runtime(format!("node {name}: {e}")))?;
+        let status = c.wait().map_err(|e| Failure::runtime(format!("node {name}: {e}")).caused_by_chain_of(&e))?;
         if !status.success() {
             let why = last_err.lock().map(|s| s.trim().to_string()).unwrap_or_default();
             failed.push(format!("node {name}: cannot read its engine log ({status}: {why})"));

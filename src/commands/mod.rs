@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod cache_capped;
 pub mod checkpoint_source;
+mod classes;
 pub mod completions;
 pub mod config;
 pub mod download;
@@ -13,6 +14,7 @@ pub mod engine;
 pub mod guard;
 pub mod hub_run;
 pub mod image;
+pub mod image_lock;
 pub mod kits;
 pub mod load;
 pub mod logs;

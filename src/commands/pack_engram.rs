@@ -7,17 +7,8 @@ use super::{io_failure, load, Context};
 use crate::cli::PackEngramArgs;
 use crate::engram::pack::{pack, Packed};
 use crate::engram::pack_jobs::{line, pack_jobs};
-use crate::engram::EngramError;
 use crate::error::Failure;
 use crate::reporter::PackLines;
-
-fn failure(e: &EngramError) -> Failure {
-    let f = if e.is_config() { Failure::usage(e.to_string()) } else { Failure::runtime(e.to_string()) };
-    match e.hint() {
-        Some(h) => f.with_hint(h),
-        None => f,
-    }
-}
 
 pub fn run(args: &PackEngramArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = load::settings(&args.kit, &ctx.env)?;
@@ -26,12 +17,12 @@ pub fn run(args: &PackEngramArgs, ctx: &mut Context<'_>) -> Result<(), Failure> 
         return Err(Failure::usage(format!("kit `{}` has no `engram` section: nothing to pack", kit.name))
             .with_hint("use a kit whose model has Engram tables (DeepSeek V4.1)"));
     };
-    let src = args.src.clone().unwrap_or_else(|| s.engram_dir.clone());
+    let src = args.src.clone().unwrap_or_else(|| s.deploy.engram_dir.clone());
     if !src.is_dir() {
         return Err(Failure::usage(format!("Engram directory {} does not exist", src.display()))
             .with_hint("run `spark-kit download --only engram` (it builds paths.engram_dir), or pass --src DIR"));
     }
-    let out: PathBuf = args.out.clone().unwrap_or_else(|| s.packed_dir.clone());
+    let out: PathBuf = args.out.clone().unwrap_or_else(|| s.deploy.packed_dir.clone());
     let tp = kit.tensor_parallel_size;
     let ranks: Vec<u32> = match args.rank {
         Some(r) if r >= tp => {
@@ -48,11 +39,10 @@ pub fn run(args: &PackEngramArgs, ctx: &mut Context<'_>) -> Result<(), Failure> 
     let rep = PackLines::new(args.quiet || args.json);
     let mut done: Vec<Packed> = Vec::with_capacity(jobs.len());
     for job in &jobs {
-        done.push(pack(job, &rep).map_err(|e| failure(&e))?);
+        done.push(pack(job, &rep)?);
     }
     let text = if args.json {
-        serde_json::to_string_pretty(&serde_json::json!({ "src": src, "out": out, "tp": tp, "shards": done }))
-            .map_err(|e| Failure::runtime(e.to_string()))?
+        serde_json::to_string_pretty(&serde_json::json!({ "src": src, "out": out, "tp": tp, "shards": done }))?
     } else {
         done.iter().map(|p| format!("{}\n", line(p))).collect()
     };

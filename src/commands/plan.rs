@@ -9,24 +9,21 @@ use crate::kit::schema::Transport;
 use crate::plan::parse_meminfo;
 
 pub fn run(args: &PlanArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let resolved = load::resolve(&args.kit, &ctx.env)?;
-    let kit = &resolved.kit;
-    let (ckpt, label) = checkpoint_in(kit, &ctx.env, args.model.as_ref(), args.r#virtual, true)?;
+    let s = load::settings(&args.kit, &ctx.env)?;
+    let kit = &s.kit;
+    let (ckpt, label) = checkpoint_in(&s, args.model.as_ref(), args.r#virtual, true)?;
     let mut measured = Vec::new();
     if args.measure {
-        let text = std::fs::read_to_string("/proc/meminfo")
-            .map_err(|e| Failure::runtime(format!("--measure: cannot read /proc/meminfo: {e}")))?;
+        let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| {
+            Failure::runtime(format!("--measure: cannot read /proc/meminfo: {e}")).caused_by_chain_of(&e)
+        })?;
         let (total, available) = parse_meminfo(&text)
             .ok_or_else(|| Failure::runtime("--measure: /proc/meminfo has no MemTotal/MemAvailable"))?;
         let local = kit.nodes.iter().find(|n| n.transport == Transport::Local).map_or("local", |n| n.name.as_str());
         measured.push((local.to_string(), total, available));
     }
-    let p = kit_plan(kit, &ckpt, &label, &measured).map_err(|e| Failure::usage(e.to_string()))?;
-    let text = if args.json {
-        serde_json::to_string_pretty(&p).map_err(|e| Failure::runtime(e.to_string()))?
-    } else {
-        crate::plan::text::render(&p)
-    };
+    let p = kit_plan(kit, &ckpt, &label, &measured)?;
+    let text = if args.json { serde_json::to_string_pretty(&p)? } else { crate::plan::text::render(&p) };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))?;
     let unfit = unfit(&p);
     if unfit.is_empty() {

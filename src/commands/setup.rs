@@ -16,25 +16,37 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             "kit {} runs the engine from the docker image {}; `setup` makes venvs only",
             kit.name,
             kit.engine.docker_image.as_deref().unwrap_or("?")
+        ))
+        .with_hint(format!(
+            "pull that image on every node (`docker pull {}`); `spark-kit preflight` checks its vLLM",
+            kit.engine.docker_image.as_deref().unwrap_or("?")
         )));
     }
-    let recipe = Recipe::load(&kit.engine.requirements).map_err(|e| Failure::usage(e.to_string()))?;
+    let recipe = Recipe::load(&kit.engine.requirements)?;
+    recipe.check_host(std::env::consts::ARCH, venv::BUILD_PYTHON_VERSION).map_err(|e| {
+        Failure::usage(e.to_string()).with_hint(
+            "run `spark-kit setup` on the nodes themselves, with a spark-kit built there against that CPython \
+             (docs/operations.md, \"Which vLLM\"); on this machine use --kit tiny-cpu",
+        )
+    })?;
     let reporter = Lines::new(args.quiet || args.json);
-    let info = venv::ensure(&s.cache, &recipe, &reporter).map_err(|e| {
-        let hint = e.log().map(|l| format!("full install log: {}", l.display())).or_else(|| e.cache_hint(&s.cache));
-        let f = Failure::runtime(e.to_string());
-        match hint {
-            Some(h) => f.with_hint(h),
-            None => f,
+    let info = venv::ensure(&s.deploy.dirs.cache, &recipe, &reporter).map_err(|e| {
+        let cache_hint = e.cache_hint(&s.deploy.dirs.cache);
+        let f = Failure::from(e);
+        if f.hint.is_none() {
+            f.with_hint_opt(cache_hint)
+        } else {
+            f
         }
     })?;
-    let pruned = if args.keep_old { Vec::new() } else { prune(&s.cache.join("venvs"), &recipe.name, &info.path) };
+    let pruned =
+        if args.keep_old { Vec::new() } else { prune(&s.deploy.dirs.cache.join("venvs"), &recipe.name, &info.path) };
     if args.json {
-        let mut v = serde_json::to_value(&info).map_err(|e| Failure::runtime(e.to_string()))?;
+        let mut v = serde_json::to_value(&info)?;
         if let serde_json::Value::Object(m) = &mut v {
-            m.insert("pruned".into(), serde_json::to_value(&pruned).map_err(|e| Failure::runtime(e.to_string()))?);
+            m.insert("pruned".into(), serde_json::to_value(&pruned)?);
         }
-        let text = serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?;
+        let text = serde_json::to_string_pretty(&v)?;
         writeln!(ctx.out, "{text}").map_err(|e| io_failure(&e))
     } else {
         for p in &pruned {

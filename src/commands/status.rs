@@ -48,15 +48,13 @@ pub fn run(args: &StatusArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             );
             if let (true, LocateError::NotRunning { kit }) = (args.json, &e) {
                 // Scripts read a JSON value either way; the exit code is the human form's.
-                let text = not_running_json(kit.as_deref(), &f.message, f.hint.as_deref())
-                    .map_err(|e| Failure::runtime(e.to_string()))?;
+                let text = not_running_json(kit.as_deref(), &f.message, f.hint.as_deref())?;
                 writeln!(ctx.out, "{text}").map_err(|e| io_failure(&e))?;
             }
             return Err(f);
         }
     };
-    let text =
-        if args.json { running_json(&snap).map_err(|e| Failure::runtime(e.to_string()))? } else { render(&snap) };
+    let text = if args.json { running_json(&snap)? } else { render(&snap) };
     writeln!(ctx.out, "{}", text.trim_end()).map_err(|e| io_failure(&e))
 }
 
@@ -65,7 +63,7 @@ pub fn down(args: &ControlArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let target = super::target::find(&args.kit, &ctx.env, "down")?;
     let (sock, name) = (&target.socket, &target.kit.name);
     let _ = writeln!(ctx.err, "==> stopping {name}: draining, then killing the engines on every node");
-    let snap = request(sock, name, "down", None).map_err(|e| Failure::runtime(e.to_string()))?;
+    let snap = request(sock, name, "down", None)?;
     // Wait for the supervisor to exit (it removes its socket last).
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while sock.exists() && std::time::Instant::now() < deadline {

@@ -46,11 +46,11 @@ pub fn locate(args: &KitArgs, env: &[(String, String)]) -> Result<Result<Target,
 pub fn failure(e: &LocateError, sub: &str, kit_ref: &KitRef) -> Failure {
     match e {
         LocateError::NotRunning { .. } => {
-            Failure::runtime(e.to_string()).with_hint(format!("start it with {}", kit_ref.quoted("up", &["--detach"])))
+            Failure::runtime_error(e).with_hint(format!("start it with {}", kit_ref.quoted("up", &["--detach"])))
         }
         LocateError::Several(v) => {
             let choices: Vec<String> = v.iter().map(|r| KitRef { arg: r.kit_arg.clone() }.quoted(sub, &[])).collect();
-            Failure::usage(e.to_string()).with_hint(format!("name one with --kit: {}", choices.join(" or ")))
+            Failure::usage_error(e).with_hint(format!("name one with --kit: {}", choices.join(" or ")))
         }
     }
 }

@@ -22,24 +22,25 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = settings(args, &ctx.env)?;
     check_free(&s)?;
     // The gateway's settings are checked before anything starts (detached or not).
-    let (gw_cfg, gw_note) = up_gateway::config(&s, &ctx.env)?;
+    let (gw_cfg, gw_note) = up_gateway::config(&s)?;
     if args.detach {
         return up_detach::detach(&s, ctx);
     }
     let gw_line = up_gateway::summary(&gw_cfg, gw_note.as_deref());
-    let front = Front::start(gw_cfg).map_err(|e| Failure::runtime(e.to_string()))?;
+    let front = Front::start(gw_cfg)?;
     UpLines.line(&gw_line);
     let handles = Handles::new(&s.kit).with_front(front);
     signals::forward_to(Arc::clone(&handles.stop)).map_err(|e| Failure::runtime_error(&e))?;
-    serve(&s.socket, handles.clone())
-        .map_err(|e| Failure::runtime(format!("cannot open the control socket {}: {e}", s.socket.display())))?;
+    serve(&s.socket, handles.clone()).map_err(|e| {
+        Failure::runtime(format!("cannot open the control socket {}: {e}", s.socket.display())).caused_by_chain_of(&e)
+    })?;
     let registration = Registration::new(&s, args, &mut *ctx.err);
     let (key, kit_ref) = (s.key.clone(), s.kit_ref.clone());
     let text =
         move |snap: &_, secs| format!("{}\nCtrl-C stops the deployment.", banner(snap, secs, key.as_ref(), &kit_ref));
     let watcher = watch_ready(Arc::clone(&handles.snapshot), args.verbose, Box::new(text));
     let result =
-        supervisor::run(&s.kit, &s.logs, Policy::default(), &UpLines, handles.clone(), &gates(&s, args, &ctx.env));
+        supervisor::run(&s.kit, &s.deploy.logs, Policy::default(), &UpLines, handles.clone(), &gates(&s, args));
     // `down` is answered with the final snapshot before the process (and its socket) goes.
     wait_answered(Duration::from_secs(5));
     registration.release();
@@ -73,7 +74,7 @@ pub fn restart(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = settings(args, &ctx.env)?;
     if is_running(&s) {
         writeln!(ctx.err, "==> stopping the running deployment").map_err(|e| io_failure(&e))?;
-        request(&s.socket, &s.kit.name, "down", None).map_err(|e| Failure::runtime(e.to_string()))?;
+        request(&s.socket, &s.kit.name, "down", None)?;
         let deadline = Instant::now() + Duration::from_secs(60);
         while s.socket.exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(200));

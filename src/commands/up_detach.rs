@@ -24,22 +24,24 @@ fn background_args(args: &[String]) -> Vec<String> {
 
 /// Start the supervisor in the background and wait until it is ready.
 pub fn detach(s: &Settings, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let exe =
-        crate::dirs::self_exe().map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")))?;
+    let exe = crate::dirs::self_exe()
+        .map_err(|e| Failure::runtime(format!("cannot find the spark-kit executable: {e}")).caused_by_chain_of(&e))?;
     let log_path = &s.supervisor_log;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log_path)
-        .map_err(|e| Failure::runtime(format!("cannot open {}: {e}", log_path.display())))?;
-    let err = log.try_clone().map_err(|e| Failure::runtime(e.to_string()))?;
+        .map_err(|e| Failure::runtime(format!("cannot open {}: {e}", log_path.display())).caused_by_chain_of(&e))?;
+    let err = log.try_clone()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.args(background_args(&ctx.args)).stdin(Stdio::null()).stdout(log).stderr(err);
     // SAFETY: setsid between fork and exec is async-signal-safe and touches no Rust state.
     unsafe {
         cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
     }
-    let mut child = cmd.spawn().map_err(|e| Failure::runtime(format!("cannot start the supervisor: {e}")))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Failure::runtime(format!("cannot start the supervisor: {e}")).caused_by_chain_of(&e))?;
     let _ =
         writeln!(ctx.err, "==> supervisor started in the background (pid {}, log {})", child.id(), log_path.display());
     let started = Instant::now();

@@ -1,63 +1,34 @@
 //! `up`'s gateway: its settings from the kit, `engine.api_keys` and the memory plan (the same
 //! plan `spark-kit plan` prints), checked before anything starts.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::checkpoint_source::{checkpoint_in, is_dsv41_flash_exl3};
-use crate::checkpoint::budget::weight_budget;
-use crate::checkpoint::exl3_audit::num_hidden_layers;
-use crate::checkpoint::virtual_ckpt::DeepSeekV41Dims;
-use crate::checkpoint::Origin;
-use crate::engine::endpoint::api_keys;
-use crate::engine::{model, overlay};
+use super::checkpoint_source::checkpoint_in;
+use crate::checkpoint::kit_plan::{kit_plan, plan_without_weights};
 use crate::error::Failure;
 use crate::gateway::count::{Counter, LoadError};
 use crate::gateway::GatewayConfig;
-use crate::kit::schema::Kit;
-use crate::plan::{input_from_kit, kv, plan, Plan};
+use crate::plan::Plan;
 use crate::settings::Settings;
 
-/// The band of a weight figure from modelled shapes, per mille (as `spark-kit plan`).
-const MODELLED_BAND_PER_MILLE: u64 = 5;
-
-/// The kit's plan as `spark-kit plan` computes it (kit memory, the checkpoint's weight budget).
-/// Without a checkpoint to read yet (a model the engine side makes on first start), the weights
-/// are unknown: the plan then has no prefill budget and the returned note says so.
-fn plan_of(kit: &Kit, env: &[(String, String)]) -> (Plan, Option<String>) {
-    let budget = checkpoint_in(kit, env, None, false, true).map_err(|f| f.to_string()).and_then(|(c, label)| {
-        let b = weight_budget(&c, kit.tensor_parallel_size, num_hidden_layers(&kit.model.k_map))
-            .map_err(|e| e.to_string())?;
-        Ok((b.per_rank_bytes, label, matches!(c.origin, Origin::Virtual { .. })))
-    });
-    let (mut input, note) = match budget {
-        Ok((per_rank, label, modelled)) => {
-            let source = format!("weight budget at TP {} over {label}", kit.tensor_parallel_size);
-            let mut input = input_from_kit(kit, per_rank, source, &[]);
-            if modelled {
-                input.weights_band = per_rank / 1000 * MODELLED_BAND_PER_MILLE;
-            }
-            (input, None)
-        }
-        Err(why) => {
-            let mut input = input_from_kit(kit, 0, "unknown", &[]);
-            // No weights, no headroom: no prefill budget rather than a made-up one.
-            input.nodes.iter_mut().for_each(|n| n.memory_total = None);
-            (input, Some(format!("no prefill budget (the weights are unknown: {why})")))
-        }
-    };
-    // KV bytes per token from the model's shapes where the kit leaves it 0 (as `spark-kit plan`).
-    if input.kv_bytes_per_token == 0.0 && is_dsv41_flash_exl3(kit) {
-        if let Some(d) = kv::derive(&DeepSeekV41Dims::default().kv_shape(kit.engine.block_size)) {
-            input.kv_bytes_per_token = d.bytes_per_token;
-        }
+/// The kit's plan as `spark-kit plan` computes it (`checkpoint::kit_plan` over the checkpoint
+/// the engine serves). Without a checkpoint to read yet (a model the engine side makes on first
+/// start), the weights are unknown: the plan then has no prefill budget and the note says so.
+fn plan_of(s: &Settings) -> (Plan, Option<String>) {
+    let planned = checkpoint_in(s, None, false, true)
+        .and_then(|(c, label)| kit_plan(&s.kit, &c, &label, &[]).map_err(Failure::from));
+    match planned {
+        Ok(p) => (p, None),
+        Err(why) => (
+            plan_without_weights(&s.kit),
+            Some(format!("no prefill budget (the weights are unknown: {})", why.message)),
+        ),
     }
-    (plan(&input), note)
 }
 
 /// The gateway's settings for the kit of `s`, or the one-line reason it cannot run. Also returns
 /// a note on limits the plan could not give.
-pub(super) fn config(s: &Settings, env: &[(String, String)]) -> Result<(GatewayConfig, Option<String>), Failure> {
+pub(super) fn config(s: &Settings) -> Result<(GatewayConfig, Option<String>), Failure> {
     if let Some(head) = s.remote_head() {
         return Err(Failure::usage(format!(
             "nodes: the head node `{head}` is not local: the gateway runs in `up`'s process and reaches the engine on \
@@ -65,23 +36,16 @@ pub(super) fn config(s: &Settings, env: &[(String, String)]) -> Result<(GatewayC
         )));
     }
     let kit = &s.kit;
-    let keys = api_keys(kit, env, &s.dirs).map_err(|e| Failure::usage(e.to_string()))?;
-    let port = s.ports.internal_tcp().map_err(|e| Failure::usage(e.to_string()))?;
-    let (p, note) = plan_of(kit, env);
-    let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port).map_err(|e| Failure::usage(e.to_string()))?;
+    let keys = s.deploy.keys.clone()?;
+    let port = s.deploy.ports.internal_tcp()?;
+    let (p, note) = plan_of(s);
+    let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port)?;
     // The served checkpoint's tokenizer, for counting completion prompts in process; a missing
     // file (a model made on the first start) is tried again once the engine is ready.
-    cfg.tokenizer = model_dir(s, env).map(|d| Counter::file_in(&d));
+    cfg.tokenizer =
+        crate::engine::model::served_dir(kit, &s.deploy, &crate::engine::overlay::tag()).map(|d| Counter::file_in(&d));
     cfg.counter = cfg.tokenizer.as_deref().map(|t| Counter::load(t).map(Arc::new));
     Ok((cfg, note))
-}
-
-/// The checkpoint directory the engine will serve, by the rule `up` prepares it with.
-fn model_dir(s: &Settings, env: &[(String, String)]) -> Option<PathBuf> {
-    let kit = &s.kit;
-    let configured = kit.paths.hf_cache.as_deref().map(|p| s.dirs.expand(p));
-    let hf = model::hf_cache(configured.as_deref(), env, &s.dirs.home);
-    model::served_dir(kit, &s.dirs.expand(&kit.paths.data_dir), &hf, &overlay::tag())
 }
 
 /// How admission counts prompt tokens, for the summary line.
@@ -123,14 +87,14 @@ pub(super) fn summary(cfg: &GatewayConfig, note: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kit::schema::Transport;
+    use crate::kit::schema::{Kit, Transport};
 
     fn kit(name: &str) -> Kit {
         crate::kit::builtin_kit(name)
     }
 
     fn config(k: &Kit, env: &[(String, String)]) -> Result<(GatewayConfig, Option<String>), Failure> {
-        super::config(&Settings::new(k.clone(), None, env), env)
+        super::config(&Settings::new(k.clone(), None, env))
     }
 
     #[test]

@@ -43,8 +43,9 @@ pub fn is_running(s: &Settings) -> bool {
 /// Refuse to start a kit that is running; fail before anything starts when the local head's API
 /// port is taken (vLLM would notice late).
 pub fn check_free(s: &Settings) -> Result<(), Failure> {
-    std::fs::create_dir_all(&s.logs)
-        .map_err(|e| Failure::runtime(format!("cannot create {}: {e}", s.logs.display())))?;
+    std::fs::create_dir_all(&s.deploy.logs).map_err(|e| {
+        Failure::runtime(format!("cannot create {}: {e}", s.deploy.logs.display())).caused_by_chain_of(&e)
+    })?;
     if let Ok(snap) = request(&s.socket, &s.kit.name, "status", Some(Duration::from_secs(5))) {
         return Err(Failure::runtime(format!(
             "kit {} is already running (supervisor pid {}, state {:?})",
@@ -57,24 +58,24 @@ pub fn check_free(s: &Settings) -> Result<(), Failure> {
         )));
     }
     if s.head_is_local() {
-        check_port(&s.ports.host, s.ports.api).map_err(|e| Failure::runtime(e.to_string()).with_hint_opt(e.hint()))?;
+        check_port(&s.deploy.ports.host, s.deploy.ports.api)?;
     }
     Ok(())
 }
 
 /// The gates the supervisor passes before the engines start.
 #[must_use]
-pub fn gates(s: &Settings, args: &UpArgs, env: &[(String, String)]) -> Gates {
+pub fn gates(s: &Settings, args: &UpArgs) -> Gates {
     Gates {
         preflight: (!args.skip_preflight).then(|| crate::node::preflight::PreflightInput {
             gateway_holds_api_port: true,
-            ..super::preflight_input::input(&s.kit, env, args.kit.kit.as_deref())
+            ..super::preflight_input::input(s)
         }),
-        weight_trees: weight_trees(&s.kit, &s.hf_cache, &s.engram_dir)
+        weight_trees: weight_trees(&s.kit, &s.deploy.hf_cache, &s.deploy.engram_dir)
             .into_iter()
-            .map(|t| WeightTree { path: s.dirs.expand(&t.path.to_string_lossy()), ..t })
+            .map(|t| WeightTree { path: s.deploy.dirs.expand(&t.path.to_string_lossy()), ..t })
             .collect(),
-        home: s.dirs.home.clone(),
+        home: s.deploy.dirs.home.clone(),
         replace: args.replace,
     }
 }
@@ -96,7 +97,7 @@ impl<'a> Registration<'a> {
             kit_arg: live::recorded_arg(args.kit.kit.as_deref()),
             socket: s.socket.clone(),
             pid: std::process::id(),
-            endpoint: s.ports.endpoint(),
+            endpoint: s.deploy.ports.endpoint(),
             kit: s.kit.clone(),
         };
         let record = live::register(&s.run_dir, &record)

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::checkpoint_source::checkpoint_in;
-use super::hub_run::hub_failure;
 use super::{io_failure, load, Context};
 use crate::checkpoint::exl3_audit::{audit, AuditOptions};
 use crate::cli::VerifyArgs;
@@ -21,14 +20,13 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     if !args.structure && !args.decode {
         return lock_check(args, &s, ctx);
     }
-    let (ckpt, label) = checkpoint_in(&s.kit, &ctx.env, args.model.as_ref(), args.r#virtual, false)?;
-    let report = audit(&ckpt, &AuditOptions { k_map: s.kit.model.k_map.clone() })
-        .map_err(|e| Failure::runtime(e.to_string()))?;
+    let (ckpt, label) = checkpoint_in(&s, args.model.as_ref(), args.r#virtual, false)?;
+    let report = audit(&ckpt, &AuditOptions { k_map: s.kit.model.k_map.clone() })?;
     if args.decode {
         return super::verify_decode::run(args, &s.kit.model.k_map, &ckpt, &label, &report, ctx);
     }
     let text = if args.json {
-        serde_json::to_string_pretty(&report).map_err(|e| Failure::runtime(e.to_string()))?
+        serde_json::to_string_pretty(&report)?
     } else {
         crate::checkpoint::text::audit(&report, &label)
     };
@@ -43,13 +41,13 @@ pub fn run(args: &VerifyArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
 /// `verify` / `verify --fast`: every file of the kit's `spark-kit.lock` — present, right size,
 /// and (unless `--fast`) right SHA-256 — hashed in parallel without flooding the page cache.
 fn lock_check(args: &VerifyArgs, s: &Settings, ctx: &mut Context<'_>) -> Result<(), Failure> {
-    let lock = &s.lock_file;
+    let lock = &s.deploy.lock_file;
     if !lock.exists() {
         return Err(Failure::usage(format!("no lock file {} for kit `{}`", lock.display(), s.kit.name)).with_hint(
             "run `spark-kit download` first (it writes the lock file); `verify --structure` audits headers",
         ));
     }
-    let lf = LockFile::load(lock).map_err(|e| hub_failure(&e))?;
+    let lf = LockFile::load(lock)?;
     let threads = match args.jobs {
         Some(0) => return Err(Failure::usage("--jobs 0: nothing would run").with_hint("use --jobs 1 or more")),
         Some(n) => n,
@@ -64,12 +62,12 @@ fn lock_check(args: &VerifyArgs, s: &Settings, ctx: &mut Context<'_>) -> Result<
         let done = hashed.fetch_add(n, Ordering::Relaxed) + n;
         every.tick(|| format!("verify: hashed {} of {}", size(done), size(total)));
     };
-    let results = verify(&s.hf_cache, &lf.files, args.fast, threads, &progress);
+    let results = verify(&s.deploy.hf_cache, &lf.files, args.fast, threads, &progress);
     let seconds = started.elapsed().as_secs_f64();
     let mode = if args.fast { "sizes" } else { "sha256" };
     let text = if args.json {
-        let v = crate::hub::text::verify_json(&results, mode, seconds, lock, &s.hf_cache);
-        serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?
+        let v = crate::hub::text::verify_json(&results, mode, seconds, lock, &s.deploy.hf_cache);
+        serde_json::to_string_pretty(&v)?
     } else {
         crate::hub::text::verify_report(&results, mode, seconds, lock)
     };
@@ -96,14 +94,20 @@ fn lock_check(args: &VerifyArgs, s: &Settings, ctx: &mut Context<'_>) -> Result<
 /// commit, and check them once more.
 fn repair(s: &Settings, bad: &[&LockEntry], threads: usize, ctx: &mut Context<'_>) -> Result<(), Failure> {
     for e in bad {
-        if let Some((blob, aside)) = crate::hub::repair::move_aside(&s.hf_cache, e).map_err(|e| hub_failure(&e))? {
+        if let Some((blob, aside)) = crate::hub::repair::move_aside(&s.deploy.hf_cache, e)? {
             writeln!(ctx.out, "moved {} aside to {}", blob.display(), aside.display()).map_err(|e| io_failure(&e))?;
         }
     }
-    let repos = repair_requests(&s.kit, bad, &s.engram_dir);
+    let repos = repair_requests(&s.kit, bad, &s.deploy.engram_dir);
     let reporter = crate::reporter::download::download(false);
-    let again = crate::hub::repair::refetch(&s.hf_cache, bad, repos, threads, (&ctx.env, &s.dirs.home), reporter)
-        .map_err(|e| hub_failure(&e))?;
+    let again = crate::hub::repair::refetch(
+        &s.deploy.hf_cache,
+        bad,
+        repos,
+        threads,
+        (&ctx.env, &s.deploy.dirs.home),
+        reporter,
+    )?;
     let still: Vec<_> = again.iter().filter(|c| c.status != Status::Ok).collect();
     writeln!(ctx.out, "repaired {} of {} file(s)", again.len() - still.len(), again.len())
         .map_err(|e| io_failure(&e))?;

@@ -46,14 +46,14 @@ pub(super) fn run(
     let progress = |done: usize, total: usize| {
         every.tick(|| format!("verify: decoded samples of {done} of {total} packed matrices"));
     };
-    let report = decode_check(ckpt, &opts, &progress).map_err(|e| Failure::runtime(e.to_string()))?;
+    let report = decode_check(ckpt, &opts, &progress)?;
     let seconds = started.elapsed().as_secs_f64();
     let text = if json {
-        let mut v = serde_json::to_value(audit).map_err(|e| Failure::runtime(e.to_string()))?;
-        let mut d = serde_json::to_value(&report).map_err(|e| Failure::runtime(e.to_string()))?;
+        let mut v = serde_json::to_value(audit)?;
+        let mut d = serde_json::to_value(&report)?;
         d["seconds"] = serde_json::json!(seconds);
         v["decode"] = d;
-        serde_json::to_string_pretty(&v).map_err(|e| Failure::runtime(e.to_string()))?
+        serde_json::to_string_pretty(&v)?
     } else {
         format!("{}\n\n{}", text::audit(audit, label).trim_end(), text::decode(&report, seconds))
     };

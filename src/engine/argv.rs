@@ -48,7 +48,7 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
     push("--served-model-name", e.served_model_name.clone());
     // Behind the gateway: clients reach `engine.host:engine.port` (the gateway in the
     // supervisor), vLLM listens on loopback only.
-    let (host, port) = crate::engine::endpoint::engine_addr(kit);
+    let (host, port) = crate::deploy::ports::Ports::of(kit).internal_addr();
     push("--host", host.to_string());
     push("--port", port.to_string());
     push("--max-model-len", e.max_model_len.to_string());

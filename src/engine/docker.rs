@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn spark_worker_command() {
-        let k = kit::builtin_kit("dgx-spark-2x-dsv41-exl3");
+        let k = kit::builtin_kit("dgx-spark-2x-dsv41-exl3-docker");
         let spec = argv::build(&k, 1, "/host/model", "/host/overlay");
         let m = Mounts {
             model: "/host/model".into(),
@@ -165,7 +165,7 @@ mod tests {
         assert!(a.contains(&"--env=PYTHONPATH=/opt/spark-overlay".to_string()));
         assert!(a.contains(&"--env=NCCL_IB_HCA=rocep1s0f0".to_string()));
         assert!(a.contains(&"--env=VLLM_API_KEY".to_string()), "the key passes by name only");
-        let image = a.iter().position(|x| x == "vllm/vllm-openai:deepseekv41-flash-0909").unwrap();
+        let image = a.iter().position(|x| x == "vllm/vllm-openai:v0.34.0-aarch64").unwrap();
         assert_eq!(a[image + 1..image + 4], ["vllm", "serve", "/model"]);
         assert!(a.contains(&"--headless".to_string()));
         let name = a.iter().position(|x| x == "--name").unwrap();

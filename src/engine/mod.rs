@@ -8,7 +8,6 @@ pub mod container;
 pub mod docker;
 pub mod dockerctl;
 pub mod embed;
-pub mod endpoint;
 pub mod image_build;
 pub mod log_watch;
 pub mod model;

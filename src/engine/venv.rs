@@ -109,6 +109,7 @@ pub fn find(cache: &Path, recipe: &Recipe) -> Option<VenvInfo> {
 /// Find or build the venv. Concurrent callers serialise on a lock file; a venv without its
 /// marker (an interrupted build) is removed and rebuilt, never used.
 pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Result<VenvInfo, SetupError> {
+    recipe.check_host(std::env::consts::ARCH, BUILD_PYTHON_VERSION)?;
     let root = cache.join("venvs");
     fs::create_dir_all(&root).map_err(io("cannot create", &root))?;
     let dir = venv_dir(cache, recipe);

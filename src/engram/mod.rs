@@ -34,25 +34,18 @@ pub const ROW_BYTES: usize = WEIGHT_BYTES + SCALE_BYTES;
 /// Values that share one E8M0 scale.
 pub const SCALE_GROUP: usize = 32;
 
-/// Where `pack-engram` puts a kit's packed shards by default, which the engines read through
-/// `SPARK_ENGRAM_PACKED_DIR`: `<paths.data_dir>/<kit name>/engram-packed`.
-#[must_use]
-pub fn packed_dir(kit: &crate::kit::schema::Kit, dirs: &crate::dirs::Dirs) -> std::path::PathBuf {
-    dirs.expand(&kit.paths.data_dir).join(&kit.name).join("engram-packed")
-}
-
 /// The engine environment for a kit with Engram tables: `SPARK_ENGRAM_DIR` (the slim Engram
 /// directory, `paths.engram_dir`) and, once `pack-engram` has written shards,
-/// `SPARK_ENGRAM_PACKED_DIR`. Empty for kits without Engram.
+/// `SPARK_ENGRAM_PACKED_DIR` (`Deployment::packed_dir`). Empty for kits without Engram.
 #[must_use]
-pub fn engine_env(kit: &crate::kit::schema::Kit, dirs: &crate::dirs::Dirs) -> Vec<(String, String)> {
+pub fn engine_env(kit: &crate::kit::schema::Kit, d: &crate::deploy::Deployment) -> Vec<(String, String)> {
     if kit.engram.is_none() {
         return Vec::new();
     }
-    let mut env = vec![("SPARK_ENGRAM_DIR".to_string(), dirs.expand(&kit.paths.engram_dir).display().to_string())];
-    let packed = packed_dir(kit, dirs);
-    let has_shards = std::fs::read_dir(&packed)
-        .is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".bin")));
+    let mut env = vec![("SPARK_ENGRAM_DIR".to_string(), d.engram_dir.display().to_string())];
+    let packed = &d.packed_dir;
+    let has_shards =
+        std::fs::read_dir(packed).is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".bin")));
     if has_shards {
         env.push(("SPARK_ENGRAM_PACKED_DIR".to_string(), packed.display().to_string()));
     }
@@ -66,17 +59,17 @@ mod tests {
     #[test]
     fn engines_get_the_engram_dirs_once_packed() {
         let home = tempfile::tempdir().unwrap();
-        let dirs = crate::dirs::Dirs::from_env(&[("HOME".into(), home.path().display().to_string())]);
         let spark = crate::kit::builtin_kit("dgx-spark-2x-dsv41-exl3");
-        let env = engine_env(&spark, &dirs);
+        let d = crate::deploy::Deployment::resolve(&spark, &[("HOME".into(), home.path().display().to_string())]);
+        let env = engine_env(&spark, &d);
         assert_eq!(env.len(), 1, "{env:?}");
-        assert_eq!(env[0], ("SPARK_ENGRAM_DIR".into(), dirs.expand(&spark.paths.engram_dir).display().to_string()));
-        let packed = packed_dir(&spark, &dirs);
+        assert_eq!(env[0], ("SPARK_ENGRAM_DIR".into(), d.engram_dir.display().to_string()));
+        let packed = d.packed_dir.clone();
         std::fs::create_dir_all(&packed).unwrap();
         std::fs::write(packed.join("engram-l1-r0of2.bin"), b"x").unwrap();
-        let env = engine_env(&spark, &dirs);
+        let env = engine_env(&spark, &d);
         assert_eq!(env[1], ("SPARK_ENGRAM_PACKED_DIR".into(), packed.display().to_string()));
         let tiny = crate::kit::builtin_kit("tiny-cpu");
-        assert!(engine_env(&tiny, &dirs).is_empty());
+        assert!(engine_env(&tiny, &d).is_empty());
     }
 }

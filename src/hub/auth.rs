@@ -33,17 +33,7 @@ fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
     env.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).filter(|v| !v.trim().is_empty())
 }
 
-/// `HF_HOME`: `$HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
-#[must_use]
-pub fn hf_home(env: &[(String, String)], home: &Path) -> PathBuf {
-    if let Some(h) = get(env, "HF_HOME") {
-        return PathBuf::from(h);
-    }
-    if let Some(x) = get(env, "XDG_CACHE_HOME") {
-        return Path::new(x).join("huggingface");
-    }
-    home.join(".cache/huggingface")
-}
+pub use crate::deploy::hf::hf_home;
 
 /// Find the token. `read` reads a token file (injected so the lookup order is testable).
 pub fn find_token(

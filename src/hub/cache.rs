@@ -1,5 +1,5 @@
-//! The Hugging Face cache layout (`models--owner--name/{blobs,snapshots,refs}`, `.locks/`),
-//! written the way `huggingface_hub` reads it offline: relative symlinks, `refs/<rev>` without
+//! The Hugging Face cache layout (`models--owner--name/{blobs,snapshots,refs}`, `.locks/`; the
+//! folder name is `deploy::hf::repo_folder`), written the way `huggingface_hub` reads it offline: relative symlinks, `refs/<rev>` without
 //! a newline, no `trees/` file.
 
 use std::collections::HashSet;
@@ -12,6 +12,7 @@ use nix::fcntl::{Flock, FlockArg};
 use super::error::HubError;
 use super::journal::Journal;
 use super::paths::is_safe_ref;
+use crate::deploy::hf::repo_folder;
 
 /// Suffix of a partial blob (a private name: old Python clients would promote `.incomplete`).
 pub const PARTIAL: &str = "spark-partial";
@@ -29,14 +30,10 @@ pub struct BlobLock {
     _lock: Flock<File>,
 }
 
-fn folder(repo: &str) -> String {
-    format!("models--{}", repo.replace('/', "--"))
-}
-
 impl RepoCache {
     #[must_use]
     pub fn new(root: &Path, repo: &str) -> Self {
-        Self { root: root.to_path_buf(), dir: root.join(folder(repo)), repo: repo.to_string() }
+        Self { root: root.to_path_buf(), dir: root.join(repo_folder(repo)), repo: repo.to_string() }
     }
 
     #[must_use]
@@ -81,7 +78,7 @@ impl RepoCache {
 
     /// Take the blob's lock without waiting; `Busy` when another process holds it.
     pub fn lock(&self, name: &str, path: &str) -> Result<BlobLock, HubError> {
-        let dir = self.root.join(".locks").join(folder(&self.repo));
+        let dir = self.root.join(".locks").join(repo_folder(&self.repo));
         self.mkdirs(&dir)?;
         self.mkdirs(&self.dir.join("blobs"))?;
         let lock = dir.join(format!("{name}.lock"));

@@ -1,27 +1,12 @@
-//! Where a kit's downloads live (its HF cache and its `spark-kit.lock`) and what `download` and
-//! `verify --repair` fetch for it.
+//! What `download` and `verify --repair` fetch for a kit (where it goes, the HF cache and the
+//! `spark-kit.lock`, is the kit's `deploy::Deployment`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::error::HubError;
 use super::lockfile::{LockEntry, LockFile};
 use super::run::{EngramTarget, RepoRequest, Summary, Want};
-use crate::dirs::Dirs;
-use crate::engine::model::hf_cache;
 use crate::kit::schema::{Kit, ModelSource};
-
-/// The HF cache of a kit: `paths.hf_cache`, `HF_HUB_CACHE`, `HF_HOME/hub`, `~/.cache/huggingface/hub`.
-#[must_use]
-pub fn kit_hf_cache(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> PathBuf {
-    let configured = kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p));
-    hf_cache(configured.as_deref(), env, &dirs.home)
-}
-
-/// Where `download` records what it fetched: `<paths.data_dir>/<kit name>/spark-kit.lock`.
-#[must_use]
-pub fn lock_path(kit: &Kit, dirs: &Dirs) -> PathBuf {
-    dirs.expand(&kit.paths.data_dir).join(&kit.name).join("spark-kit.lock")
-}
 
 /// Which part of a kit `download --only` fetches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,8 +101,12 @@ pub fn repair_requests(kit: &Kit, bad: &[&LockEntry], engram_dir: &Path) -> Vec<
 /// Record what a download fetched in the kit's lock file at `lock` (the repos it fetched replace
 /// their earlier entries; others are kept).
 pub fn record(lock: &Path, kit: &str, summary: &Summary) -> Result<(), HubError> {
-    let mut lf =
-        LockFile::load(lock).unwrap_or(LockFile { version: LockFile::VERSION, kit: kit.to_string(), files: vec![] });
+    let mut lf = LockFile::load(lock).unwrap_or(LockFile {
+        version: LockFile::VERSION,
+        kit: kit.to_string(),
+        files: vec![],
+        images: Vec::new(),
+    });
     kit.clone_into(&mut lf.kit);
     let repos: Vec<String> = summary.repos.iter().map(|r| r.repo.clone()).collect();
     lf.merge(&repos, summary.lock.clone());

@@ -21,6 +21,7 @@ macro_rules! builtin {
 /// Every built-in kit; the first is the default.
 pub const BUILTINS: &[Builtin] = &[
     builtin!("dgx-spark-2x-dsv41-exl3"),
+    builtin!("dgx-spark-2x-dsv41-exl3-docker"),
     builtin!("tiny-cpu"),
     builtin!("tiny-cpu-2node"),
     builtin!("tiny-cpu-docker"),

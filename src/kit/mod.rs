@@ -40,7 +40,7 @@ pub struct KitSource {
 pub enum KitError {
     #[error("no kit named `{name}` and no such file; built-in kits: {available}")]
     NotFound { name: String, available: String },
-    #[error("cannot read kit file {path}: {source}")]
+    #[error("cannot read kit file {path}")]
     Read { path: String, source: std::io::Error },
     #[error("{file}:{line}:{col}: YAML syntax error: {msg}")]
     Syntax { file: String, line: usize, col: usize, msg: String },
@@ -70,6 +70,26 @@ impl Kit {
     #[must_use]
     pub fn needs_gpu(&self) -> bool {
         !self.engine.requirements.contains("cpu")
+    }
+
+    /// What the engine runs, in one line (plan, preflight, up): `vLLM 0.34.0 (venv runtime,
+    /// requirements engine-dgx-spark-cu130); the overlay supports 0.32.0, 0.33.0, 0.34.0`.
+    #[must_use]
+    pub fn engine_line(&self) -> String {
+        let e = &self.engine;
+        let version = if e.vllm_version.is_empty() {
+            "any supported vLLM".to_string()
+        } else {
+            format!("vLLM {}", e.vllm_version)
+        };
+        let how = match (e.runtime, &e.docker_image) {
+            (schema::Runtime::Docker, Some(image)) if e.docker_mount_venv => {
+                format!("docker runtime, image {image} running the venv of requirements {}", e.requirements)
+            }
+            (schema::Runtime::Docker, Some(image)) => format!("docker runtime, image {image}"),
+            _ => format!("venv runtime, requirements {}", e.requirements),
+        };
+        format!("{version} ({how}); the overlay supports {}", crate::vllm_support::supported_list())
     }
 }
 

@@ -224,6 +224,21 @@ fn nodes(kit: &Kit, out: &mut Vec<Finding>) {
     }
 }
 
+/// Why an image reference names no fixed release (`None`: it names one): no tag (`latest`
+/// implied), or a `latest…` / `nightly…` tag.
+fn floating_tag(image: &str) -> Option<&'static str> {
+    let name = image.split('@').next().unwrap_or_default();
+    if image.contains('@') {
+        return None;
+    }
+    let last = name.rsplit('/').next().unwrap_or_default();
+    match last.split_once(':') {
+        None => Some("has no tag (docker takes `latest`)"),
+        Some((_, tag)) if tag.starts_with("latest") || tag.starts_with("nightly") => Some("has a floating tag"),
+        Some(_) => None,
+    }
+}
+
 fn engine(kit: &Kit, out: &mut Vec<Finding>) {
     let e = &kit.engine;
     range(out, "engine.port", u64::from(e.port), 1, 65535);
@@ -257,6 +272,26 @@ fn engine(kit: &Kit, out: &mut Vec<Finding>) {
     }
     if e.runtime == Runtime::Docker && e.docker_image.as_deref().unwrap_or_default().is_empty() {
         out.push(finding("engine.docker_image", "runtime is docker but no image", "set engine.docker_image"));
+    }
+    if let Some(image) = e.docker_image.as_deref().filter(|i| !i.is_empty() && e.runtime == Runtime::Docker) {
+        if let Some(why) = floating_tag(image) {
+            out.push(finding(
+                "engine.docker_image",
+                format!("`{image}` {why}: the image would change under the kit"),
+                "name a release tag, e.g. vllm/vllm-openai:v0.34.0-aarch64 (spark-kit.lock then records its digest)",
+            ));
+        }
+    }
+    if !e.vllm_version.is_empty() && !crate::vllm_support::is_supported(&e.vllm_version) {
+        out.push(finding(
+            "engine.vllm_version",
+            format!(
+                "{} is not a vLLM release the overlay supports ({})",
+                e.vllm_version,
+                crate::vllm_support::supported_list()
+            ),
+            "pin one of those releases (and an engine that runs it), or leave engine.vllm_version empty",
+        ));
     }
     if e.docker_mount_venv && e.runtime != Runtime::Docker {
         out.push(finding(

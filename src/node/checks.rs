@@ -10,6 +10,7 @@ use super::facts::{NodeFacts, Probed};
 use super::gid::{resolve, GidResolution};
 use super::parse::{self, Firewall};
 use super::probe::ProbeError;
+pub use super::vllm_check::VllmSource;
 use crate::memguard::meminfo;
 
 const GIB: u64 = 1 << 30;
@@ -67,29 +68,35 @@ pub struct NodeSpec {
     pub ipv4: Option<Ipv4Addr>,
     /// `NCCL_IB_GID_INDEX` if the kit sets it for this node.
     pub nccl_gid_index: Option<String>,
-    /// The kit's `engine.vllm_version` (empty = any).
+    /// The kit's `engine.vllm_version` (empty = any supported).
     pub vllm_version: String,
+    /// The kit's own deployment runs (`PreflightInput::running`).
+    pub running: Option<String>,
+    /// Where the engine's vLLM is read from on this node.
+    pub vllm_source: VllmSource,
+    /// What to do when that vLLM is missing or the wrong one, for this runtime.
+    pub vllm_fix: String,
 }
 
-struct Out<'a> {
+pub(super) struct Out<'a> {
     node: &'a str,
     checks: Vec<Check>,
 }
 
 impl Out<'_> {
-    fn push(&mut self, id: &'static str, verdict: Verdict, message: impl Into<String>, fix: Option<String>) {
+    pub(super) fn push(&mut self, id: &'static str, verdict: Verdict, message: impl Into<String>, fix: Option<String>) {
         self.checks.push(Check { node: self.node.to_string(), id, verdict, message: message.into(), fix });
     }
-    fn pass(&mut self, id: &'static str, m: impl Into<String>) {
+    pub(super) fn pass(&mut self, id: &'static str, m: impl Into<String>) {
         self.push(id, Verdict::Pass, m, None);
     }
-    fn warn(&mut self, id: &'static str, m: impl Into<String>, fix: impl Into<String>) {
+    pub(super) fn warn(&mut self, id: &'static str, m: impl Into<String>, fix: impl Into<String>) {
         self.push(id, Verdict::Warn, m, Some(fix.into()));
     }
-    fn fail(&mut self, id: &'static str, m: impl Into<String>, fix: impl Into<String>) {
+    pub(super) fn fail(&mut self, id: &'static str, m: impl Into<String>, fix: impl Into<String>) {
         self.push(id, Verdict::Fail, m, Some(fix.into()));
     }
-    fn skip(&mut self, id: &'static str, m: impl Into<String>) {
+    pub(super) fn skip(&mut self, id: &'static str, m: impl Into<String>) {
         self.push(id, Verdict::Skip, m, None);
     }
 }
@@ -111,7 +118,7 @@ pub fn node_checks(spec: &NodeSpec, f: &NodeFacts) -> Vec<Check> {
     memory(&mut o, spec, f);
     leftovers(&mut o, spec, f);
     disk(&mut o, spec, f);
-    versions(&mut o, spec, f);
+    super::vllm_check::versions(&mut o, spec, f);
     fabric(&mut o, spec, f);
     reachability(&mut o, spec, f);
     clock_and_firewall(&mut o, spec, f);
@@ -188,6 +195,16 @@ fn memory(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
         );
         return;
     }
+    if let Some(r) = &spec.running {
+        o.skip(
+            "memory",
+            format!(
+                "MemAvailable {}; {r}: its weights are loaded, the boot margin is not checked",
+                gib(m.mem_available)
+            ),
+        );
+        return;
+    }
     match spec.weights_per_rank {
         None => o.warn(
             "memory",
@@ -234,6 +251,10 @@ fn is_engine_comm(c: &str) -> bool {
 }
 
 fn leftovers(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
+    if let Some(r) = &spec.running {
+        o.skip("leftovers", format!("{r}: its engine processes are not leftovers"));
+        return;
+    }
     let mut found: Vec<String> =
         f.processes.iter().filter(|(_, c)| is_engine_comm(c)).map(|(p, c)| format!("{p} ({c})")).collect();
     if spec.gpu {
@@ -299,29 +320,6 @@ fn disk(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
             format!("cannot measure free space at {}: {e}", f.disk_path),
             "check the path exists and is readable",
         ),
-    }
-}
-
-fn versions(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
-    match &f.vllm_version {
-        None => o.skip("vllm", "the engine venv is not set up on this node yet (`spark-kit setup`)"),
-        Some(Err(e)) => o.fail(
-            "vllm",
-            format!("cannot read the engine's vLLM version: {e}"),
-            "run `spark-kit setup` to (re)build the engine venv",
-        ),
-        Some(Ok(v)) => {
-            let v = v.trim();
-            if spec.vllm_version.is_empty() || v == spec.vllm_version {
-                o.pass("vllm", format!("vLLM {v}"));
-            } else {
-                o.fail(
-                    "vllm",
-                    format!("vLLM {v} installed, the kit pins {}", spec.vllm_version),
-                    "run `spark-kit setup` so the venv matches engine.vllm_version",
-                );
-            }
-        }
     }
 }
 
@@ -472,6 +470,9 @@ fn unbindable_fix(spec: &NodeSpec, f: &NodeFacts, what: &str) -> String {
 }
 
 fn reachability(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
+    if let (Some(r), true) = (&spec.running, spec.head) {
+        o.skip("ports", format!("{r}: its ports are in use by it, not checked free"));
+    }
     for (port, what, free) in &f.ports {
         match free {
             Ok(true) => o.pass("ports", format!("{what} port {port} is free")),

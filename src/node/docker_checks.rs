@@ -1,6 +1,7 @@
 //! Preflight verdicts for kits with `engine.runtime: docker` (pure, over [`DockerFacts`]):
-//! the daemon answers, `engine.docker_image` is on the node, no container of this deployment
-//! survives from an earlier run, and every node has the same image id.
+//! the daemon answers, `engine.docker_image` is on the node (with the id `spark-kit.lock`
+//! recorded, once it has one), no container of this deployment survives from an earlier run,
+//! and every node has the same image id.
 
 use super::checks::{Check, Verdict};
 use super::facts::DockerFacts;
@@ -48,10 +49,22 @@ impl ImageFix<'_> {
     }
 }
 
+/// The image id `spark-kit.lock` recorded for the kit's image, and the lock's path.
+#[derive(Debug, Clone, Copy)]
+pub struct Recorded<'a> {
+    pub id: &'a str,
+    pub lock: &'a str,
+}
+
 /// Checks of one node. `make` is the command that puts the image here, when spark-kit can: a
-/// missing image's fix names it.
+/// missing image's fix names it. `recorded`: the id the node's image must have.
 #[must_use]
-pub fn node_checks(node: &str, f: &DockerFacts, make: Option<ImageFix<'_>>) -> Vec<Check> {
+pub fn node_checks(
+    node: &str,
+    f: &DockerFacts,
+    make: Option<ImageFix<'_>>,
+    recorded: Option<Recorded<'_>>,
+) -> Vec<Check> {
     let mut out = Vec::new();
     if let Err(e) = &f.info {
         let e = error_of(e, "info", None);
@@ -61,9 +74,27 @@ pub fn node_checks(node: &str, f: &DockerFacts, make: Option<ImageFix<'_>>) -> V
     let version = f.info.as_ref().map(|v| v.trim().to_string()).unwrap_or_default();
     out.push(check(node, "docker", Verdict::Pass, format!("Docker daemon {version} answers"), None));
     match (&f.image_id, image_id(f)) {
-        (Ok(_), Some(id)) => {
-            out.push(check(node, "image", Verdict::Pass, format!("image {} is here ({})", f.image, short(id)), None));
-        }
+        (Ok(_), Some(id)) => match recorded.filter(|r| r.id.trim() != id) {
+            None => out.push(check(
+                node,
+                "image",
+                Verdict::Pass,
+                format!("image {} is here ({})", f.image, short(id)),
+                None,
+            )),
+            Some(r) => out.push(check(
+                node,
+                "image",
+                Verdict::Fail,
+                format!("image {} on {node} is {id}, but {} recorded {} for it", f.image, r.lock, r.id),
+                Some(format!(
+                    "the tag now names another image: put the recorded one back on {node} (`docker load` it, or \
+                     `spark-kit image sync` from a node that has it); to move to the new image on purpose, delete \
+                     its entry under \"images\" in {} and run preflight again",
+                    r.lock
+                )),
+            )),
+        },
         (Ok(_), None) => {
             let e = DockerError::NoImage(f.image.clone());
             let fix = make.map_or_else(|| e.fix(), ImageFix::text);
@@ -106,6 +137,14 @@ pub fn node_checks(node: &str, f: &DockerFacts, make: Option<ImageFix<'_>>) -> V
     out
 }
 
+/// The image id every node has, when every node has the image and they agree (what
+/// `spark-kit.lock` records the first time).
+#[must_use]
+pub fn common_image_id<'a>(nodes: &[&'a DockerFacts]) -> Option<&'a str> {
+    let first = image_id(nodes.first()?)?;
+    nodes.iter().all(|f| image_id(f) == Some(first)).then_some(first)
+}
+
 /// Every node that has the image has the same image id (a mismatch names both ids). `sync` is
 /// the `spark-kit image sync --kit K` the fix names (None: the bare command).
 #[must_use]
@@ -146,6 +185,7 @@ mod tests {
             image_id: id.map(str::to_string),
             image: "vllm/x:1".into(),
             containers: Ok(ps.into()),
+            vllm_version: None,
         }
     }
 
@@ -154,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_healthy_node_passes() {
-        let c = node_checks("spark-1", &facts(Ok(ID_A), ""), None);
+        let c = node_checks("spark-1", &facts(Ok(ID_A), ""), None, None);
         assert!(c.iter().all(|c| c.verdict == Verdict::Pass), "{c:?}");
         assert!(c[1].message.contains("62d68dee0229"));
     }
@@ -166,13 +206,13 @@ mod tests {
             what: "docker info".into(),
             why: "exit status: 1: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?".into(),
         });
-        let c = node_checks("spark-2", &f, None);
+        let c = node_checks("spark-2", &f, None, None);
         assert_eq!((c.len(), c[0].verdict), (1, Verdict::Fail));
         assert!(
             c[0].message.contains("not running") && c[0].fix.as_deref().unwrap().contains("systemctl start docker")
         );
         f.info = Err(ProbeError::NotFound("docker".into()));
-        assert!(node_checks("n", &f, None)[0].fix.as_deref().unwrap().contains("apt-get install docker.io"));
+        assert!(node_checks("n", &f, None, None)[0].fix.as_deref().unwrap().contains("apt-get install docker.io"));
     }
 
     fn missing_again() -> Result<&'static str, ProbeError> {
@@ -188,7 +228,7 @@ mod tests {
             what: "docker image inspect".into(),
             why: "exit status: 1: Error: No such image: vllm/x:1".into(),
         });
-        let c = node_checks("spark-2", &facts(missing, "abc123\tspark-kit-k-spark-2\trunning\n"), None);
+        let c = node_checks("spark-2", &facts(missing, "abc123\tspark-kit-k-spark-2\trunning\n"), None, None);
         let image = c.iter().find(|c| c.id == "image").unwrap();
         assert_eq!(image.verdict, Verdict::Fail);
         assert!(
@@ -197,26 +237,50 @@ mod tests {
         );
         // A kit whose image spark-kit makes names that command.
         for f in [facts(Ok(""), ""), facts(missing_again(), "")] {
-            let c = node_checks("local", &f, Some(ImageFix::Build("spark-kit image build --kit k")));
+            let c = node_checks("local", &f, Some(ImageFix::Build("spark-kit image build --kit k")), None);
             let made = c.iter().find(|c| c.id == "image").unwrap();
             assert_eq!(made.verdict, Verdict::Fail);
             assert_eq!(made.fix.as_deref(), Some("make it here, offline: `spark-kit image build --kit k`"));
         }
         // A worker's fix is the head's sync, with the kit as the user named it.
-        let c =
-            node_checks("spark-2", &facts(missing_again(), ""), Some(ImageFix::Sync("spark-kit image sync --kit k")));
+        let c = node_checks(
+            "spark-2",
+            &facts(missing_again(), ""),
+            Some(ImageFix::Sync("spark-kit image sync --kit k")),
+            None,
+        );
         let synced = c.iter().find(|c| c.id == "image").unwrap();
         assert_eq!(
             synced.fix.as_deref(),
             Some("copy the head's image here: run `spark-kit image sync --kit k` on the head")
         );
-        let c = node_checks("spark-2", &facts(missing_again(), "abc123\tspark-kit-k-spark-2\trunning\n"), None);
+        let c = node_checks("spark-2", &facts(missing_again(), "abc123\tspark-kit-k-spark-2\trunning\n"), None, None);
         let left = c.iter().find(|c| c.id == "containers").unwrap();
         assert_eq!(left.verdict, Verdict::Fail);
         assert!(
             left.message.contains("spark-kit-k-spark-2 (abc123, running)")
                 && left.fix.as_deref().unwrap().contains("--replace")
         );
+    }
+
+    #[test]
+    fn a_node_whose_image_is_not_the_recorded_one_fails() {
+        let lock = "/d/k/spark-kit.lock";
+        let rec = Some(Recorded { id: ID_A, lock });
+        let same = node_checks("spark-1", &facts(Ok(ID_A), ""), None, rec);
+        assert_eq!(same.iter().find(|c| c.id == "image").unwrap().verdict, Verdict::Pass);
+        let c = node_checks("spark-2", &facts(Ok(ID_B), ""), None, rec);
+        let image = c.iter().find(|c| c.id == "image").unwrap();
+        assert_eq!(image.verdict, Verdict::Fail);
+        assert_eq!(
+            image.message,
+            format!("image vllm/x:1 on spark-2 is {ID_B}, but /d/k/spark-kit.lock recorded {ID_A} for it")
+        );
+        assert!(image.fix.as_deref().unwrap().contains("delete its entry under \"images\" in /d/k/spark-kit.lock"));
+        let (a, b) = (facts(Ok(ID_A), ""), facts(Ok(ID_B), ""));
+        assert_eq!(common_image_id(&[&a, &a.clone()]), Some(ID_A));
+        assert_eq!(common_image_id(&[&a, &b]), None);
+        assert_eq!(common_image_id(&[&a, &facts(missing_again(), "")]), None);
     }
 
     #[test]

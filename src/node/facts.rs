@@ -82,6 +82,12 @@ pub struct DockerRequest {
     pub image: String,
     /// The kit's name: containers labelled `spark-kit.kit=<kit>` are this deployment's.
     pub kit: String,
+    /// Read the vLLM version inside the image (the image runs its own vLLM).
+    #[serde(default)]
+    pub read_vllm: bool,
+    /// Directory on the node caching that version per image id (one file per id).
+    #[serde(default)]
+    pub version_cache: Option<String>,
 }
 
 /// Docker facts of one node.
@@ -94,7 +100,18 @@ pub struct DockerFacts {
     pub image: String,
     /// `docker ps -a --no-trunc --filter label=spark-kit.kit=<kit>` (id, name, state per line).
     pub containers: Probed,
+    /// The vLLM version inside the image (`importlib.metadata`, through [`PYTHON_IN_IMAGE`]),
+    /// when asked and the image is here.
+    #[serde(default)]
+    pub vllm_version: Option<Probed>,
 }
+
+/// How the vLLM version inside an image is read: the image's own `python3` (then the image id,
+/// `-c`, [`VLLM_VERSION_CODE`]), no network, the container removed after.
+pub const PYTHON_IN_IMAGE: [&str; 6] = ["docker", "run", "--rm", "--network=none", "--entrypoint", "python3"];
+
+/// The Python that prints the installed vLLM's version (venv and image alike).
+pub const VLLM_VERSION_CODE: &str = "import importlib.metadata as m; print(m.version('vllm'))";
 
 /// What to gather on a node beyond the fixed set (sent to a node agent as JSON).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,10 +154,7 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
         pressure: p.read("/proc/pressure/memory"),
         processes,
         spark_kit_version: p.spark_kit_version(),
-        vllm_version: req
-            .vllm_python
-            .as_ref()
-            .map(|py| p.run("vllm-version", &[py, "-c", "import importlib.metadata as m; print(m.version('vllm'))"])),
+        vllm_version: req.vllm_python.as_ref().map(|py| p.run("vllm-version", &[py, "-c", VLLM_VERSION_CODE])),
         disk_free: p.free_bytes(&req.disk_path),
         disk_path: req.disk_path.clone(),
         weights_present,
@@ -163,15 +177,34 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
 
 fn docker(p: &dyn ProbeSource, req: &DockerRequest) -> DockerFacts {
     let filter = format!("label={}={}", crate::engine::dockerctl::LABEL_KIT, req.kit);
+    let image_id = p.run("docker-image", &["docker", "image", "inspect", "--format", "{{.Id}}", &req.image]);
+    let id = image_id.as_ref().ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     DockerFacts {
         info: p.run("docker-info", &["docker", "info", "--format", "{{.ServerVersion}}"]),
-        image_id: p.run("docker-image", &["docker", "image", "inspect", "--format", "{{.Id}}", &req.image]),
+        vllm_version: id.filter(|_| req.read_vllm).map(|id| image_vllm(p, req, &id)),
+        image_id,
         image: req.image.clone(),
         containers: p.run(
             "docker-ps",
             &["docker", "ps", "-a", "--no-trunc", "--filter", &filter, "--format", "{{.ID}}\t{{.Names}}\t{{.State}}"],
         ),
     }
+}
+
+/// The vLLM version inside image `id`: from the node's cache of it when there, else read by
+/// running the image's own `python3` once and cached (an image id names fixed content).
+fn image_vllm(p: &dyn ProbeSource, req: &DockerRequest, id: &str) -> Probed {
+    let cached = req.version_cache.as_ref().map(|d| format!("{d}/{}", id.trim_start_matches("sha256:")));
+    if let Some(v) = cached.as_deref().and_then(|c| p.read(c).ok()).filter(|v| !v.trim().is_empty()) {
+        return Ok(v);
+    }
+    let mut argv: Vec<&str> = PYTHON_IN_IMAGE.to_vec();
+    argv.extend([id, "-c", VLLM_VERSION_CODE]);
+    let v = p.run("docker-vllm", &argv)?;
+    if let Some(c) = &cached {
+        p.remember(c, v.trim());
+    }
+    Ok(v)
 }
 
 fn fabric(p: &dyn ProbeSource, req: &FactRequest) -> FabricFacts {

@@ -12,6 +12,7 @@ pub mod parity;
 pub mod parse;
 pub mod preflight;
 pub mod probe;
+pub mod vllm_check;
 
 pub use checks::{Check, Verdict};
 pub use preflight::{run, PreflightInput, Report};

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use serde::Serialize;
 
-use super::checks::{node_checks, Check, NodeSpec, Verdict};
+use super::checks::{node_checks, Check, NodeSpec, Verdict, VllmSource};
 use super::docker_checks;
 use super::facts::{DockerRequest, FactRequest, NodeFacts};
 use super::parity::cross_checks;
@@ -31,6 +31,17 @@ pub struct PreflightInput {
     pub image_sync: Option<String>,
     /// `up`'s gateway already listens on `engine.port` (the API port is then not checked free).
     pub gateway_holds_api_port: bool,
+    /// The command that builds the engine venv, as the user can run it (`spark-kit setup --kit
+    /// K`): a venv's wrong or missing vLLM's fix.
+    pub setup: Option<String>,
+    /// Directory caching the vLLM version of each image id (docker kits that run the image's vLLM).
+    pub image_vllm_cache: Option<String>,
+    /// The image id `spark-kit.lock` recorded for `engine.docker_image`, and the lock's path.
+    pub recorded_image: Option<(String, String)>,
+    /// The kit's own deployment runs (what its supervisor answered, e.g. `kit tiny-cpu is running
+    /// here (supervisor pid 42, ready)`): its ports, engine processes and loaded weights are its
+    /// own, so they are reported as such rather than checked free.
+    pub running: Option<String>,
 }
 
 /// The preflight report (`spark-kit preflight --json`).
@@ -91,6 +102,36 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
         ipv4: node.fabric.ipv4.as_deref().and_then(|s| s.parse::<Ipv4Addr>().ok()),
         nccl_gid_index: env_of(kit, node, "NCCL_IB_GID_INDEX").cloned(),
         vllm_version: kit.engine.vllm_version.clone(),
+        vllm_source: vllm_source(kit),
+        vllm_fix: vllm_fix(kit, input),
+        running: input.running.clone(),
+    }
+}
+
+/// Where the kit's engine gets its vLLM: the image itself, unless the image mounts the venv.
+fn vllm_source(kit: &Kit) -> VllmSource {
+    if kit.engine.runtime == Runtime::Docker && !kit.engine.docker_mount_venv {
+        VllmSource::Image
+    } else {
+        VllmSource::Venv
+    }
+}
+
+/// The fix for a wrong or missing vLLM, in the terms of the kit's runtime.
+fn vllm_fix(kit: &Kit, input: &PreflightInput) -> String {
+    let newest = crate::vllm_support::supported().last().copied().unwrap_or_default();
+    let want = if kit.engine.vllm_version.is_empty() { newest } else { kit.engine.vllm_version.as_str() };
+    match vllm_source(kit) {
+        VllmSource::Image => format!(
+            "set engine.docker_image to an image of vLLM {want} (the official one: vllm/vllm-openai:v{}-aarch64) \
+             and `docker pull` it on every node",
+            crate::vllm_support::release_of(want)
+        ),
+        VllmSource::Venv => format!(
+            "run `{}` on this node: it builds the venv of engine.requirements ({}) with its locked vLLM",
+            input.setup.as_deref().unwrap_or("spark-kit setup"),
+            kit.engine.requirements
+        ),
     }
 }
 
@@ -98,13 +139,14 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
 #[must_use]
 pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactRequest {
     let mut ports = Vec::new();
-    if node.role == Role::Head {
+    // A running deployment holds its own ports: nothing to check free.
+    if node.role == Role::Head && input.running.is_none() {
         // The public engine.port is the gateway's (bound by `up` before preflight runs); the
         // engine's own API listens on loopback behind it.
         if !input.gateway_holds_api_port {
             ports.push((kit.engine.host.clone(), kit.engine.port, "API".into()));
         }
-        let (host, port) = crate::engine::endpoint::engine_addr(kit);
+        let (host, port) = crate::deploy::ports::Ports::of(kit).internal_addr();
         ports.push((host.to_string(), port, "engine API (internal)".into()));
         if kit.nodes.len() > 1 {
             let host = node.fabric.ipv4.clone().unwrap_or_else(|| "0.0.0.0".into());
@@ -130,6 +172,8 @@ pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactReques
         docker: (kit.engine.runtime == Runtime::Docker).then(|| DockerRequest {
             image: kit.engine.docker_image.clone().unwrap_or_default(),
             kit: kit.name.clone(),
+            read_vllm: vllm_source(kit) == VllmSource::Image,
+            version_cache: input.image_vllm_cache.clone(),
         }),
     }
 }
@@ -189,7 +233,11 @@ pub fn run(kit: &Kit, input: &PreflightInput, facts_of: &dyn Fn(&Node, &FactRequ
                     } else {
                         input.image_sync.as_deref().map(docker_checks::ImageFix::Sync)
                     };
-                    checks.extend(docker_checks::node_checks(&node.name, d, fix));
+                    let recorded = input
+                        .recorded_image
+                        .as_ref()
+                        .map(|(id, lock)| docker_checks::Recorded { id: id.as_str(), lock: lock.as_str() });
+                    checks.extend(docker_checks::node_checks(&node.name, d, fix, recorded));
                 }
                 facts.push((node.name.clone(), f));
             }

@@ -32,6 +32,9 @@ pub trait ProbeSource {
     fn port_free(&self, host: &str, port: u32) -> Result<bool, ProbeError>;
     /// The spark-kit version running there.
     fn spark_kit_version(&self) -> Result<String, ProbeError>;
+    /// Keep `text` in the file `path` on the node: a cache, so a failure keeps nothing and says
+    /// nothing (the default keeps nothing).
+    fn remember(&self, _path: &str, _text: &str) {}
 }
 
 /// This machine.
@@ -110,6 +113,15 @@ impl ProbeSource for LocalProbe {
 
     fn spark_kit_version(&self) -> Result<String, ProbeError> {
         Ok(env!("CARGO_PKG_VERSION").to_string())
+    }
+
+    fn remember(&self, path: &str, text: &str) {
+        let path = Path::new(path);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let written = path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(&tmp, text));
+        if written.and_then(|()| std::fs::rename(&tmp, path)).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
     }
 }
 

@@ -125,9 +125,26 @@ pub struct NodePlan {
     pub prefill: Option<PrefillPlan>,
 }
 
+/// One class of weights the engine serves dense although the checkpoint packs it (what that
+/// costs on the largest rank; `checkpoint::reconcile`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DenseLine {
+    pub class: String,
+    /// The vLLM layer that holds it.
+    pub vllm_layer: String,
+    /// `split` over the ranks or `replicated` on each.
+    pub split: String,
+    pub exl3_per_rank: u64,
+    pub dense_per_rank: u64,
+    pub extra_per_rank: u64,
+}
+
 /// The whole plan (`spark-kit plan --json`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
+    /// What the engine runs (`Kit::engine_line`): the vLLM release and the runtime.
+    pub engine: String,
+    /// Weights on the largest rank, the classes served dense at load included.
     pub weights_per_rank: u64,
     pub weights_source: String,
     /// ± bytes of `weights_per_rank` (0 = read from files).
@@ -138,6 +155,10 @@ pub struct Plan {
     pub nodes: Vec<NodePlan>,
     pub assumptions: Vec<Assumption>,
     pub warnings: Vec<Warning>,
+    /// Classes the checkpoint packs that the engine serves dense (their extra is in
+    /// `weights_per_rank`); empty for models without such classes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dense_at_load: Vec<DenseLine>,
 }
 
 #[allow(clippy::cast_precision_loss)]
@@ -372,6 +393,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         .collect();
 
     Plan {
+        engine: String::new(),
         weights_per_rank: input.weights_per_rank,
         weights_source: input.weights_source.clone(),
         weights_band: input.weights_band,
@@ -386,6 +408,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         nodes,
         assumptions: base_assumptions(input),
         warnings,
+        dense_at_load: Vec::new(),
     }
 }
 

@@ -21,8 +21,22 @@ fn gib_i(bytes: i64) -> f64 {
 #[must_use]
 pub fn render(p: &Plan) -> String {
     let mut s = String::new();
+    if !p.engine.is_empty() {
+        let _ = writeln!(s, "engine: {}", p.engine);
+    }
     let band = if p.weights_band > 0 { format!(" ± {}", size(p.weights_band)) } else { String::new() };
     let _ = writeln!(s, "weights per rank: {}{band} ({})", size(p.weights_per_rank), p.weights_source);
+    if !p.dense_at_load.is_empty() {
+        let parts: Vec<String> =
+            p.dense_at_load.iter().map(|d| format!("{} +{}", d.class, size(d.extra_per_rank))).collect();
+        let extra: u64 = p.dense_at_load.iter().map(|d| d.extra_per_rank).sum();
+        let _ = writeln!(
+            s,
+            "  of which served dense at load (vLLM builds these without a quant method): +{} = {}",
+            size(extra),
+            parts.join(", ")
+        );
+    }
     let tokens = p.kv.tokens.map_or_else(|| "unknown tokens".to_string(), |t| format!("{t} tokens"));
     let _ = writeln!(
         s,

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 
 use super::state::State;
+use crate::deploy::ports::{base_url, probe_host};
 use crate::engine::argv::node_ranks;
-use crate::engine::endpoint::{base_url, probe_host};
 use crate::gateway::{DrainOutcome, EngineState, Front, ServeError};
 use crate::kit::schema::{Kit, Role};
 

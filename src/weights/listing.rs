@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::engine::model;
 use crate::kit::schema::{Kit, ModelSource};
 
 /// Names that are never weights: in-flight downloads and rsync's resume area.
@@ -32,7 +31,7 @@ pub fn weight_trees(kit: &Kit, hf_cache: &Path, engram_dir: &Path) -> Vec<Weight
         ModelSource::Local => kit.model.path.as_ref().map(PathBuf::from),
         // The whole repository directory: blobs, snapshots (relative symlinks) and refs, so the
         // copy is a valid Hugging Face cache entry on the node.
-        ModelSource::Hub => Some(model::repo_dir(hf_cache, &kit.model.repo)),
+        ModelSource::Hub => Some(crate::deploy::hf::repo_dir(hf_cache, &kit.model.repo)),
         ModelSource::TinyDense | ModelSource::TinyExl3 => None,
     };
     let mut out: Vec<WeightTree> = model.into_iter().map(|path| WeightTree { what: "model", path }).collect();

@@ -350,6 +350,8 @@ pub struct TestImage {
     pub exclude: &'static [&'static str],
     /// MiB of incompressible filler in `/filler` (an image big enough to interrupt a copy of).
     pub filler_mib: u64,
+    /// Files written into the rootfs: (path relative to `/`, text).
+    pub extra: &'static [(&'static str, &'static str)],
 }
 
 /// dash, a few coreutils and Debian's python3 with its standard library (no tests, no IDLE):
@@ -381,10 +383,32 @@ pub const BASE: TestImage = TestImage {
         "pydoc_data",
     ],
     filler_mib: 0,
+    extra: &[],
 };
 
 /// [`BASE`] plus 384 MiB of filler: copies of it take long enough to be interrupted.
 pub const BULK: TestImage = TestImage { name: "bulk", filler_mib: 384, ..BASE };
+
+/// [`BASE`] plus a vLLM distribution's metadata (no package: only its version is read) of the
+/// `vllm/vllm-openai:deepseekv41-flash-0909` image's dev build.
+pub const VLLM_DEV: TestImage = TestImage {
+    name: "vllm-dev",
+    extra: &[(
+        "usr/local/lib/python3.11/dist-packages/vllm-0.1.dev20904+g179dd0fa9.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.1.dev20904+g179dd0fa9\n",
+    )],
+    ..BASE
+};
+
+/// [`BASE`] plus the metadata of released vLLM 0.34.0.
+pub const VLLM_RELEASE: TestImage = TestImage {
+    name: "vllm-release",
+    extra: &[(
+        "usr/local/lib/python3.11/dist-packages/vllm-0.34.0.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n",
+    )],
+    ..BASE
+};
 
 impl TestImage {
     fn files(&self) -> Vec<PathBuf> {
@@ -412,6 +436,9 @@ impl TestImage {
         let mut h = sha2::Sha256::new();
         use sha2::Digest;
         h.update(format!("spark-kit test image v1\0{}\0", self.filler_mib).as_bytes());
+        for (path, text) in self.extra {
+            h.update(format!("{path}\0{text}\0").as_bytes());
+        }
         for f in &files {
             let m = std::fs::metadata(f).unwrap();
             let mtime =
@@ -440,6 +467,11 @@ impl TestImage {
         }
         std::fs::write(root.path().join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
         std::os::unix::fs::symlink("python3.11", root.path().join("usr/bin/python3")).unwrap();
+        for (path, text) in self.extra {
+            let dest = root.path().join(path);
+            std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+            std::fs::write(dest, text).unwrap();
+        }
         if self.filler_mib > 0 {
             // xorshift64: deterministic, incompressible enough for rsync and docker.
             let mut f = std::io::BufWriter::new(std::fs::File::create(root.path().join("filler")).unwrap());

@@ -1,21 +1,28 @@
 """File-backed replacement of vLLM's ``ParallelEngramEmbedding`` (DeepSeek V4.1).
 
-The vLLM build that carries DeepSeek V4.1 defines, in
-``vllm.models.deepseek_v4_1.common.engram``::
+Released vLLM (0.32.0 - 0.34.0; docs/exl3-overlay.md "Which vLLM") defines, in
+``vllm.models.deepseek_v41.common.engram``::
 
     class ParallelEngramEmbedding(nn.Module):
-        def __init__(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False)
+        def __init__(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False,
+                     dp_shared_memory=False, use_thp=False)
         def _storage(self) -> tuple[Tensor, Tensor]
         def lookup(self, indices, out, background=False) -> None   # [T, heads] -> [T, local_heads, dim] bf16
 
 Stock, the rank's rows live in HBM, or with ``cpu_offload`` in pinned host
 memory (~47 GiB per layer, which on GB10 *is* GPU memory). :func:`register`
 (called by the overlay plugin in every vLLM process) replaces those three
-methods when, and only when, that class exists; it first compares their
-signatures with the ones above and fails closed, naming the vLLM version,
-when they differ. The replacement keeps every attribute vLLM reads
-(``n_hash_cols``, ``part_n_hash_cols``, ``head_start``, ``vocab_start_idx``,
-``vocab_end_idx``, ``part_num_embeddings``, ``tp_size``), makes the
+methods when, and only when, that class exists. At registration it compares
+their signatures, read from the release's source (no import of the model
+code), with the ones above and fails closed, naming the vLLM version, when
+they differ; the methods are replaced when vLLM imports the module
+(``after_import``), after the same check on the live class. The replacement
+sets every attribute the release reads of the table (``n_hash_cols``,
+``part_n_hash_cols``, ``head_start``, ``vocab_start_idx``, ``vocab_end_idx``,
+``part_num_embeddings``, ``tp_size``, ``dp_size``, ``cpu_offload``, ``dim``;
+python_overlay/tests/test_vllm_interfaces.py checks the list against the
+installed release's source), keeps ``cpu_offload`` false so the model
+starts no prefetch side stream, makes the
 parameters 0-row dummies whose loader skips the checkpoint rows, and serves
 ``lookup`` from a :class:`RowStore` over this rank's packed shard
 (``$SPARK_ENGRAM_PACKED_DIR/engram-l{L}-r{rank}of{tp}.bin``) or, without one,
@@ -45,15 +52,18 @@ import os
 import threading
 from dataclasses import dataclass
 
+from spark_overlay import source
+from spark_overlay.after_import import after_import
+
 from . import EngramError
 from .layout import Geometry, owned_range
 from .packed import ROW_BYTES, file_name
 
 logger = logging.getLogger("vllm.spark_overlay.engram")
 
-MODULE = "vllm.models.deepseek_v4_1.common.engram"
+MODULE = "vllm.models.deepseek_v41.common.engram"
 CLASS = "ParallelEngramEmbedding"
-_MISSING = object()
+_MISSING = source.MISSING
 # The signatures this hook replaces: (name, default) per parameter.
 EXPECTED: dict[str, tuple[tuple[str, object], ...]] = {
     "__init__": (
@@ -63,6 +73,8 @@ EXPECTED: dict[str, tuple[tuple[str, object], ...]] = {
         ("head_sizes", _MISSING),
         ("block_size", 32),
         ("cpu_offload", False),
+        ("dp_shared_memory", False),
+        ("use_thp", False),
     ),
     "_storage": (("self", _MISSING),),
     "lookup": (("self", _MISSING), ("indices", _MISSING), ("out", _MISSING), ("background", False)),
@@ -89,18 +101,25 @@ def signature_of(fn) -> tuple[tuple[str, object], ...]:
 
 def check_signatures(cls, vllm_version: str) -> None:
     """Raise :class:`EngramHookError` unless every replaced method matches :data:`EXPECTED`."""
-    for name, want in EXPECTED.items():
+    found = {}
+    for name in EXPECTED:
         fn = cls.__dict__.get(name)
-        if fn is None:
+        found[name] = None if fn is None else signature_of(fn)
+    _compare(found, vllm_version)
+
+
+def _compare(found: dict, vllm_version: str) -> None:
+    for name, want in EXPECTED.items():
+        have = found.get(name)
+        if have is None:
             raise EngramHookError(
                 f"vLLM {vllm_version}: {MODULE}.{CLASS} has no method {name}(); the file-backed Engram "
                 "hook was written for another vLLM build. Refusing to start: the stock table would pin "
                 "~47 GiB per layer. Use the vLLM the kit names, or set SPARK_ENGRAM=off to run the stock table."
             )
-        found = signature_of(fn)
-        if found != want:
+        if have != want:
             raise EngramHookError(
-                f"vLLM {vllm_version}: {MODULE}.{CLASS}.{name}{_describe(found)} differs from "
+                f"vLLM {vllm_version}: {MODULE}.{CLASS}.{name}{_describe(have)} differs from "
                 f"{name}{_describe(want)}, which the file-backed Engram hook replaces. Refusing to start: "
                 "the stock table would pin ~47 GiB per layer. Use the vLLM the kit names, or set "
                 "SPARK_ENGRAM=off to run the stock table."
@@ -214,7 +233,8 @@ def _open_store(settings: Settings, layer: int, rows: int, lo: int, hi: int, ran
     return store, table.weight.path
 
 
-def _init(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False):
+def _init(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=False, dp_shared_memory=False,
+          use_thp=False):
     import torch
     from torch import nn
 
@@ -252,7 +272,15 @@ def _init(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=Fals
     self.vocab_start_idx, self.vocab_end_idx = owned.lo, owned.hi
     self.part_num_embeddings = owned.rows
     self.tp_size = tp_size
+    self.dp_size = 1  # checked above; the model sizes its staging rows by it
+    # Rows come from the file on the current stream: no pinned host table, so no prefetch side stream,
+    # no DP-shared memory and no huge pages (vLLM's options for its resident table).
     self.cpu_offload = False
+    self.dp_shared_memory = False
+    self.use_thp = False
+    self.peer_rows = 0
+    self._views = None
+    self._view_src = None
     layer = _layer_for(geometry, self.num_embeddings)
     self._spark_layer = layer
     self._spark_store, source = _open_store(
@@ -264,6 +292,7 @@ def _init(self, num_embeddings, dim, head_sizes, block_size=32, cpu_offload=Fals
     )
     for p in (self.weight, self.weight_scale_inv):
         p.weight_loader = _skip_rows_loader
+        p.engram_vocab_start = owned.lo
     capacity = runtime.max_tokens() * self.part_n_hash_cols
     device = runtime.device()
     pin = device is not None and device.type == "cuda"
@@ -381,39 +410,71 @@ def install(cls) -> None:
 
 
 def find_class():
-    """The vLLM class, or None when this vLLM has no DeepSeek V4.1 Engram."""
-    import importlib
+    """The vLLM class if its module is imported (None when the module is not, or lacks the class)."""
+    import sys
 
-    try:
-        module = importlib.import_module(MODULE)
-    except ModuleNotFoundError as err:
-        if err.name and MODULE.startswith(err.name):
-            return None
-        raise
-    return getattr(module, CLASS, None)
+    module = sys.modules.get(MODULE)
+    return None if module is None else getattr(module, CLASS, None)
+
+
+def module_source() -> str | None:
+    """The release's source file of :data:`MODULE`, or None when this vLLM has no DeepSeek V4.1 Engram."""
+    return source.module_file(MODULE)
+
+
+def check_source(path: str, vllm_version: str) -> None:
+    """:func:`check_signatures` on the release's source (nothing imported)."""
+    methods = source.class_methods(path, CLASS)
+    if methods is None:
+        raise EngramHookError(
+            f"vLLM {vllm_version}: {path} defines no {CLASS}, the class the file-backed Engram hook patches. "
+            "Refusing to start: vLLM would load its stock in-memory table, tens of GiB a layer. Use the vLLM "
+            "the kit names, or set SPARK_ENGRAM=off to run the stock table."
+        )
+    _compare({name: methods.get(name) for name in EXPECTED}, vllm_version)
+
+
+def _install_checked(module, vllm_version: str) -> None:
+    cls = getattr(module, CLASS, None)
+    if cls is None:
+        raise EngramHookError(
+            f"vLLM {vllm_version}: {MODULE} has no {CLASS}, the class the file-backed Engram hook patches. "
+            "Refusing to start: vLLM would load its stock in-memory table instead, tens of GiB a layer. Use "
+            "the vLLM the kit names, or set SPARK_ENGRAM=off to run the stock table."
+        )
+    check_signatures(cls, vllm_version)
+    install(cls)
 
 
 def register() -> None:
-    """Plugin provider: install the hook when the class exists (fail closed on drift).
+    """Plugin provider: patch the class where the release has it (fail closed on drift).
 
-    Without the class (a vLLM with no DeepSeek V4.1 Engram) nothing is patched — unless this is an
-    Engram kit (``SPARK_ENGRAM_DIR`` set): then the stock in-memory table would load, tens of GiB a
-    layer, so it raises, naming the class and the vLLM version.
+    The signatures are checked now, from the release's source; the methods are replaced when vLLM
+    imports the module (at once if it already has). Without the module (a vLLM with no DeepSeek V4.1
+    Engram) nothing is patched — unless this is an Engram kit (``SPARK_ENGRAM_DIR`` set): then the
+    stock in-memory table would load, tens of GiB a layer, so it raises, naming the class and the
+    vLLM version.
     """
     if os.environ.get("SPARK_ENGRAM", "").lower() in ("0", "off", "false"):
         logger.info("Engram file-backed rows disabled by SPARK_ENGRAM=%s", os.environ["SPARK_ENGRAM"])
         return
+    import sys
+
     from spark_overlay.plugin import installed_vllm_version
 
-    cls = find_class()
-    if cls is None:
+    version = installed_vllm_version()
+    if MODULE in sys.modules:
+        _install_checked(sys.modules[MODULE], version)
+        return
+    path = module_source()
+    if path is None:
         if os.environ.get("SPARK_ENGRAM_DIR"):
             raise EngramHookError(
-                f"vLLM {installed_vllm_version()} has no {MODULE}.{CLASS}, the class the file-backed Engram "
+                f"vLLM {version} has no {MODULE}.{CLASS}, the class the file-backed Engram "
                 "hook patches, but SPARK_ENGRAM_DIR is set (an Engram kit). Refusing to start: vLLM would load "
                 "its stock in-memory table instead, tens of GiB a layer. Use the vLLM the kit names, or set "
                 "SPARK_ENGRAM=off to run the stock table."
             )
         return
-    check_signatures(cls, installed_vllm_version())
-    install(cls)
+    check_source(path, version)
+    after_import(MODULE, lambda module: _install_checked(module, version))

@@ -18,6 +18,8 @@ from ..format.errors import Exl3FormatError
 from ..format.linear import unpack_signs
 from ..format.shards import ShardSpec, shard_codebook, shard_k
 from ..format.trellis import HALF_K
+from . import serial
+from .cpu import check_width
 
 
 class Exl3CudaShards:
@@ -77,6 +79,7 @@ class Exl3CudaShards:
             self(torch.zeros(m, self.in_features, dtype=torch.float16, device=device))
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        check_width(self.name, x, self.in_features)
         lead = x.shape[:-1]
         xf = x.reshape(-1, x.shape[-1]).to(torch.float16)
         rows = xf.shape[0]
@@ -128,7 +131,15 @@ def prepare_cuda_layer(
 
 
 def cuda_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return layer.exl3_cuda(x, bias)
+    """A layer's EXL3 GEMMs, on the device's EXL3 stream (`serial`)."""
+    with serial.kernels(x.device):
+        return layer.exl3_cuda(x, bias)
+
+
+def cuda_moe(layer: torch.nn.Module, x: torch.Tensor, topk_weights, topk_ids, expert_map, weight_on_input: bool):
+    """A layer's routed EXL3 experts (fused kernel or loop), on the device's EXL3 stream (`serial`)."""
+    with serial.kernels(x.device):
+        return layer.exl3_cuda_moe(x, topk_weights, topk_ids, expert_map, weight_on_input)
 
 
 # vLLM shard ids of one expert: gate (w1), up (w3), down (w2).

@@ -9,7 +9,8 @@ when present, every linear's marker must agree with it (format doc §1.2).
 
 Layers: every supported linear and the LM head get `Exl3LinearMethod`;
 token embeddings, norms, attention and MoE routers (`*.gate`) stay
-unquantized, as exllamav3 leaves them.
+unquantized, as exllamav3 leaves them. DeepSeek V4.1's `wo_a` is served dense
+(decoded at load, `dsv41.py`); any other linear type raises naming the layer.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Exl3Config(_quantization_config_base()):
         from vllm.model_executor.layers.fused_moe import RoutedExperts
         from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 
+        from .dsv41 import dense_layer
         from .linear import Exl3LinearMethod, supported_layer
 
         if isinstance(layer, RoutedExperts):
@@ -117,6 +119,8 @@ class Exl3Config(_quantization_config_base()):
             return Exl3MoEMethod(layer.moe_config, self, prefix)
         if isinstance(layer, LinearBase) and prefix.rsplit(".", 1)[-1] in UNQUANTIZED_LEAVES:
             return UnquantizedLinearMethod()
+        if isinstance(layer, LinearBase) and dense_layer(prefix):
+            return UnquantizedLinearMethod()  # decoded to dense at load (dsv41.py)
         if supported_layer(layer):
             return Exl3LinearMethod(self, prefix)
         if isinstance(layer, LinearBase):
@@ -155,6 +159,11 @@ def register() -> None:
         register_quantization_config,
     )
 
+    from spark_overlay.plugin import installed_vllm_version
+
+    from . import dsv41
+
+    dsv41.register(installed_vllm_version())
     if QUANT_METHOD in QUANTIZATION_METHODS and get_quantization_config(QUANT_METHOD) is Exl3Config:
         return
     register_quantization_config(QUANT_METHOD)(Exl3Config)

@@ -193,15 +193,29 @@ class Exl3MoEMethod(_base()):
             process_role() or "unknown role",
         )
 
+    @property
+    def is_monolithic(self) -> bool:
+        """Never: vLLM's runner then calls `apply` (routing done by vLLM), which is what this method implements.
+
+        vLLM's base class derives it from the backend its oracle picked
+        (`fused_moe_method_base.py` ~L137); a monolithic backend would call
+        `apply_monolithic`, which EXL3 experts do not have.
+        """
+        return False
+
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         common.first_moe_use(self.prefix, f"{self.backend} moe", x)
+        if self.backend is not None:
+            cpu.check_width(self.prefix, x, layer.exl3_moe_sizes[1])
         if (self.backend or "").startswith("cuda"):
+            from ..backends.cuda_backend import cuda_moe
+
             if shared_experts is not None:
                 from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
 
                 shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)
-            return layer.exl3_cuda_moe(
-                x, topk_weights, topk_ids, getattr(layer, "expert_map", None),
+            return cuda_moe(
+                layer, x, topk_weights, topk_ids, getattr(layer, "expert_map", None),
                 bool(getattr(layer, "apply_router_weight_on_input", False)),
             )
         return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)

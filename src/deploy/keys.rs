@@ -1,44 +1,9 @@
-//! How clients reach an engine's OpenAI API: the address to probe for a bind address, the base
-//! URL, and the API key the kit configures (`engine.api_keys`). Used by the node agent (health,
-//! readiness), the supervisor (the endpoint in the status snapshot) and `bench`.
+//! The API keys of a deployment (`engine.api_keys`): the one env-then-file rule. Read once per
+//! node and bring-up by [`super::Deployment::resolve`]; the gateway, the engine's own key and the
+//! node's probes take them from there.
 
 use crate::dirs::Dirs;
 use crate::kit::schema::Kit;
-
-/// The address clients on this machine use for a bind address (`0.0.0.0` → loopback).
-#[must_use]
-pub fn probe_host(bind: &str) -> &str {
-    match bind {
-        "0.0.0.0" => "127.0.0.1",
-        "::" => "::1",
-        other => other,
-    }
-}
-
-/// `http://host:port` with IPv6 hosts bracketed.
-#[must_use]
-pub fn base_url(host: &str, port: u32) -> String {
-    if host.contains(':') {
-        format!("http://[{host}]:{port}")
-    } else {
-        format!("http://{host}:{port}")
-    }
-}
-
-/// The loopback port the engine's API listens on behind the gateway: `engine.internal_port`,
-/// or when that is 0, `engine.port + 10000` (`engine.port − 10000` above 55535).
-#[must_use]
-pub fn internal_port(kit: &Kit) -> u32 {
-    kit.engine.effective_internal_port()
-}
-
-/// The engine's own API (behind the gateway): loopback host and [`internal_port`]. The node's
-/// probes (`/health`, `/metrics`, the one-token completion) use this, clients the public
-/// `engine.host:engine.port`.
-#[must_use]
-pub fn engine_addr(kit: &Kit) -> (&'static str, u32) {
-    ("127.0.0.1", internal_port(kit))
-}
 
 /// Why `engine.api_keys` yields no usable key set. Each is a configuration error naming the key,
 /// the variable or file, and the fix: a kit that names a key source which gives nothing is
@@ -113,27 +78,11 @@ pub fn api_key(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Optio
 mod tests {
     use super::*;
 
-    #[test]
-    fn urls() {
-        assert_eq!(base_url(probe_host("0.0.0.0"), 8000), "http://127.0.0.1:8000");
-        assert_eq!(base_url(probe_host("::"), 8000), "http://[::1]:8000");
-        assert_eq!(base_url("::1", 8000), "http://[::1]:8000");
-        assert_eq!(probe_host("10.0.0.1"), "10.0.0.1");
-    }
-
     fn kit_with(port: u32, internal: u32) -> Kit {
         let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.port = port;
         k.engine.internal_port = internal;
         k
-    }
-
-    #[test]
-    fn internal_port_defaults_beside_the_public_one() {
-        assert_eq!(internal_port(&kit_with(8000, 0)), 18000);
-        assert_eq!(internal_port(&kit_with(60000, 0)), 50000);
-        assert_eq!(internal_port(&kit_with(8000, 9123)), 9123);
-        assert_eq!(engine_addr(&kit_with(8000, 0)), ("127.0.0.1", 18000));
     }
 
     #[test]

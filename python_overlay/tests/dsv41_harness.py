@@ -1,0 +1,329 @@
+"""Build vLLM's own DeepseekV41ForCausalLM on the CPU, load a checkpoint, run its layers (contract test worker).
+
+    python dsv41_harness.py --ckpt DIR --tp N --rank R --init file://PATH --out OUT.pt [--twin]
+
+One process per tensor-parallel rank (gloo; the parent sets VLLM_DIST_IDENT the same for all ranks and
+OMP_NUM_THREADS=1). The model is built directly, not through `vllm.LLM`: DeepSeek V4.1's attention is
+FlashMLA/FlashInfer CUDA code, and vLLM's CPU platform forces a KV block size that backend rejects, so
+the engine path cannot run on a CPU (../shared/docs/dsv41-on-cpu.md). What runs here: construction with
+the checkpoint's quantization config, `load_weights`, `process_weights_after_loading`, and the forward of
+single layers (linears, the MoE block, Engram's WKV, the Engram table lookup). What does not: the attention
+kernels (sparse MLA, the compressor and indexer kernels, the o-projection's bmm), hashing (Triton without
+a CPU backend) and so a whole-model forward.
+
+The CPU-only patches are in `cpu_patches` and nowhere else; each names the vLLM file:line it works
+around and checks that the name it patches exists, so a vLLM bump that moves one fails here, loudly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsv41_contract import classes, consumed  # noqa: E402
+
+
+class PatchMissing(RuntimeError):
+    """A name a CPU patch replaces is gone: the vLLM this runs against differs from the one it was written for."""
+
+
+# (module, attribute, replacement, the vLLM line it works around)
+CPU_PATCHES = (
+    ("vllm.models.deepseek_v41.nvidia.flashmla", "compute_fp8_einsum_recipe", lambda *a, **k: ((1, 128, 128), False),
+     "vllm/models/deepseek_v4/nvidia/ops/o_proj.py compute_fp8_einsum_recipe asserts a CUDA device "
+     "(called at nvidia/flashmla.py:58 in 0.32.0; bound there by name at import)"),
+    ("torch.accelerator", "current_device_index", lambda: 0,
+     "vllm/models/deepseek_v41/common/engram.py:1002 (ParallelEngramEmbedding.__init__ asks the device index)"),
+    ("torch.cuda", "get_device_properties", lambda *a, **k: SimpleNamespace(multi_processor_count=2),
+     "vllm/models/deepseek_v41/common/engram.py:1002 (stores multi_processor_count as _num_sms)"),
+)
+# Not patches, but what construction needs on a CPU, with the line each answers:
+# * vllm.v1.worker.cpu_model_runner._torch_cuda_wrapper() around construction: nvidia/model.py:694
+#   creates torch.cuda.Stream()s (the CPU model runner wraps construction the same way);
+# * EngineArgs(engram_config={"cpu_offload": False}): vllm/config/engram.py:37 defaults it to True and
+#   common/engram.py:1066 then pins host memory;
+# * VLLM_DIST_IDENT shared by the ranks: distributed/device_communicators/cpu_communicator.py:238.
+
+
+def cpu_patches() -> list[str]:
+    """Apply every CPU patch (the only place they live); returns what each works around."""
+    import importlib
+
+    applied = []
+    for module_name, attr, replacement, where in CPU_PATCHES:
+        module = importlib.import_module(module_name)
+        if not hasattr(module, attr):
+            raise PatchMissing(f"{module_name}.{attr} is gone; the CPU patch for {where} needs re-checking")
+        setattr(module, attr, replacement)
+        applied.append(f"{module_name}.{attr}: {where}")
+    from vllm.v1.worker import cpu_model_runner
+
+    if not hasattr(cpu_model_runner, "_torch_cuda_wrapper"):
+        raise PatchMissing("vllm.v1.worker.cpu_model_runner._torch_cuda_wrapper is gone (nvidia/model.py:694 streams)")
+    return applied
+
+
+def draft_config(vc):
+    """The target's VllmConfig with a `dspark` speculative config, for building the DSpark draft model.
+
+    The CPU cannot validate one: vllm/config/vllm.py:3202 refuses dspark on Model Runner V1 and
+    vllm/config/vllm.py:725 leaves V2 (it needs Triton) for V1 on a CPU. The draft reuses the target's
+    config and quantization (config/speculative.py ~L1164 / ~L1440), so the stand-in holds exactly that.
+    """
+    import copy
+
+    from vllm.config import VllmConfig
+
+    if "speculative_config" not in VllmConfig.__dataclass_fields__:
+        raise PatchMissing("VllmConfig.speculative_config is gone (the DSpark draft's config stand-in)")
+    draft = copy.copy(vc)
+    object.__setattr__(draft, "speculative_config", SimpleNamespace(
+        draft_model_config=vc.model_config, method="dspark", num_speculative_tokens=2))
+    return draft
+
+
+def engine_config(model_dir: Path, tp: int):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=str(model_dir), enforce_eager=True, max_model_len=256, dtype="bfloat16",
+        limit_mm_per_prompt={"image": 0}, max_num_seqs=4, max_num_batched_tokens=256,
+        tensor_parallel_size=tp, engram_config={"cpu_offload": False},
+    ).create_engine_config()
+
+
+def build(vc):
+    from vllm.config import set_current_vllm_config
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.worker.cpu_model_runner import _torch_cuda_wrapper
+
+    with set_current_vllm_config(vc):
+        from vllm.models.deepseek_v41 import DeepseekV41ForCausalLM
+
+        with _torch_cuda_wrapper(), set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
+            return DeepseekV41ForCausalLM(vllm_config=vc, prefix="")
+
+
+def checkpoint(ckpt: Path, names: list[str]):
+    """The checkpoint's tensors in file order, each name appended to `names` as it is read."""
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            names.append(name)
+            yield name, f.get_tensor(name)
+
+
+def build_draft(vc):
+    from vllm.config import set_current_vllm_config
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.worker.cpu_model_runner import _torch_cuda_wrapper
+
+    dvc = draft_config(vc)
+    with set_current_vllm_config(dvc):
+        from vllm.models.deepseek_v41 import DSparkDeepseekV4ForCausalLM
+
+        with _torch_cuda_wrapper(), set_default_torch_dtype(vc.model_config.dtype), torch.device("cpu"):
+            return DSparkDeepseekV4ForCausalLM(vllm_config=dvc, prefix=""), dvc
+
+
+DRAFT_ALIASED = ("lm_head.weight", "model.embed_tokens.weight")  # shared with the target (nvidia/dspark.py ~L95)
+
+
+def _draft_param(name: str) -> str:
+    import re
+
+    return re.sub(r"^mtp\.(\d+)\.", r"model.layers.\1.", name)
+
+
+def draft_result(ckpt: Path, vc, linears: list[str] | None = None) -> dict:
+    """The DSpark draft model: built with the target's (exl3) config, `mtp.*` loaded, PWAL, its EXL3 layers run."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    draft, dvc = build_draft(vc)
+    names: list[str] = []
+
+    out = {}
+    with set_current_vllm_config(dvc):
+        tracker = consumed.Tracker(draft)
+        draft.load_weights(tracker.watch(checkpoint(ckpt, names)))
+        report = tracker.report(names, ckpt / "model.safetensors", _draft_param, DRAFT_ALIASED)
+        report["not_consumed"] = [n for n in report["not_consumed"] if classes.DRAFT.match(n)]
+        report["methods"] = classes.method_map(draft)
+        modules = dict(draft.named_modules())
+        report["dense"] = {f"dense:{n}": modules[n].weight.detach().float().clone()
+                           for n in modules if n.endswith(".attn.wo_a")}
+        process_weights_after_loading(draft, dvc.model_config, torch.device("cpu"))
+        g = torch.Generator().manual_seed(2)
+        if linears is None:
+            linears = [n for n, m in sorted(modules.items())
+                       if type(getattr(m, "quant_method", None)).__name__ == "Exl3LinearMethod"]
+        report["linears"] = linears
+        with set_forward_context(None, dvc), torch.no_grad():
+            for name in linears:
+                module = modules[name]
+                y = module(torch.randn(5, module.input_size, generator=g).to(torch.bfloat16))
+                out[f"linear:{name}"] = (y[0] if isinstance(y, tuple) else y).float()
+            for i, layer in enumerate(draft.model.layers):
+                x = (torch.randn(7, layer.ffn_norm.weight.shape[0], generator=g) * 0.5).to(torch.bfloat16)
+                out[f"moe:{i}"] = layer.ffn(x, torch.randint(0, 2048, (7,), generator=g)).float()
+    report["outputs"] = out
+    return report
+
+
+def load(model, vc, ckpt: Path) -> dict:
+    """load_weights + process_weights_after_loading: what was consumed, what is missing, the quant map and the
+    dense-served weights (taken before PWAL, which packs CPU linear weights away)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    names: list[str] = []
+
+    with set_current_vllm_config(vc):
+        tracker = consumed.Tracker(model)
+        model.load_weights(tracker.watch(checkpoint(ckpt, names)))
+        report = tracker.report(names, ckpt / "model.safetensors")
+        report["methods"] = classes.method_map(model)
+        report["dense"] = dense_weights(model)
+        process_weights_after_loading(model, vc.model_config, torch.device("cpu"))
+    return report
+
+
+def layer_outputs(model, vc, tp: int, rank: int, names: list[str]) -> dict[str, torch.Tensor]:
+    """Forward of the EXL3 layers (and the Engram lookup) on fixed inputs; column-parallel outputs are this rank's."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    lm = model.language_model.model
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    modules = dict(model.named_modules())
+    with set_current_vllm_config(vc), set_forward_context(None, vc), torch.no_grad():
+        for name in names:
+            module = modules[name]
+            full = module.input_size
+            x = torch.randn(5, full, generator=g).to(torch.bfloat16)
+            per = getattr(module, "input_size_per_partition", full)
+            if per != full:  # row-parallel: this rank's slice of the full input
+                x = x[:, rank * per : (rank + 1) * per]
+            y = module(x)
+            out[f"linear:{name}"] = (y[0] if isinstance(y, tuple) else y).float()
+        tc = getattr(model.config, "text_config", model.config)
+        hidden = lm.layers[0].ffn_norm.weight.shape[0]
+        ids = torch.randint(0, tc.vocab_size, (7,), generator=g)
+        for i, layer in enumerate(lm.layers):
+            x = (torch.randn(7, hidden, generator=g) * 0.5).to(torch.bfloat16)
+            out[f"moe:{i}"] = layer.ffn(x, ids).float()
+        for i, layer in enumerate(lm.layers):
+            engram = getattr(layer, "engram", None)
+            if engram is None:
+                continue
+            table = engram.embed_tokens
+            rows = torch.stack([torch.randint(lo, lo + n, (6,), generator=g)
+                                for lo, n in classes.head_ranges(tc, i)], 1)
+            got = torch.empty(6, table.part_n_hash_cols, table.dim, dtype=torch.bfloat16)
+            table.lookup(rows, got)
+            out[f"engram_rows:{i}"] = got.float()
+            out[f"engram_ids:{i}"] = rows
+    return out
+
+
+def dense_weights(model) -> dict[str, torch.Tensor]:
+    """The weights of the layers served dense (decoded at load), as vLLM holds them on this rank."""
+    return {f"dense:{n}": m.weight.detach().float().clone() for n, m in classes.dense_layers(model)}
+
+
+def _load_error(ckpt: Path, tp: int) -> str | None:
+    vc = engine_config(ckpt, tp)
+    model = build(vc)
+    try:
+        load(model, vc, ckpt)
+    except Exception as err:  # noqa: BLE001 - the message is the result
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def negatives(ckpt: Path, tp: int) -> dict[str, str | None]:
+    """The real load with one class's method taken away: the error each gives (None: it loaded)."""
+    import re
+
+    from spark_overlay.exl3.vllm import dsv41
+    from spark_overlay.exl3.vllm.config import Exl3Config
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    out = {}
+    kept = dsv41.DENSE
+    dsv41.DENSE = re.compile(kept.pattern.replace("head|", ""))  # the head no longer decoded at load
+    try:
+        out["head"] = _load_error(ckpt, tp)
+    finally:
+        dsv41.DENSE = kept
+    original = Exl3Config.get_quant_method
+
+    def without_wq_b(self, layer, prefix):
+        return UnquantizedLinearMethod() if prefix.endswith(".attn.wq_b") else original(self, layer, prefix)
+
+    Exl3Config.get_quant_method = without_wq_b
+    try:
+        out["attn.wq_b"] = _load_error(ckpt, tp)
+    finally:
+        Exl3Config.get_quant_method = original
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt", type=Path, required=True)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--init", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--twin", action="store_true", help="also build the dense twin (TP=1 only)")
+    p.add_argument("--negatives", action="store_true", help="also load with a class's method taken away")
+    args = p.parse_args(argv)
+    from spark_overlay import plugin
+
+    plugin.register()
+    patches = cpu_patches()
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+    vc = engine_config(args.ckpt / "exl3", args.tp)
+    with set_current_vllm_config(vc):
+        init_distributed_environment(world_size=args.tp, rank=args.rank, local_rank=args.rank,
+                                     distributed_init_method=args.init, backend="gloo")
+        ensure_model_parallel_initialized(args.tp, 1)
+    result = {"patches": patches, "quant_method": type(vc.quant_config).__name__ if vc.quant_config else None}
+    model = build(vc)
+    result["load"] = load(model, vc, args.ckpt / "exl3")
+    names = [n for n, _ in classes.linear_layers(model)]
+    result["outputs"] = layer_outputs(model, vc, args.tp, args.rank, names)
+    result["width_error"] = classes.full_width_error(model, vc, args.tp)
+    if args.twin:
+        tvc = engine_config(args.ckpt / "dense", args.tp)
+        twin = build(tvc)
+        result["twin_load"] = load(twin, tvc, args.ckpt / "dense")
+        result["twin"] = layer_outputs(twin, tvc, args.tp, args.rank, names)
+    if args.twin:
+        result["draft"] = draft_result(args.ckpt / "exl3", vc)
+        result["draft_twin"] = draft_result(args.ckpt / "dense", engine_config(args.ckpt / "dense", args.tp),
+                                            result["draft"]["linears"])
+    if args.negatives:
+        result["negatives"] = negatives(args.ckpt / "exl3", args.tp)
+    torch.save(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

