@@ -12,7 +12,7 @@ the device (`moe_schedule.route`), launches from shapes only
 Calls of up to `moe_schedule.DECODE_MAX_ROWS` rows (decode, speculation) take
 a decode kernel instead, chosen by `select.moe_decode()`: exllamav3's
 `exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`), or at
-1..8 rows spark-kit's own kernel (`cuda_decode.own`), which falls back to
+1..4 rows spark-kit's own kernel (`cuda_decode.own`), which falls back to
 exllamav3's (logged once) where it cannot take the layer and fails closed when
 its self-check disagrees with exllamav3's.
 
@@ -245,7 +245,7 @@ class Exl3FusedMoE:
             return self.loop(x, topk_weights, topk_ids, expert_map, weight_on_input)
         tokens, top_k = topk_ids.shape
         decode = expert_map is None and top_k <= self.top_k and 0 < tokens <= moe_schedule.DECODE_MAX_ROWS
-        if decode and self.own is not None and tokens <= own_kernel.ROWS and not weight_on_input:
+        if decode and self.own is not None and tokens <= own_kernel.SERVE_ROWS and not weight_on_input:
             return self.own(x, topk_weights, topk_ids)  # reads and writes x's dtype: no conversion kernels
         x16 = x.reshape(tokens, self.hidden).to(torch.float16)
         if weight_on_input:

@@ -11,9 +11,9 @@ Switches (registered in src/envvars.rs):
     SPARK_EXL3_MOE_COOP   which kernel takes MoE calls of up to 64 rows (decode,
                           speculation): "1" (default) exllamav3's decode kernel
                           exl3_moe_coop in chunks of up to 42 rows; "own":
-                          spark-kit's own decode kernel at 1..8 rows
+                          spark-kit's own decode kernel at 1..4 rows
                           (backends/cuda_decode, MUL1, K 2..6; other layers and
-                          9..64 rows keep exllamav3's); "0": the sorted exl3_moe
+                          5..64 rows keep exllamav3's); "0": the sorted exl3_moe
                           kernels at every size
 """
 

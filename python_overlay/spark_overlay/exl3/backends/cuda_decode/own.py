@@ -14,6 +14,9 @@ from ...format.codebook import CODEBOOK_MUL1
 from . import loader
 
 ROWS = 8  # rows per call (the kernel's limit; more rows are chunked by the caller)
+# Rows the served path gives it: on an H200 it ran 0.95x / 1.00x / 0.94x of exllamav3's decode kernel at
+# 1 / 2 / 4 rows and 1.27x at 8 (python_overlay/tests/gpu/results-h200-decode-verify.json)
+SERVE_ROWS = 4
 MAX_TOP_K = 8  # picks per row (the output kernel's warps per block)
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
