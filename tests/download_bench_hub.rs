@@ -6,11 +6,9 @@
 
 mod fake_hub;
 
-use std::io::Read;
 use std::time::Duration;
 
 use fake_hub::{FakeFile, FakeHub};
-use sha2::Digest as _;
 
 #[test]
 #[ignore = "run by bench/download.sh"]
@@ -25,17 +23,7 @@ fn serve() {
     let mut names: Vec<_> = std::fs::read_dir(dir.join("files")).unwrap().map(|e| e.unwrap().path()).collect();
     names.sort();
     for p in names {
-        let mut h = sha2::Sha256::new();
-        let mut f = std::fs::File::open(&p).unwrap();
-        let mut buf = vec![0u8; 8 << 20];
-        loop {
-            let n = f.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-        let sha: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let sha = spark_kit::hub::hashing::sha256_file(&std::fs::File::open(&p).unwrap(), |_| {}).unwrap().0;
         let size = std::fs::metadata(&p).unwrap().len();
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
         files.push(FakeFile::disk(&name, p, size, &sha));

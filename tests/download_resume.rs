@@ -10,21 +10,8 @@ use std::time::{Duration, Instant};
 use fake_hub::harness::{model_files, MODEL};
 use fake_hub::{FakeFile, Fault, FaultKind, Setup};
 
-/// `(path → finished ranges)` from every journal in `blobs/`.
 fn journals(s: &Setup) -> HashMap<String, Vec<(u64, u64)>> {
-    let mut out = HashMap::new();
-    let Ok(rd) = std::fs::read_dir(s.repo_dir(MODEL).join("blobs")) else { return out };
-    for e in rd.flatten() {
-        if !e.file_name().to_string_lossy().ends_with(".spark-partial.json") {
-            continue;
-        }
-        let Ok(text) = std::fs::read(e.path()) else { continue };
-        let Ok(j) = serde_json::from_slice::<serde_json::Value>(&text) else { continue };
-        let done: Vec<(u64, u64)> =
-            j["done"].as_array().unwrap().iter().map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap())).collect();
-        out.insert(j["path"].as_str().unwrap().to_string(), done);
-    }
-    out
+    s.journals(MODEL)
 }
 
 #[test]

@@ -42,6 +42,11 @@ step "engine venv: cargo run -- setup --kit tiny-cpu"
 cargo run -q -- setup --kit tiny-cpu
 venv=$("${CARGO_TARGET_DIR:-target}/debug/spark-kit" setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
 
+step "Python Xet client venv (huggingface_hub + hf_xet, hash-pinned): tests/xet-venv.sh"
+# For tests/download_xet_interop.rs (the test Hub's CAS judged by the real client); cached
+# under ~/.cache/spark-kit keyed by tests/xet-requirements.txt's hash.
+bash tests/xet-venv.sh
+
 # Every test target, and the lanes of the end-to-end ones (a target in no lane is a fast test).
 mapfile -t targets < <(cargo metadata --no-deps --format-version 1 | python3 -c '
 import json, sys

@@ -351,16 +351,20 @@ mod tests {
     fn agent_says_hello_answers_files_and_exits_on_eof() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a"), b"xyz").unwrap();
+        // A dangling link (a shared-blob cache copied without its store) is not a weight file.
+        std::os::unix::fs::symlink("../../blobs/ab/gone", dir.path().join("c")).unwrap();
         let cmd = encode(&Command::CheckFiles {
             root: dir.path().display().to_string(),
-            files: vec!["a".into(), "b".into()],
+            files: vec!["a".into(), "b".into(), "c".into()],
         })
         .unwrap();
         let input = std::io::Cursor::new(format!("{cmd}\nnot json\n").into_bytes());
         let mut out = Buf(Vec::new());
         assert_eq!(run(1, &[], input, &mut out), 0);
         assert!(matches!(out.0[0], Event::Hello { .. }));
-        assert!(out.0.contains(&Event::Files { present: vec![("a".into(), 3)], missing: vec!["b".into()] }));
+        assert!(out
+            .0
+            .contains(&Event::Files { present: vec![("a".into(), 3)], missing: vec!["b".into(), "c".into()] }));
         assert!(out.0.iter().any(|e| matches!(e, Event::Error { fatal: false, .. })));
         assert!(matches!(out.0.last(), Some(Event::Stopped { .. })));
     }

@@ -26,6 +26,7 @@ pub fn run(args: &DownloadArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         idle: Duration::from_secs(args.idle_timeout),
         backoff: Backoff { max_attempts: args.retries, ..Backoff::default() },
         journal_every: DEFAULT_JOURNAL_EVERY,
+        transport: s.kit.model.transport,
     };
     let req = Request {
         hf_cache: s.deploy.hf_cache.clone(),

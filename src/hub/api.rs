@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::auth::{Token, TokenSource};
 use super::error::HubError;
-use super::headers::{bare_etag, next_link, ratelimit_wait, redact_query, retry_after};
+use super::headers::{bare_etag, link_rel, next_link, ratelimit_wait, redact_query, retry_after};
 use super::paths::{encode_path, encode_revision, is_commit};
 use super::report::{Reporter, Silent};
 use super::retry::{jitter, retryable_status, Backoff};
@@ -65,6 +65,16 @@ pub struct Resolved {
     pub location: String,
     /// Whether `location` is on the Hub's origin (then it may carry the token).
     pub on_hub: bool,
+    /// `X-Xet-Hash` and the `xet-auth` token route, when the file is Xet-backed.
+    pub xet: Option<XetRef>,
+}
+
+/// How to fetch a Xet-backed file natively: its Xet file hash and where its CAS token comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XetRef {
+    pub hash: String,
+    /// `GET` with the Hub token → `{accessToken, exp, casUrl}`.
+    pub token_url: String,
 }
 
 /// Hub API client (HTTP/1.1 pool, no automatic redirects). Every retry is reported and counted.
@@ -399,12 +409,14 @@ impl HubClient {
                     url = next.to_string();
                     continue;
                 }
+                let xet = self.xet_ref(h, &base, repo, commit);
                 return Ok(Resolved {
                     commit: commit_seen,
                     etag: linked_etag.or_else(|| header(h, "etag").map(bare_etag)),
                     size: header(h, "x-linked-size").and_then(|s| s.trim().parse().ok()),
                     on_hub: self.same_origin(&next),
                     location: next.to_string(),
+                    xet,
                 });
             }
             if status == StatusCode::OK {
@@ -414,6 +426,13 @@ impl HubClient {
                     size: header(h, "x-linked-size")
                         .or_else(|| header(h, "content-length"))
                         .and_then(|s| s.trim().parse().ok()),
+                    xet: self.xet_ref(
+                        h,
+                        &Url::parse(&url)
+                            .map_err(|e| HubError::Protocol { what: what.clone(), reason: e.to_string() })?,
+                        repo,
+                        commit,
+                    ),
                     location: url,
                     on_hub: true,
                 });
@@ -421,6 +440,20 @@ impl HubClient {
             return Err(self.fail(&r, repo, Asked::File { commit, path }, &what).await);
         }
         Err(HubError::Protocol { what, reason: format!("more than {MAX_HUB_REDIRECTS} redirects") })
+    }
+
+    /// The Xet side of a `resolve` answer: `X-Xet-Hash` and the `xet-auth` link (relative links
+    /// joined to the answer's URL; without a link, the Hub's documented token route).
+    fn xet_ref(&self, h: &HeaderMap, base: &Url, repo: &str, commit: &str) -> Option<XetRef> {
+        let hash = header(h, "x-xet-hash")?.trim().to_string();
+        let token_url = header(h, LINK.as_str())
+            .and_then(|l| link_rel(l, "xet-auth"))
+            .and_then(|l| base.join(&l).ok())
+            .map_or_else(
+                || format!("{}/api/models/{repo}/xet-read-token/{}", self.endpoint, encode_revision(commit)),
+                |u| u.to_string(),
+            );
+        Some(XetRef { hash, token_url })
     }
 
     /// A whole small file's bytes from `location` (token only when on the Hub's origin).

@@ -11,14 +11,20 @@ pub fn bare_etag(v: &str) -> String {
 /// The `rel="next"` target of a `Link` header.
 #[must_use]
 pub fn next_link(link: &str) -> Option<String> {
+    link_rel(link, "next")
+}
+
+/// The target of the `Link` header's entry with relation `rel` (`next`, `xet-auth`).
+#[must_use]
+pub fn link_rel(link: &str, rel: &str) -> Option<String> {
     link.split(',').find_map(|part| {
         let mut pieces = part.split(';');
         let target = pieces.next()?.trim();
-        let is_next = pieces.any(|p| {
+        let matches = pieces.any(|p| {
             let p = p.trim();
-            p == "rel=\"next\"" || p == "rel=next"
+            p.strip_prefix("rel=").is_some_and(|v| v.trim_matches('"') == rel)
         });
-        (is_next && target.starts_with('<') && target.ends_with('>')).then(|| target[1..target.len() - 1].to_string())
+        (matches && target.starts_with('<') && target.ends_with('>')).then(|| target[1..target.len() - 1].to_string())
     })
 }
 
@@ -77,6 +83,14 @@ mod tests {
         assert_eq!(next_link(h).as_deref(), Some("https://h/api/models/a/b/tree/c?recursive=true&cursor=xyz"));
         assert_eq!(next_link("<x>; rel=\"prev\""), None);
         assert_eq!(next_link("<a>; rel=\"prev\", </b>; rel=\"next\"").as_deref(), Some("/b"));
+        // The Hub's resolve: the token route of a Xet-backed file.
+        let x = "<https://huggingface.co/api/models/o/n/xet-read-token/abc>; rel=\"xet-auth\", <https://cas-server.xethub.hf.co/v1/reconstructions/h>; rel=\"xet-reconstruction-info\"";
+        assert_eq!(
+            link_rel(x, "xet-auth").as_deref(),
+            Some("https://huggingface.co/api/models/o/n/xet-read-token/abc")
+        );
+        assert_eq!(link_rel(x, "next"), None);
+        assert_eq!(link_rel("<t>; rel=xet-auth", "xet-auth").as_deref(), Some("t"));
     }
 
     #[test]

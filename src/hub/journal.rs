@@ -164,4 +164,49 @@ mod tests {
         fs::write(&p, b"{not json").unwrap();
         assert!(Journal::load(&p).is_none());
     }
+
+    /// The two Engram shards of the original DeepSeek V4.1 Flash repo, at their real sizes:
+    /// ranges tile the file exactly, a resume after a kill asks for exactly the rest, and the
+    /// journal keeps offsets past 4 GiB and 50 GB exact.
+    #[test]
+    fn engram_shards_at_their_real_sizes() {
+        let d = tempfile::tempdir().unwrap();
+        for (size, ranges) in [(101_535_150_936_u64, 3026), (101_537_926_640, 3027)] {
+            let piece = 32 << 20;
+            let all = RangeSet::default().missing(size, piece);
+            assert_eq!(all.len() as u64, size.div_ceil(piece));
+            assert_eq!(all.len(), ranges);
+            assert_eq!(all[0], (0, piece));
+            assert_eq!(all.last().map(|r| r.1), Some(size));
+            assert!(all.windows(2).all(|w| w[0].1 == w[1].0 && w[0].1 % piece == 0));
+            // A kill -9: the first 1000 ranges done, 4 MiB journaled inside a range past
+            // 50 GB, the last bytes done.
+            let mut done = RangeSet::default();
+            for &(a, b) in &all[..1000] {
+                done.insert(a, b);
+            }
+            let (mid, _) = all[2000];
+            assert!(mid > 50_000_000_000);
+            done.insert(mid, mid + (4 << 20));
+            done.insert(size - 100, size);
+            assert!(done.fits(size));
+            let rest = done.missing(size, piece);
+            assert_eq!(rest.iter().map(|(a, b)| b - a).sum::<u64>() + done.covered(), size);
+            assert_eq!(rest[0], (1000 * piece, 1001 * piece));
+            assert!(rest.contains(&(mid + (4 << 20), mid + piece)));
+            assert!(rest.iter().all(|&(a, b)| b <= size && b - a <= piece));
+            let p = d.path().join(format!("{size}.spark-partial.json"));
+            let j = Journal {
+                version: Journal::VERSION,
+                repo: "deepseek-ai/DeepSeek-V4.1-Flash".into(),
+                path: "model-00047-of-00048.safetensors".into(),
+                commit: "c".into(),
+                etag: "e".into(),
+                size,
+                done,
+            };
+            j.save(&p).unwrap();
+            assert_eq!(Journal::load(&p), Some(j));
+        }
+    }
 }

@@ -28,6 +28,7 @@ pub mod reuse;
 pub mod run;
 pub mod text;
 pub mod verify;
+pub mod xet;
 
 pub use error::HubError;
 

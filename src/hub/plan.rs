@@ -189,6 +189,7 @@ mod tests {
             size: Some(10),
             location: String::new(),
             on_hub: false,
+            xet: None,
         };
         assert!(cross_check("o/n", "c", &f, &ok).is_ok());
         assert!(cross_check("o/n", "c", &f, &Resolved { size: Some(11), ..ok.clone() }).is_err());

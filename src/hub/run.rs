@@ -106,6 +106,8 @@ pub struct Summary {
     pub reresolves: u64,
     pub refetched_files: u64,
     pub discarded_partials: u64,
+    /// Files fetched (in whole or in part) through the native Xet protocol.
+    pub xet_files: u64,
     pub seconds: f64,
     /// Seconds from the start until the last byte arrived; `seconds` is until every file was
     /// verified and in place.
@@ -291,6 +293,7 @@ pub async fn download(client: Arc<HubClient>, req: &Request, reporter: Arc<dyn R
         retries: c.retries.load(Ordering::Relaxed) + client.retries(),
         reresolves: c.reresolves.load(Ordering::Relaxed),
         refetched_files: c.refetched_files.load(Ordering::Relaxed),
+        xet_files: c.xet_files.load(Ordering::Relaxed),
         discarded_partials: c.discarded_partials.load(Ordering::Relaxed),
         seconds: started.elapsed().as_secs_f64(),
         transfer_seconds: Duration::from_nanos(c.last_byte_ns.load(Ordering::Relaxed)).as_secs_f64(),

@@ -42,7 +42,7 @@ pub fn cache_path(hf_cache: &Path, e: &LockEntry) -> PathBuf {
 fn check(hf_cache: &Path, e: &LockEntry, fast: bool, progress: &(dyn Fn(u64) + Sync)) -> Checked {
     let file = cache_path(hf_cache, e);
     let status = match File::open(&file).and_then(|f| f.metadata().map(|m| (f, m.len()))) {
-        Err(err) => Status::Missing { reason: err.to_string() },
+        Err(err) => Status::Missing { reason: dangling(&file).unwrap_or_else(|| err.to_string()) },
         Ok((_, len)) if len != e.size => Status::Size { expected: e.size, actual: len },
         Ok(_) if fast => Status::Ok,
         Ok((f, _)) => match sha256_file(&f, progress) {
@@ -52,6 +52,21 @@ fn check(hf_cache: &Path, e: &LockEntry, fast: bool, progress: &(dyn Fn(u64) + S
         },
     };
     Checked { repo: e.repo.clone(), path: e.path.clone(), size: e.size, file, status }
+}
+
+/// `Some(why)` when `file` is reached through a symlink whose target is gone (a cache written by
+/// `hf` with its shared blob store moved or pruned): names the first link that dangles.
+fn dangling(file: &Path) -> Option<String> {
+    let mut at = file.to_path_buf();
+    for _ in 0..8 {
+        let target = std::fs::read_link(&at).ok()?;
+        let next = at.parent().map_or_else(|| target.clone(), |d| d.join(&target));
+        if std::fs::symlink_metadata(&next).is_err() {
+            return Some(format!("dangling symlink: {} → {} does not exist", at.display(), target.display()));
+        }
+        at = next;
+    }
+    None
 }
 
 /// Check every entry with `threads` readers (largest files first); results in lock order.
@@ -118,5 +133,18 @@ mod tests {
         assert!(matches!(r[3].status, Status::Missing { .. }));
         let fast = verify(d.path(), &entries, true, 2, &|_| {});
         assert!(matches!(fast[1].status, Status::Ok));
+
+        // A shared-blob cache (as `hf` writes it): blobs/<etag> → ../../blobs/<2hex>/<xet hash>.
+        let shared = d.path().join("blobs/ab");
+        std::fs::create_dir_all(&shared).unwrap();
+        std::fs::write(shared.join("x1"), b"dddd").unwrap();
+        std::os::unix::fs::symlink("../../blobs/ab/x1", c.blob(&sha256(b"dddd"))).unwrap();
+        c.link("c", "d", &sha256(b"dddd")).unwrap();
+        let linked = LockEntry { path: "d".into(), size: 4, sha256: sha256(b"dddd"), ..entries[0].clone() };
+        assert!(matches!(verify(d.path(), std::slice::from_ref(&linked), false, 1, &|_| {})[0].status, Status::Ok));
+        std::fs::remove_file(shared.join("x1")).unwrap();
+        let r = verify(d.path(), &[linked], false, 1, &|_| {});
+        let Status::Missing { reason } = &r[0].status else { panic!("{:?}", r[0]) };
+        assert!(reason.starts_with("dangling symlink: ") && reason.contains("blobs/ab/x1"), "{reason}");
     }
 }

@@ -88,6 +88,8 @@ pub struct Model {
     pub sync: WeightSync,
     /// `rsync` only: page cache the copy may leave behind on each end (flushed and dropped as it goes).
     pub sync_page_cache: ByteSize,
+    /// How `download` fetches Xet-backed files (`hub` models and Engram files).
+    pub transport: DownloadTransport,
 }
 
 impl Default for Model {
@@ -102,8 +104,23 @@ impl Default for Model {
             k_map: BTreeMap::new(),
             sync: WeightSync::default(),
             sync_page_cache: ByteSize::gib(1),
+            transport: DownloadTransport::default(),
         }
     }
+}
+
+/// How `download` fetches a file the Hub stores in Xet (its `resolve` carries `X-Xet-Hash`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DownloadTransport {
+    /// Byte ranges through the Hub's bridge; the native Xet protocol for a file the bridge
+    /// refuses (a 4xx, as it answers for very large files).
+    #[default]
+    Auto,
+    /// Byte ranges through the bridge only (a refusal fails the download).
+    Bridge,
+    /// The native Xet protocol (CAS reconstruction + xorb ranges) for every Xet-backed file.
+    Xet,
 }
 
 /// How the weights get onto every node.

@@ -31,6 +31,10 @@ pub fn argv(node: &Node, src: &Path, dst: &str, local_bin: &str, remote_bin: &st
         [
             "rsync",
             "-a",
+            // A cache written by `hf` (shared blob store) links models--*/blobs/<etag> to
+            // ../../blobs/<2hex>/<xet_hash>, outside the tree: copy what such a link points to
+            // (a plain copy of the link would dangle on the node). Links inside stay links.
+            "--copy-unsafe-links",
             "--mkpath",
             "--partial-dir=.rsync-partial",
             "--exclude=.rsync-partial/",
@@ -109,6 +113,7 @@ mod tests {
         };
         let v = argv(&node, Path::new("/w/models--o--n"), "~/.cache/hf/models--o--n", "/bin/sk", "/r/sk", 1 << 30);
         assert_eq!(&v[..6], &["/bin/sk", "__cache-capped", "--cap", "1073741824", "--", "rsync"]);
+        assert!(v.contains(&"--copy-unsafe-links".to_string()), "{v:?}");
         assert!(v.contains(&"--partial-dir=.rsync-partial".to_string()));
         let e = &v[v.iter().position(|a| a == "-e").unwrap() + 1];
         assert!(

@@ -60,12 +60,24 @@ impl Setup {
     }
 
     pub fn with_files(model: Vec<FakeFile>, engram: Option<Vec<FakeFile>>) -> Self {
+        Self::build(model, engram, false)
+    }
+
+    /// The default model repo with every LFS file also in the test Hub's Xet CAS.
+    pub fn xet() -> Self {
+        Self::build(model_files(), None, true)
+    }
+
+    /// `xet`: the LFS files are put into the CAS and announced as Xet-backed.
+    pub fn build(model: Vec<FakeFile>, engram: Option<Vec<FakeFile>>, xet: bool) -> Self {
         let hub = FakeHub::start();
         let dir = tempfile::tempdir().unwrap();
         let shards = model.iter().filter(|f| f.path.ends_with(".safetensors")).count();
-        let commit = hub.push(MODEL, "main", model);
+        let push =
+            |repo: &str, files| if xet { hub.push_xet(repo, "main", files) } else { hub.push(repo, "main", files) };
+        let commit = push(MODEL, model);
         let engram_yaml = if let Some(files) = engram {
-            hub.push(ENGRAM, "main", files);
+            push(ENGRAM, files);
             format!(
                 "engram:\n  repo: {ENGRAM}\n  revision: main\n  files:\n    - path: model-00047-of-00048.safetensors\n    - path: model-00048-of-00048.safetensors\n    - path: model.safetensors.index.json\n    - path: config.json\n  layers: [1, 14]\n"
             )
@@ -82,6 +94,13 @@ impl Setup {
         )
         .unwrap();
         Self { hub, dir, kit, commit }
+    }
+
+    /// Set `model.transport` in the kit (`auto`, `bridge`, `xet`).
+    pub fn set_transport(&self, t: &str) {
+        let kit = std::fs::read_to_string(&self.kit).unwrap();
+        let kit = kit.replacen("  revision: main\n", &format!("  revision: main\n  transport: {t}\n"), 1);
+        std::fs::write(&self.kit, kit).unwrap();
     }
 
     pub fn cache(&self) -> PathBuf {
@@ -149,6 +168,29 @@ impl Setup {
             };
             assert_eq!(self.cached(MODEL, &self.commit, &f.path), want, "{}", f.path);
         }
+    }
+}
+
+impl Setup {
+    /// `(path → finished ranges)` from every resume journal in `repo`'s `blobs/`.
+    pub fn journals(&self, repo: &str) -> std::collections::HashMap<String, Vec<(u64, u64)>> {
+        let mut out = std::collections::HashMap::new();
+        let Ok(rd) = std::fs::read_dir(self.repo_dir(repo).join("blobs")) else { return out };
+        for e in rd.flatten() {
+            if !e.file_name().to_string_lossy().ends_with(".spark-partial.json") {
+                continue;
+            }
+            let Ok(text) = std::fs::read(e.path()) else { continue };
+            let Ok(j) = serde_json::from_slice::<serde_json::Value>(&text) else { continue };
+            let done: Vec<(u64, u64)> = j["done"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()))
+                .collect();
+            out.insert(j["path"].as_str().unwrap().to_string(), done);
+        }
+        out
     }
 }
 

@@ -4,10 +4,12 @@
 //! read from files. Scripted faults and per-range counters let tests prove client behaviour.
 #![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
+mod cas;
 mod cdn;
 pub mod harness;
 mod model;
 mod serve;
+mod xet;
 
 pub use harness::Setup;
 pub use model::seeded_bytes;

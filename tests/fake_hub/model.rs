@@ -41,6 +41,8 @@ pub struct FakeFile {
     pub content: Content,
     /// Size the listing and `X-Linked-Size` claim (tests of the disk-space check).
     pub claimed_size: Option<u64>,
+    /// The Xet file hash when the file is in the CAS (`resolve` then sends `X-Xet-Hash`).
+    pub xet_hash: Option<String>,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -80,6 +82,7 @@ impl FakeFile {
             git_sha1,
             content: Content::Mem(Arc::new(data)),
             claimed_size: None,
+            xet_hash: None,
         }
     }
 
@@ -98,6 +101,7 @@ impl FakeFile {
             git_sha1: "0".repeat(40),
             content: Content::Disk(file),
             claimed_size: None,
+            xet_hash: None,
         }
     }
 
@@ -127,8 +131,10 @@ pub enum Route {
     Cdn,
     Resolve,
     /// The JSON API (`/api/models/…`: revision, tree, repo info); `path` is the API route name
-    /// (`revision`, `tree`, `info`).
+    /// (`revision`, `tree`, `info`, `xet-read-token`).
     Api,
+    /// The CAS proxy; `path` is the request kind (`reconstructions`, `fetch_term`).
+    Cas,
 }
 
 /// How the server reports what is missing.
@@ -222,4 +228,6 @@ pub struct Log {
     /// (listener, Authorization header) of every request.
     pub auth: Vec<(Route, Option<String>)>,
     pub api_calls: Vec<String>,
+    /// CAS requests: (kind, Range header).
+    pub cas_calls: Vec<(String, Option<String>)>,
 }

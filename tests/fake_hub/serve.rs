@@ -36,18 +36,39 @@ pub(super) struct State {
     pub(super) hub: String,
     pub(super) cdn: String,
     pub(super) secret: String,
+    /// The CAS proxy's URL (what `xet-read-token` hands out) and the CAS behind it.
+    pub(super) cas: String,
+    /// Another server that serves `/xet-bridge/<sha256>` instead of the CDN listener (bench).
+    pub(super) bridge: Mutex<Option<String>>,
+    pub(super) cas_upstream: Mutex<Option<String>>,
+    /// CAS tokens minted by `xet-read-token` → expiry (unix seconds).
+    pub(super) cas_tokens: Mutex<HashMap<String, u64>>,
+    pub(super) cas_token_ttl: AtomicU64,
+    /// Body bytes the CAS proxy passed on.
+    pub(super) cas_bytes: AtomicU64,
+    pub(super) http: reqwest::Client,
 }
 
 /// A running fake Hub; stops when dropped.
 pub struct FakeHub {
     pub endpoint: String,
     pub cdn: String,
-    state: Arc<State>,
-    rt: Option<tokio::runtime::Runtime>,
+    /// The CAS proxy (`casUrl` of `xet-read-token`).
+    pub cas: String,
+    pub(super) state: Arc<State>,
+    pub(super) rt: Option<tokio::runtime::Runtime>,
+    /// The local CAS, started by the first `push_xet`.
+    pub(super) cas_server: Mutex<Option<super::cas::Cas>>,
 }
 
 impl Drop for FakeHub {
     fn drop(&mut self) {
+        if let Some(cas) = self.cas_server.lock().unwrap().take() {
+            if let Some(rt) = &self.rt {
+                let _guard = rt.enter();
+                drop(cas);
+            }
+        }
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
@@ -124,10 +145,13 @@ impl FakeHub {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let hub_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let cdn_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        hub_l.set_nonblocking(true).unwrap();
-        cdn_l.set_nonblocking(true).unwrap();
+        let cas_l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        for l in [&hub_l, &cdn_l, &cas_l] {
+            l.set_nonblocking(true).unwrap();
+        }
         let hub = format!("http://{}", hub_l.local_addr().unwrap());
         let cdn = format!("http://{}", cdn_l.local_addr().unwrap());
+        let cas = format!("http://{}", cas_l.local_addr().unwrap());
         let state = Arc::new(State {
             repos: Mutex::new(HashMap::new()),
             faults: Mutex::new(Vec::new()),
@@ -144,8 +168,19 @@ impl FakeHub {
             hub: hub.clone(),
             cdn: cdn.clone(),
             secret: format!("s{}", std::process::id()),
+            cas: cas.clone(),
+            bridge: Mutex::new(None),
+            cas_upstream: Mutex::new(None),
+            cas_tokens: Mutex::new(HashMap::new()),
+            cas_token_ttl: AtomicU64::new(3600),
+            cas_bytes: AtomicU64::new(0),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
         });
-        let (s1, s2) = (state.clone(), state.clone());
+        let (s1, s2, s3) = (state.clone(), state.clone(), state.clone());
+        rt.spawn(async move {
+            let l = tokio::net::TcpListener::from_std(cas_l).unwrap();
+            axum::serve(l, Router::new().fallback(super::cas::cas_handler).with_state(s3)).await.unwrap();
+        });
         rt.spawn(async move {
             let l = tokio::net::TcpListener::from_std(hub_l).unwrap();
             axum::serve(l, Router::new().fallback(hub_handler).with_state(s1)).await.unwrap();
@@ -154,7 +189,7 @@ impl FakeHub {
             let l = tokio::net::TcpListener::from_std(cdn_l).unwrap();
             axum::serve(l, Router::new().fallback(cdn_handler).with_state(s2)).await.unwrap();
         });
-        Self { endpoint: hub, cdn, state, rt: Some(rt) }
+        Self { endpoint: hub, cdn, cas, state, rt: Some(rt), cas_server: Mutex::new(None) }
     }
 
     fn new_commit(&self, repo: &str) -> String {
@@ -268,7 +303,11 @@ pub(super) fn auth_of(h: &HeaderMap) -> Option<String> {
 }
 
 #[allow(clippy::result_large_err)] // a test server: the error is the response itself
-fn find(st: &State, repo: &str, rev: &str) -> Result<(String, CommitFiles, Option<String>, Vec<String>), Response> {
+pub(super) fn find(
+    st: &State,
+    repo: &str,
+    rev: &str,
+) -> Result<(String, CommitFiles, Option<String>, Vec<String>), Response> {
     let repos = st.repos.lock().unwrap();
     let Some(r) = repos.get(repo) else {
         return Err(missing(st, 401, "RepoNotFound", "Repository not found", None));
@@ -308,6 +347,13 @@ async fn hub_handler(AxState(st): AxState<Arc<State>>, req: Request) -> Response
         return match seg[4] {
             "revision" => revision(&st, &repo, &rev),
             "tree" => tree(&st, &repo, &decode(seg[5]), &query(req.uri())),
+            "xet-read-token" => match find(&st, &repo, &rev) {
+                Err(r) => r,
+                Ok((_, _, gate, _)) => match gate_check(&repo, gate.as_deref(), auth.as_deref()) {
+                    Some(r) => r,
+                    None => super::xet::read_token(&st),
+                },
+            },
             _ => error(404, "NotFound", "no such API"),
         };
     }
@@ -449,15 +495,20 @@ fn resolve(st: &State, repo: &str, rev: &str, path: &str, auth: Option<&str>) ->
         return missing(st, 404, "EntryNotFound", "Entry not found", Some(&commit));
     };
     if f.lfs {
+        let xet = f.xet_hash.as_ref().map(|h| (h.clone(), super::xet::auth_link(st, repo, &commit)));
         let expires = now_secs() + st.ttl_secs.load(Ordering::SeqCst);
+        let origin = st.bridge.lock().unwrap().clone().unwrap_or_else(|| st.cdn.clone());
         let loc = format!(
-            "{}/xet-bridge/{}?X-Xet-Signed-Range=&Expires={expires}&Policy=p&Signature={}&Key-Pair-Id=K",
-            st.cdn,
+            "{origin}/xet-bridge/{}?X-Xet-Signed-Range=&Expires={expires}&Policy=p&Signature={}&Key-Pair-Id=K",
             f.sha256,
             sign(st, &f.sha256, expires)
         );
         let body = format!("Found. Redirecting to {loc}");
-        return resp(302)
+        let mut b = resp(302);
+        if let Some((hash, link)) = xet {
+            b = b.header("x-xet-hash", hash).header("link", link);
+        }
+        return b
             .header("location", loc)
             .header("x-repo-commit", &commit)
             .header("x-linked-etag", format!("\"{}\"", f.sha256))

@@ -22,6 +22,8 @@ pub struct Counters {
     pub verified_cached: AtomicU64,
     /// Cached blobs that failed that check, were moved aside and fetched again.
     pub repaired_files: AtomicU64,
+    /// Files fetched (in whole or in part) through the native Xet protocol.
+    pub xet_files: AtomicU64,
 }
 
 impl Default for Counters {
@@ -39,6 +41,7 @@ impl Default for Counters {
             cached_files: AtomicU64::new(0),
             verified_cached: AtomicU64::new(0),
             repaired_files: AtomicU64::new(0),
+            xet_files: AtomicU64::new(0),
         }
     }
 }

@@ -25,6 +25,7 @@ use super::hashing::{git_sha1, sha256};
 use super::plan::{cross_check, Kind, PlannedFile};
 use super::report::Reporter;
 use super::retry::Backoff;
+pub use crate::kit::schema::DownloadTransport as Transport;
 pub use counters::Counters;
 use state::{lock, Queue, Shared};
 use worker::worker;
@@ -45,6 +46,8 @@ pub struct Options {
     pub backoff: Backoff,
     /// Bytes of a range written between two journal updates (each one fsync).
     pub journal_every: u64,
+    /// Bridge, native Xet, or the bridge with Xet when it refuses a file.
+    pub transport: Transport,
 }
 
 impl Default for Options {
@@ -55,6 +58,7 @@ impl Default for Options {
             idle: Duration::from_secs(60),
             backoff: Backoff::default(),
             journal_every: DEFAULT_JOURNAL_EVERY,
+            transport: Transport::Auto,
         }
     }
 }
@@ -135,6 +139,8 @@ pub async fn fetch_repo(
         downloading: AtomicUsize::new(0),
         wake: tokio::sync::Notify::new(),
         results: Mutex::new(Vec::new()),
+        xet: std::sync::OnceLock::new(),
+        scratch: tempfile_dir(),
     });
     let mut workers = Vec::new();
     for _ in 0..opts.jobs.max(1) {
@@ -143,11 +149,18 @@ pub async fn fetch_repo(
     for w in workers {
         let _ = w.await;
     }
+    let _ = fs::remove_dir_all(&shared.scratch);
     if let Some(e) = lock(&shared.error).take() {
         return Err(e);
     }
     out.extend(lock(&shared.results).drain(..));
     Ok(out)
+}
+
+/// hf-xet's working directory for one repo download (removed after it).
+fn tempfile_dir() -> std::path::PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    std::env::temp_dir().join(format!("spark-kit-xet-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
 }
 
 fn fetched_from_blob(cache: &RepoCache, f: &PlannedFile) -> Result<Fetched, HubError> {

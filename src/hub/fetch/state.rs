@@ -7,14 +7,15 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::super::api::{HubClient, Resolved};
+use super::super::api::{HubClient, Resolved, XetRef};
 use super::super::cache::{BlobLock, RepoCache};
 use super::super::error::HubError;
 use super::super::journal::{Journal, RangeSet};
 use super::super::plan::PlannedFile;
 use super::super::report::Reporter;
+use super::super::xet::XetSource;
 use super::finalise::{spawn_finalize, start_hasher};
-use super::{Counters, Fetched, Options};
+use super::{Counters, Fetched, Options, Transport};
 
 /// Files whose ranges are fetched at the same time: enough to keep every connection busy, few
 /// enough that each file's hasher trails its download closely (its lag is about
@@ -43,9 +44,18 @@ pub(super) struct Shared {
     pub(super) downloading: AtomicUsize,
     pub(super) wake: tokio::sync::Notify,
     pub(super) results: Mutex<Vec<Fetched>>,
+    /// The native Xet path, set up by the first file that needs it.
+    pub(super) xet: std::sync::OnceLock<XetSource>,
+    /// hf-xet's working directory.
+    pub(super) scratch: PathBuf,
 }
 
 impl Shared {
+    /// The Xet source of this repo download (its token route comes from the first Xet file).
+    pub(super) fn xet_source(&self, x: &XetRef) -> &XetSource {
+        self.xet.get_or_init(|| XetSource::new(x.token_url.clone(), self.client.auth_header(), self.scratch.clone()))
+    }
+
     pub(super) fn fail(&self, e: HubError) {
         let mut slot = lock(&self.error);
         if slot.is_none() {
@@ -72,11 +82,13 @@ pub(super) struct RangeJob {
     pub(super) end: u64,
 }
 
-/// Where the bytes of a file are: the signed URL and a generation bumped at each re-resolve.
+/// Where the bytes of a file are: the signed URL and a generation bumped at each re-resolve,
+/// or (`xet`) the native Xet protocol.
 pub(super) struct Location {
     pub(super) url: String,
     pub(super) on_hub: bool,
     pub(super) generation: u32,
+    pub(super) xet: bool,
 }
 
 #[derive(Default)]
@@ -122,6 +134,8 @@ pub(super) struct FileState {
     pub(super) partial: PathBuf,
     pub(super) journal: PathBuf,
     pub(super) location: tokio::sync::Mutex<Location>,
+    /// The file's Xet reference when the native path may be used for it.
+    pub(super) xet: Option<XetRef>,
     pub(super) reresolves: AtomicU32,
     pub(super) progress: Mutex<Progress>,
     pub(super) changed: Condvar,
@@ -134,9 +148,9 @@ pub(super) struct FileState {
 }
 
 impl FileState {
-    pub(super) async fn location(&self) -> (String, bool, u32) {
+    pub(super) async fn location(&self) -> (String, bool, u32, bool) {
         let l = self.location.lock().await;
-        (l.url.clone(), l.on_hub, l.generation)
+        (l.url.clone(), l.on_hub, l.generation, l.xet)
     }
 
     pub(super) fn set_written(&self, start: u64, pos: u64) {
@@ -222,11 +236,17 @@ pub(super) fn open_file(
     sh.counters.resumed_bytes.fetch_add(resumed, Ordering::Relaxed);
     sh.reporter.file_started(&f.path, f.size, resumed);
     let missing = done.missing(f.size, sh.opts.range_size);
+    let xet = if sh.opts.transport == Transport::Bridge { None } else { r.xet };
+    let native = xet.is_some() && sh.opts.transport == Transport::Xet;
+    if native {
+        sh.counters.xet_files.fetch_add(1, Ordering::Relaxed);
+    }
     let state = Arc::new(FileState {
         file,
         partial,
         journal,
-        location: tokio::sync::Mutex::new(Location { url: r.location, on_hub: r.on_hub, generation: 0 }),
+        location: tokio::sync::Mutex::new(Location { url: r.location, on_hub: r.on_hub, generation: 0, xet: native }),
+        xet,
         reresolves: AtomicU32::new(0),
         progress: Mutex::new(Progress { done, active: BTreeMap::new(), stop: false }),
         changed: Condvar::new(),

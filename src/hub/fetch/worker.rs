@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_RANGE, RANGE};
+use xet::xet_session::XetDownloadStream;
 
 use super::super::error::HubError;
 use super::super::headers::{content_range, ratelimit_wait, redact_query, retry_after};
 use super::super::plan::cross_check;
 use super::super::retry::{jitter, retryable_status};
+use super::super::xet::is_unauthorized;
 use super::finalise::spawn_finalize;
 use super::state::{open_file, FileState, Location, RangeJob, Shared, FILES_IN_FLIGHT};
 
@@ -87,8 +89,13 @@ pub(super) async fn worker(sh: Arc<Shared>) {
 /// What one request for a range achieved.
 enum Attempt {
     Done,
-    Failed { reason: String, wait: Option<Duration> },
+    Failed {
+        reason: String,
+        wait: Option<Duration>,
+    },
     Expired,
+    /// The bridge refused a Xet-backed file (a 4xx): fetch it natively.
+    Refused(String),
 }
 
 /// Fetch `[start, end)` with retries. `Ok(false)` when the run was aborted meanwhile.
@@ -103,12 +110,20 @@ async fn fetch_range(sh: &Arc<Shared>, job: &RangeJob) -> Result<bool, HubError>
             return Ok(false);
         }
         let before = pos;
-        let (url, on_hub, generation) = st.location().await;
-        let outcome = attempt(sh, st, job, &url, on_hub, (&mut pos, &mut journaled)).await?;
+        let (url, on_hub, generation, native) = st.location().await;
+        let outcome = if native {
+            attempt_xet(sh, st, job, (&mut pos, &mut journaled)).await?
+        } else {
+            attempt(sh, st, job, &url, on_hub, (&mut pos, &mut journaled)).await?
+        };
         let reason = match outcome {
             Attempt::Done => return Ok(true),
             Attempt::Expired => {
                 reresolve(sh, st, generation).await?;
+                continue;
+            }
+            Attempt::Refused(why) => {
+                switch_to_xet(sh, st, &why).await;
                 continue;
             }
             Attempt::Failed { reason, wait } => (reason, wait),
@@ -146,8 +161,21 @@ async fn reresolve(sh: &Arc<Shared>, st: &Arc<FileState>, generation: u32) -> Re
     cross_check(&sh.cache.repo, &sh.commit, &st.f, &r)?;
     sh.counters.reresolves.fetch_add(1, Ordering::Relaxed);
     sh.reporter.note(&format!("{}: signed link expired; resolved a fresh one", st.f.path));
-    *loc = Location { url: r.location, on_hub: r.on_hub, generation: generation + 1 };
+    *loc = Location { url: r.location, on_hub: r.on_hub, generation: generation + 1, xet: loc.xet };
     Ok(())
+}
+
+/// From now on fetch `st` through the native Xet protocol; said once per file.
+async fn switch_to_xet(sh: &Shared, st: &FileState, why: &str) {
+    let mut loc = st.location.lock().await;
+    if !loc.xet {
+        loc.xet = true;
+        sh.counters.xet_files.fetch_add(1, Ordering::Relaxed);
+        sh.reporter.note(&format!(
+            "{}: the bridge refused it ({why}); fetching it through the Xet protocol (CAS reconstruction)",
+            st.f.path
+        ));
+    }
 }
 
 fn failed(reason: impl Into<String>) -> Attempt {
@@ -176,7 +204,7 @@ async fn attempt(
             rb = rb.header(AUTHORIZATION, auth);
         }
     }
-    let mut resp = match tokio::time::timeout(idle, rb.send()).await {
+    let resp = match tokio::time::timeout(idle, rb.send()).await {
         Err(_) => return Ok(failed(format!("no response in {} s", idle.as_secs_f32()))),
         Ok(Err(e)) => return Ok(failed(format!("request failed: {e}"))),
         Ok(Ok(r)) => r,
@@ -186,6 +214,9 @@ async fn attempt(
         206 => {}
         200 => return Ok(failed("server ignored the Range header (200 with the whole file); nothing appended")),
         403 => return Ok(Attempt::Expired),
+        s if (400..500).contains(&s) && !retryable_status(s) && st.xet.is_some() => {
+            return Ok(Attempt::Refused(format!("HTTP {s} from {}", host_of(url))))
+        }
         s if retryable_status(s) => {
             let h = resp.headers();
             let wait = h
@@ -213,16 +244,83 @@ async fn attempt(
             st.f.size
         )));
     }
+    receive(sh, st, job, &mut Body::Http(resp), (pos, journaled)).await
+}
+
+/// One ranged stream of `[pos, end)` of a Xet-backed file from hf-xet (reconstruction, xorb
+/// range GETs, chunk decode), written like a ranged GET's body. A refused CAS token renews
+/// the Xet source (a fresh `xet-read-token` on the next attempt).
+async fn attempt_xet(
+    sh: &Arc<Shared>,
+    st: &Arc<FileState>,
+    job: &RangeJob,
+    (pos, journaled): (&mut u64, &mut u64),
+) -> Result<Attempt, HubError> {
+    let x = st.xet.as_ref().ok_or(HubError::Internal("a file on the Xet path has no Xet hash"))?;
+    let src = sh.xet_source(x);
+    let idle = sh.opts.idle;
+    let (stream, generation) = match tokio::time::timeout(idle, src.stream(&x.hash, st.f.size, *pos..job.end)).await {
+        Err(_) => return Ok(failed(format!("Xet: no reconstruction in {} s", idle.as_secs_f32()))),
+        Ok(Err(e)) => {
+            if e.unauthorized() {
+                src.renew(e.generation).await;
+            }
+            return Ok(failed(format!("Xet: {}", e.reason)));
+        }
+        Ok(Ok(s)) => s,
+    };
+    let outcome = receive(sh, st, job, &mut Body::Xet(stream), (pos, journaled)).await?;
+    if let Attempt::Failed { reason, .. } = &outcome {
+        if is_unauthorized(reason) {
+            src.renew(generation).await;
+        }
+    }
+    Ok(outcome)
+}
+
+/// Where a range's bytes come from.
+enum Body {
+    Http(reqwest::Response),
+    Xet(XetDownloadStream),
+}
+
+impl Body {
+    async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, String> {
+        match self {
+            Body::Http(r) => r.chunk().await.map_err(|e| format!("connection broken: {e}")),
+            Body::Xet(s) => s.next().await.map_err(|e| format!("Xet reconstruction failed: {e}")),
+        }
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        if let Body::Xet(s) = self {
+            s.cancel();
+        }
+    }
+}
+
+/// Write a range's body at its offset, journaling every `journal_every` bytes; advances `pos`
+/// over every byte written (and `journaled` over every byte journaled).
+async fn receive(
+    sh: &Arc<Shared>,
+    st: &Arc<FileState>,
+    job: &RangeJob,
+    body: &mut Body,
+    (pos, journaled): (&mut u64, &mut u64),
+) -> Result<Attempt, HubError> {
+    let idle = sh.opts.idle;
     let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUF);
     let mut result = None;
     loop {
-        match tokio::time::timeout(idle, resp.chunk()).await {
+        match tokio::time::timeout(idle, body.chunk()).await {
             Err(_) => {
                 result = Some(failed(format!("no data for {} s", idle.as_secs_f32())));
                 break;
             }
             Ok(Err(e)) => {
-                result = Some(failed(format!("connection broken: {e}")));
+                result = Some(failed(e));
                 break;
             }
             Ok(Ok(None)) => break,
@@ -249,6 +347,12 @@ async fn attempt(
         return Ok(Attempt::Done);
     }
     Ok(result.unwrap_or_else(|| failed(format!("body ended at byte {} of {}-{}", *pos, job.start, job.end - 1))))
+}
+
+/// The host of a URL (for messages: signed URLs carry secrets in their query).
+fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest)
 }
 
 /// Journal the progress of the ranges being written (fsync off the async threads).
