@@ -172,3 +172,13 @@ fn kill_9_mid_reconstruction_then_rerun_resumes() {
     assert!(s.cached(MODEL, &s.commit, BIG) == want, "resumed file differs");
     assert!(s.cmd(&["verify"]).output().unwrap().status.success());
 }
+
+#[test]
+fn the_summary_says_how_many_files_came_through_xet() {
+    let s = Setup::xet();
+    s.set_transport("xet");
+    let out = s.cmd(&["download", "--quiet", "--range-size", "128KiB"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("{} through the Xet protocol", lfs_files())), "{text}");
+}
