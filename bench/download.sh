@@ -119,22 +119,31 @@ echo "ratio (hf time-to-verified / spark-kit time-to-verified): $(python3 -c "pr
 # ---- The Xet path: both clients against the test Hub's CAS (xet-core's local CAS server, the
 # files put in by hf-xet's upload path), no rate cap: the clients' own throughput.
 secs() { python3 -c "print(f'{$2-$1:.2f}')"; }
+# wait_endpoint NAME: the test Hub's endpoint once $work/NAME-endpoint exists.
+wait_endpoint() {
+  for _ in $(seq 1 3000); do [ -s "$work/$1-endpoint" ] && break; sleep 0.2; done
+  [ -s "$work/$1-endpoint" ] || { echo "bench: test Hub did not start" >&2; cat "$work/$1-hub.log" >&2; exit 1; }
+  cat "$work/$1-endpoint"
+}
+# sk_download ENDPOINT KIT TAG: spark-kit download from a cold page cache; prints
+# "transfer_seconds seconds xet_files fetched_bytes process_seconds".
+sk_download() {
+  sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || true
+  local t0 t1
+  t0=$(now)
+  HF_ENDPOINT="$1" "$bin" download --kit "$2" --jobs "$JOBS" --json --quiet > "$work/$3.json"
+  t1=$(now)
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('%.2f %.2f %d %d %.2f' % (j['transfer_seconds'], j['seconds'], j['xet_files'], j['fetched_bytes'], $t1-$t0))" "$work/$3.json"
+}
 xpy=$(bash tests/xet-venv.sh)
 xhf="$(dirname "$xpy")/hf"
 test_hub="${CARGO_TARGET_DIR:-target}/$PROFILE/examples/test_hub"
 echo "bench: test Hub with the CAS (uploading the files through hf-xet)" >&2
 "$test_hub" "$work/files" --repo bench-org/model --endpoint-file "$work/xet-endpoint" > "$work/xet-hub.log" 2>&1 &
 xhub_pid=$!
-for _ in $(seq 1 3000); do [ -s "$work/xet-endpoint" ] && break; sleep 0.2; done
-[ -s "$work/xet-endpoint" ] || { echo "bench: test Hub did not start" >&2; cat "$work/xet-hub.log" >&2; exit 1; }
-xendpoint=$(cat "$work/xet-endpoint")
+xendpoint=$(wait_endpoint xet)
 sed -e "s#  revision: main#  revision: main\n  transport: xet#" -e "s#$work/sk-#$work/skx-#g" "$work/kit.yaml" > "$work/kit-xet.yaml"
-sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || true
-t0=$(now)
-HF_ENDPOINT="$xendpoint" "$bin" download --kit "$work/kit-xet.yaml" --jobs "$JOBS" --json --quiet > "$work/skx.json"
-t1=$(now)
-read -r skx_transfer skx_verified skx_xet < <(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('%.2f %.2f %d' % (j['transfer_seconds'], j['seconds'], j['xet_files']))" "$work/skx.json")
-skx_total=$(secs "$t0" "$t1")
+read -r skx_transfer skx_verified skx_xet _ skx_total < <(sk_download "$xendpoint" "$work/kit-xet.yaml" skx)
 rm -rf "$work/skx-cache"
 t0=$(now)
 HF_ENDPOINT="$xendpoint" HF_HOME="$work/hfx-home" HF_HUB_CACHE="$work/hfx-cache" HF_HUB_DISABLE_TELEMETRY=1 \
@@ -185,15 +194,9 @@ nginx_pid=$!
 "$test_hub" "$work/files" --repo bench-org/model --no-xet --bridge "http://127.0.0.1:$port" \
   --endpoint-file "$work/ngx-endpoint" > "$work/ngx-hub.log" 2>&1 &
 xhub_pid=$!
-for _ in $(seq 1 3000); do [ -s "$work/ngx-endpoint" ] && break; sleep 0.2; done
-nendpoint=$(cat "$work/ngx-endpoint")
+nendpoint=$(wait_endpoint ngx)
 sed -e "s#$work/sk-#$work/skn-#g" "$work/kit.yaml" > "$work/kit-ngx.yaml"
-sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || true
-t0=$(now)
-HF_ENDPOINT="$nendpoint" "$bin" download --kit "$work/kit-ngx.yaml" --jobs "$JOBS" --json --quiet > "$work/skn.json"
-t1=$(now)
-read -r skn_transfer skn_verified skn_bytes < <(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('%.2f %.2f %d' % (j['transfer_seconds'], j['seconds'], j['fetched_bytes']))" "$work/skn.json")
-skn_total=$(secs "$t0" "$t1")
+read -r skn_transfer skn_verified _ skn_bytes skn_total < <(sk_download "$nendpoint" "$work/kit-ngx.yaml" skn)
 rm -rf "$work/skn-cache"
 t0=$(now)
 HF_ENDPOINT="$nendpoint" HF_HUB_CACHE="$work/hfn-cache" HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 \
