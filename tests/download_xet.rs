@@ -182,3 +182,18 @@ fn the_summary_says_how_many_files_came_through_xet() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&format!("{} through the Xet protocol", lfs_files())), "{text}");
 }
+
+#[test]
+fn a_gated_repo_gets_its_cas_token_with_the_hub_token_which_never_reaches_the_cas() {
+    let s = Setup::xet();
+    s.set_transport("xet");
+    s.hub.gate(MODEL, "hf_sEcReT123");
+    let out =
+        s.cmd(&["download", "--quiet", "--range-size", "128KiB"]).env("HF_TOKEN", "hf_sEcReT123").output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    s.assert_model_complete();
+    let auth = s.hub.auth();
+    let cas: Vec<_> = auth.iter().filter(|(r, _)| *r == fake_hub::Route::Cas).collect();
+    assert!(!cas.is_empty());
+    assert!(cas.iter().all(|(_, a)| a.as_deref() != Some("Bearer hf_sEcReT123")), "Hub token sent to the CAS");
+}
