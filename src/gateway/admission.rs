@@ -60,10 +60,16 @@ pub struct Refusal {
     pub requested: u64,
     pub prompt_tokens: u64,
     pub max_tokens: u64,
+    /// The binding limit on prompt + max_tokens (the smaller of the KV pool and
+    /// `max_model_len`): the fix keeps the request under it too, so the advice, followed, admits.
+    pub total_cap: u64,
+    /// The prefill budget, when the plan has one: the fix never advises a longer prompt.
+    pub safe_prompt: Option<u64>,
 }
 
 impl Refusal {
-    /// One-line message naming the limit, the request's figure and the fix.
+    /// One-line message naming the limit, the request's figure and a fix that admits the
+    /// request when followed (every limit considered, not only the one crossed).
     #[must_use]
     pub fn message(&self) -> String {
         let (p, m, a) = (self.prompt_tokens, self.max_tokens, self.allowed);
@@ -73,52 +79,69 @@ impl Refusal {
                  run `spark-kit plan` and follow its fix for the prefill floor"
             ),
             Limit::PrefillBudget => format!(
-                "prompt is {p} tokens; the memory plan's prefill budget (safe prompt) is {a} tokens: \
-                 shorten the prompt to at most {a} tokens (`spark-kit plan` shows the budget)"
+                "prompt is {p} tokens; the memory plan's prefill budget (safe prompt) is {a} tokens: {} (`spark-kit plan` \
+                 shows the budget)",
+                self.shorten_fix()
             ),
-            Limit::KvPool => format!(
-                "prompt {p} + max_tokens {m} = {} tokens; the KV pool holds {a} tokens: {}",
-                self.requested,
-                fix(a, p, "the KV pool")
-            ),
-            Limit::MaxModelLen => format!(
-                "prompt {p} + max_tokens {m} = {} tokens; engine.max_model_len is {a} tokens: {}",
-                self.requested,
-                fix(a, p, "max_model_len")
-            ),
+            Limit::KvPool | Limit::MaxModelLen => {
+                let what = if self.limit == Limit::KvPool {
+                    format!("the KV pool holds {a} tokens")
+                } else {
+                    format!("engine.max_model_len is {a} tokens")
+                };
+                let fix = if p < a {
+                    format!("lower max_tokens to at most {} or shorten the prompt", a - p)
+                } else {
+                    self.shorten_fix()
+                };
+                format!("prompt {p} + max_tokens {m} = {} tokens; {what}: {fix}", self.requested)
+            }
         }
     }
-}
 
-fn fix(allowed: u64, prompt: u64, what: &str) -> String {
-    if prompt < allowed {
-        format!("lower max_tokens to at most {} or shorten the prompt", allowed - prompt)
-    } else {
-        format!("shorten the prompt below {allowed} tokens ({what}) and set max_tokens")
+    /// "shorten the prompt to at most P' tokens", and the max_tokens that then fits.
+    fn shorten_fix(&self) -> String {
+        let cap = self.total_cap;
+        let longest = self.safe_prompt.unwrap_or(u64::MAX).min(cap.saturating_sub(1));
+        let mut fix = format!("shorten the prompt to at most {longest} tokens");
+        if longest.saturating_add(self.max_tokens) > cap {
+            fix.push_str(&format!(" and lower max_tokens to at most {}", cap - longest));
+        }
+        fix
     }
 }
 
 /// Admit or refuse one sequence of `prompt_tokens` that may generate `max_tokens`.
 ///
 /// `max_tokens` None (the request does not set it) counts as 1: vLLM then generates up to
-/// `max_model_len − prompt`, which the engine itself caps.
+/// `max_model_len − prompt`, which the engine itself caps. The prefill budget is checked first,
+/// then prompt + max_tokens against the smaller of the KV pool and `max_model_len` (the binding
+/// one is named, so following its fix cannot hit the other).
 pub fn admit(limits: &Limits, prompt_tokens: u64, max_tokens: Option<u64>) -> Result<(), Refusal> {
     let max_tokens_v = max_tokens.unwrap_or(1);
     let total = prompt_tokens.saturating_add(max_tokens_v);
-    let refuse =
-        |limit, allowed, requested| Err(Refusal { limit, allowed, requested, prompt_tokens, max_tokens: max_tokens_v });
+    let (total_limit, total_cap) = match limits.kv_pool_tokens {
+        Some(pool) if pool < limits.max_model_len => (Limit::KvPool, pool),
+        _ => (Limit::MaxModelLen, limits.max_model_len),
+    };
+    let refuse = |limit, allowed, requested| {
+        Err(Refusal {
+            limit,
+            allowed,
+            requested,
+            prompt_tokens,
+            max_tokens: max_tokens_v,
+            total_cap,
+            safe_prompt: limits.safe_max_prompt,
+        })
+    };
     if let Some(safe) = limits.safe_max_prompt {
         if prompt_tokens > safe {
             return refuse(Limit::PrefillBudget, safe, prompt_tokens);
         }
     }
-    if let Some(pool) = limits.kv_pool_tokens {
-        if total > pool {
-            return refuse(Limit::KvPool, pool, total);
-        }
-    }
-    if total > limits.max_model_len {
-        return refuse(Limit::MaxModelLen, limits.max_model_len, total);
+    if total > total_cap {
+        return refuse(total_limit, total_cap, total);
     }
     Ok(())
 }
@@ -184,7 +207,47 @@ mod tests {
     fn prompt_alone_over_the_pool_says_shorten() {
         let l = Limits { safe_max_prompt: None, ..L };
         let r = admit(&l, 3000, Some(5)).unwrap_err();
-        assert!(r.message().contains("shorten the prompt below 3000"), "{}", r.message());
+        assert!(
+            r.message().contains("shorten the prompt to at most 2999 tokens and lower max_tokens to at most 1"),
+            "{}",
+            r.message()
+        );
+    }
+
+    /// Follow the advice of every refusal: the request it describes is then admitted.
+    fn follow(l: &Limits, prompt: u64, max_tokens: u64) -> (u64, u64, usize) {
+        let (mut p, mut m, mut refusals) = (prompt, max_tokens, 0);
+        while let Err(r) = admit(l, p, Some(m)) {
+            refusals += 1;
+            assert!(refusals < 2, "the advice, followed, was refused again: {}", r.message());
+            let msg = r.message();
+            let at_most = |what: &str| {
+                let i = msg.find(what)? + what.len();
+                msg[i..].split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()
+            };
+            if let Some(n) = at_most("shorten the prompt to at most ") {
+                p = p.min(n);
+            }
+            if let Some(n) = at_most("lower max_tokens to at most ") {
+                m = m.min(n);
+            }
+        }
+        (p, m, refusals)
+    }
+
+    #[test]
+    fn the_binding_limit_is_named_first_and_its_advice_admits() {
+        // The issue's case: a pool larger than max_model_len (512) and max_tokens 99999999.
+        let l = Limits { max_model_len: 512, kv_pool_tokens: Some(65536), safe_max_prompt: Some(400) };
+        let r = admit(&l, 3, Some(99_999_999)).unwrap_err();
+        assert_eq!((r.limit, r.allowed), (Limit::MaxModelLen, 512), "{}", r.message());
+        assert!(r.message().contains("lower max_tokens to at most 509"), "{}", r.message());
+        for (p, m) in [(3, 99_999_999), (450, 100), (600, 10), (511, 5), (400, 200), (1, 1)] {
+            for l in [l, Limits { kv_pool_tokens: Some(300), ..l }, Limits { safe_max_prompt: None, ..l }] {
+                let (p2, m2, _) = follow(&l, p, m);
+                assert!(p2 <= p && m2 <= m, "{p2} {m2}");
+            }
+        }
     }
 
     #[test]

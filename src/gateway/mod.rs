@@ -5,6 +5,7 @@
 //! See docs/gateway.md.
 
 pub mod admission;
+pub mod body;
 pub mod config;
 pub mod count;
 pub mod framing;
@@ -12,9 +13,11 @@ mod front;
 pub mod keys;
 pub mod metrics;
 mod proxy;
+pub mod restart;
 mod serve;
 mod state;
 mod stream;
+pub mod upstream;
 
 pub use config::{ConfigError, GatewayConfig};
 pub use front::{Front, FrontError, ServeError};

@@ -11,10 +11,12 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Value};
 
 use super::admission::{admit, requested_max_tokens};
+use super::body::request_object;
 use super::framing::error_body;
 use super::keys::authorized;
 use super::state::{EngineState, Gateway, InFlight, SlotRefusal};
 use super::stream::{plain_body, sse_body};
+use super::upstream::{classify, Verdict, MAX_ERROR_BODY};
 
 /// Headers not forwarded in either direction (hop-by-hop, or the gateway's own).
 const DROP: [&str; 8] =
@@ -38,7 +40,34 @@ fn unavailable(gw: &Gateway, why: &str) -> Response {
     } else {
         format!("the engine is not serving right now ({why}): retry after the Retry-After seconds")
     };
-    error(StatusCode::SERVICE_UNAVAILABLE, &msg, "service_unavailable", reason, Some(gw.cfg.retry_after_s))
+    let retry = if reason == "draining" { gw.cfg.retry_after_s } else { gw.retry_after_s() };
+    error(StatusCode::SERVICE_UNAVAILABLE, &msg, "service_unavailable", reason, Some(retry))
+}
+
+/// An engine error the gateway answers for itself (see [`classify`]): an engine-core death is a
+/// restart (503 + Retry-After, the gateway unavailable from now on), vLLM's own admission
+/// refusal is overload (429 + Retry-After naming vLLM's reason). None: pass it on.
+fn engine_verdict(gw: &Gateway, status: u16, body: &[u8]) -> Option<Response> {
+    match classify(status, body)? {
+        Verdict::EngineDead => {
+            gw.engine_died();
+            gw.metrics.refused("engine_dead");
+            Some(unavailable(gw, "its engine core died; the deployment is restarting"))
+        }
+        Verdict::Overloaded(reason) => {
+            gw.metrics.refused(if reason == "max_num_queued_reqs" {
+                "engine_max_num_queued_reqs"
+            } else {
+                "engine_max_num_queued_tokens"
+            });
+            let msg = format!(
+                "the engine is overloaded: vLLM refused the request ({reason}: its own admission limit \
+                 --{} is reached); retry after the Retry-After seconds",
+                reason.replace('_', "-")
+            );
+            Some(error(StatusCode::TOO_MANY_REQUESTS, &msg, "rate_limit_error", reason, Some(gw.cfg.retry_after_s)))
+        }
+    }
 }
 
 /// Which kind of route a path is.
@@ -52,6 +81,10 @@ enum Route {
     },
     /// Embeddings: slot, no admission.
     Embed,
+    /// OpenAI Responses (`/v1/responses`) and Anthropic Messages (`/v1/messages`), which
+    /// released vLLM serves: a slot, no admission (their prompts are not counted), and their
+    /// streams passed on as they arrive (they end without `[DONE]`, so no cut-stream event).
+    Passthrough,
     /// Models, tokenize: forwarded as is.
     Plain,
 }
@@ -63,6 +96,7 @@ fn route(method: &Method, path: &str) -> Option<Route> {
         ("POST", "/v1/chat/completions") => Route::Generate { chat: true },
         ("POST", "/v1/completions") => Route::Generate { chat: false },
         ("POST", "/v1/embeddings") => Route::Embed,
+        ("POST", "/v1/responses" | "/v1/messages") => Route::Passthrough,
         ("GET", "/v1/models" | "/version") | ("POST", "/tokenize" | "/detokenize") => Route::Plain,
         _ => return None,
     })
@@ -78,11 +112,9 @@ pub(crate) async fn handle(gw: Arc<Gateway>, req: Request) -> Response {
 async fn dispatch(gw: &Arc<Gateway>, req: Request) -> Response {
     let started = Instant::now();
     let path = req.uri().path().to_string();
-    let Some(route) = route(req.method(), &path) else {
-        let msg = format!("{} {path} is not served by this endpoint", req.method());
-        return error(StatusCode::NOT_FOUND, &msg, "invalid_request_error", "not_found", None);
-    };
-    if route != Route::Health {
+    let route = route(req.method(), &path);
+    // Keys before routes: a keyless caller learns nothing, not even which paths exist.
+    if route != Some(Route::Health) {
         let auth = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         if !authorized(&gw.cfg.keys, auth) {
             gw.metrics.refused("unauthorized");
@@ -92,18 +124,25 @@ async fn dispatch(gw: &Arc<Gateway>, req: Request) -> Response {
             return error(StatusCode::UNAUTHORIZED, msg, "invalid_request_error", "invalid_api_key", None);
         }
     }
+    let Some(route) = route else {
+        let msg = format!("{} {path} is not served by this endpoint", req.method());
+        return error(StatusCode::NOT_FOUND, &msg, "invalid_request_error", "not_found", None);
+    };
     if route == Route::Metrics {
         return metrics(gw).await;
     }
     if gw.engine_state() != EngineState::Ready {
-        return unavailable(gw, "starting or restarting");
+        gw.recheck_death().await;
+        if gw.engine_state() != EngineState::Ready {
+            return unavailable(gw, "starting or restarting");
+        }
     }
     let (parts, body) = req.into_parts();
     let body = match read_capped(gw, &parts.headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    if matches!(route, Route::Generate { .. } | Route::Embed) && gw.saturated() {
+    if matches!(route, Route::Generate { .. } | Route::Embed | Route::Passthrough) && gw.saturated() {
         return queue_full(gw, SlotRefusal::QueueFull);
     }
     let slot = match route {
@@ -116,14 +155,16 @@ async fn dispatch(gw: &Arc<Gateway>, req: Request) -> Response {
                 Err(r) => return r,
             }
         }
-        Route::Embed => match take_slot(gw).await {
+        Route::Embed | Route::Passthrough => match take_slot(gw).await {
             Ok(s) => Some(s),
             Err(r) => return r,
         },
         Route::Health | Route::Metrics | Route::Plain => None,
     };
     let pq = parts.uri.path_and_query().map_or(path.as_str(), |p| p.as_str()).to_string();
-    forward(gw, parts.method, &pq, &parts.headers, body, started, slot).await
+    // SSE framed (and timed) from `started`, except where the stream's protocol has no `[DONE]`.
+    let framed = (route != Route::Passthrough).then_some(started);
+    forward(gw, parts.method, &pq, &parts.headers, body, framed, slot).await
 }
 
 async fn read_capped(gw: &Gateway, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
@@ -154,8 +195,7 @@ fn bad_request(msg: &str, code: &str) -> Response {
 
 /// Count the prompt (in process or by the engine's `/tokenize`) and check it against the plan.
 async fn admission(gw: &Gateway, chat: bool, body: &Bytes) -> Result<(), Response> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| bad_request(&format!("request body is not JSON: {e}"), "invalid_json"))?;
+    let v = Value::Object(request_object(body).map_err(|(msg, code)| bad_request(&msg, code))?);
     let counts = prompt_counts(gw, chat, &v).await?;
     let max_tokens = requested_max_tokens(&v);
     for n in counts {
@@ -228,6 +268,9 @@ async fn tokenize(gw: &Gateway, req: &Value) -> Result<u64, Response> {
     let status = resp.status();
     let bytes = resp.bytes().await.map_err(|_| unavailable(gw, "its /tokenize answer was cut"))?;
     if !status.is_success() {
+        if let Some(r) = engine_verdict(gw, status.as_u16(), &bytes) {
+            return Err(r);
+        }
         // The engine's own verdict on the request (bad model, bad messages): passed on as is.
         let mut r = Response::new(Body::from(bytes));
         *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -268,7 +311,7 @@ async fn forward(
     path_query: &str,
     headers: &HeaderMap,
     body: Bytes,
-    started: Instant,
+    framed: Option<Instant>,
     slot: Option<InFlight>,
 ) -> Response {
     let url = format!("{}{path_query}", gw.cfg.upstream);
@@ -283,18 +326,31 @@ async fn forward(
         Err(_) => return unavailable(gw, "it did not answer"),
     };
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let mut out_headers = HeaderMap::new();
-    for (k, v) in resp.headers() {
-        if !DROP.contains(&k.as_str()) {
-            out_headers.append(k.clone(), v.clone());
-        }
-    }
     let sse = resp
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("text/event-stream"));
-    let body = if sse { sse_body(gw.clone(), resp, started, slot) } else { plain_body(resp, slot) };
+    let mut out_headers = HeaderMap::new();
+    for (k, v) in resp.headers() {
+        // A plain body is passed on byte for byte: its length stays what the engine said.
+        if !DROP.contains(&k.as_str()) || (!sse && k == header::CONTENT_LENGTH) {
+            out_headers.append(k.clone(), v.clone());
+        }
+    }
+    let small = resp.content_length().is_some_and(|n| n <= MAX_ERROR_BODY as u64);
+    let body = if let (true, Some(started)) = (sse, framed) {
+        sse_body(gw.clone(), resp, started, slot)
+    } else if status.is_server_error() && small {
+        // A short error body: read for what it means (an engine death, vLLM's own overload).
+        let Ok(bytes) = resp.bytes().await else { return unavailable(gw, "its answer was cut") };
+        if let Some(r) = engine_verdict(gw, status.as_u16(), &bytes) {
+            return r;
+        }
+        Body::from(bytes)
+    } else {
+        plain_body(resp, slot)
+    };
     let mut r = Response::new(body);
     *r.status_mut() = status;
     *r.headers_mut() = out_headers;
@@ -329,5 +385,7 @@ mod tests {
         assert_eq!(route(&Method::POST, "/detokenize"), Some(Route::Plain));
         assert_eq!(route(&Method::POST, "/version"), None);
         assert_eq!(route(&Method::GET, "/v1/internal"), None);
+        assert_eq!(route(&Method::POST, "/v1/responses"), Some(Route::Passthrough));
+        assert_eq!(route(&Method::POST, "/v1/messages"), Some(Route::Passthrough));
     }
 }

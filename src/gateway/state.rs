@@ -2,14 +2,15 @@
 //! in-flight accounting for the drain.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::config::GatewayConfig;
 use super::count::Counter;
 use super::metrics::Metrics;
+use super::restart::Timing;
 
 /// What the gateway knows about the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +106,8 @@ pub struct Gateway {
     /// engine is first ready (a model made on the first start); `Err` = why the engine's
     /// `/tokenize` counts instead.
     counter: OnceLock<Result<Arc<Counter>, String>>,
+    /// Boot timing (for `Retry-After`) and the engine-death latch.
+    timing: Mutex<Timing>,
 }
 
 impl Gateway {
@@ -135,6 +138,7 @@ impl Gateway {
             idle: Notify::new(),
             cut: watch::channel(false).0,
             counter: OnceLock::new(),
+            timing: Mutex::new(Timing::new(initial, Instant::now())),
         });
         if matches!(gw.cfg.counter, Some(Ok(_))) || initial == EngineState::Ready {
             gw.load_counter();
@@ -177,11 +181,56 @@ impl Gateway {
         let _ = self.state.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
             (EngineState::of(cur) != EngineState::Draining).then_some(s.code())
         });
+        self.with_timing(|t| t.observe(s, Instant::now()));
     }
 
+    fn with_timing<T>(&self, f: impl FnOnce(&mut Timing) -> T) -> T {
+        // A poisoned lock only means another thread panicked mid-update: the timing stays usable.
+        f(&mut self.timing.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// The engine's state as the gateway answers for it: the supervisor's, or `Unavailable`
+    /// while an engine error has shown the engine died and the supervisor has not said so yet.
     #[must_use]
     pub fn engine_state(&self) -> EngineState {
-        EngineState::of(self.state.load(Ordering::SeqCst))
+        match EngineState::of(self.state.load(Ordering::SeqCst)) {
+            EngineState::Ready if self.with_timing(|t| t.dead()) => EngineState::Unavailable,
+            s => s,
+        }
+    }
+
+    /// An engine error said the engine core died: unavailable at once (503 + Retry-After) until
+    /// the supervisor's restart has made it ready again, or its `/health` answers 200.
+    pub(crate) fn engine_died(&self) {
+        self.with_timing(|t| t.died(Instant::now()));
+    }
+
+    /// `Retry-After` seconds for a 503 while the engine is unavailable: the last boot's duration
+    /// less the time this restart has already taken (the configured value when unknown).
+    #[must_use]
+    pub fn retry_after_s(&self) -> u64 {
+        self.with_timing(|t| t.retry_after(Instant::now(), self.cfg.retry_after_s))
+    }
+
+    /// With a latched death and the supervisor still saying ready: ask the engine's `/health`
+    /// (at most once a second); a 200 means it was no death, and the latch is cleared.
+    pub(crate) async fn recheck_death(&self) {
+        let due = self.with_timing(|t| {
+            let now = Instant::now();
+            let due = t.dead() && t.probed.is_none_or(|p| now.duration_since(p) >= Duration::from_secs(1));
+            if due {
+                t.probed = Some(now);
+            }
+            due
+        });
+        if !due || EngineState::of(self.state.load(Ordering::SeqCst)) != EngineState::Ready {
+            return;
+        }
+        let url = format!("{}/health", self.cfg.upstream);
+        let ok = self.client.get(url).timeout(Duration::from_secs(1)).send().await.is_ok_and(|r| r.status() == 200);
+        if ok {
+            self.with_timing(Timing::alive);
+        }
     }
 
     /// Requests holding an engine slot.

@@ -4,7 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,11 @@ pub struct Seen {
     pub plain: AtomicUsize,
     /// Streams whose body was dropped before it ended (the client went away).
     pub dropped: AtomicUsize,
+    /// The engine core "died" (a completion with `"fail": "engine_dead"`): /health answers 503,
+    /// as vLLM's does after an `EngineDeadError`.
+    pub dead: AtomicBool,
+    /// Requests to /v1/responses and /v1/messages.
+    pub passthrough: AtomicUsize,
 }
 
 pub struct DropGuard(Arc<Seen>, bool);
@@ -104,10 +109,65 @@ pub async fn chat(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
 pub async fn plain(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
     let v: Value = serde_json::from_slice(&body).unwrap();
     seen.plain.fetch_add(1, Ordering::SeqCst);
+    if let Some(r) = vllm_failure(&seen, &v) {
+        return r;
+    }
     let guard = DropGuard(seen, false);
     tokio::time::sleep(Duration::from_millis(v["delay_ms"].as_u64().unwrap_or(0))).await;
     guard.ended();
     json_resp(&json!({"object": "list", "data": [{"embedding": [0.5, 0.25]}], "answered": true}))
+}
+
+/// vLLM's own error answers, by the request's `fail`: `engine_dead` (500, `EngineDeadError`;
+/// /health then answers 503 unless `keep_health`), `max_num_queued_reqs` / `max_num_queued_tokens`
+/// (503, `QueueOverflowError` / `MaxQueuedTokensError`), `internal` (a plain 500).
+pub fn vllm_failure(seen: &Seen, v: &Value) -> Option<Response> {
+    let (status, message, kind) = match v["fail"].as_str()? {
+        "engine_dead" => {
+            if v["keep_health"] != json!(true) {
+                seen.dead.store(true, Ordering::SeqCst);
+            }
+            (500, "EngineCore encountered an issue. See stack trace (above) for the root cause.", "InternalServerError")
+        }
+        "max_num_queued_reqs" => (
+            503,
+            "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.",
+            "Service Unavailable",
+        ),
+        "max_num_queued_tokens" => (
+            503,
+            "The engine has reached its prefill token backlog limit. Please try again later or on a different instance.",
+            "Service Unavailable",
+        ),
+        _ => (500, "Internal server error", "InternalServerError"),
+    };
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": status}});
+    let mut r = json_resp(&body);
+    *r.status_mut() = axum::http::StatusCode::from_u16(status).unwrap();
+    Some(r)
+}
+
+async fn health(State(seen): State<Arc<Seen>>) -> Response {
+    let status = if seen.dead.load(Ordering::SeqCst) { 503 } else { 200 };
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = axum::http::StatusCode::from_u16(status).unwrap();
+    r
+}
+
+/// /v1/responses and /v1/messages: three events with no `[DONE]` (as those APIs end), then EOF.
+async fn passthrough(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
+    seen.passthrough.fetch_add(1, Ordering::SeqCst);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    let events =
+        ["event: start\ndata: {}\n\n", "event: delta\ndata: {\"text\": \"hi\"}\n\n", "event: stop\ndata: {}\n\n"];
+    if v["stream"] == json!(true) {
+        let s = futures_util::stream::iter(events.map(|e| Ok::<_, std::io::Error>(Bytes::from(e))));
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .body(Body::from_stream(s))
+            .unwrap();
+    }
+    json_resp(&json!({"object": "response", "echo": v}))
 }
 
 pub async fn upstream_on(listener: TcpListener) -> Arc<Seen> {
@@ -118,7 +178,9 @@ pub async fn upstream_on(listener: TcpListener) -> Arc<Seen> {
         .route("/v1/completions", post(plain))
         .route("/v1/embeddings", post(plain))
         .route("/v1/models", get(|| async { json_resp(&json!({"object": "list", "data": [{"id": "m"}]})) }))
-        .route("/health", get(|| async { "" }))
+        .route("/v1/responses", post(passthrough))
+        .route("/v1/messages", post(passthrough))
+        .route("/health", get(health))
         .route("/metrics", get(|| async { "vllm:num_requests_running 0\n" }))
         .with_state(seen.clone());
     tokio::spawn(async move {
