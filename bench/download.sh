@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Download speed: `spark-kit download` vs `hf download --max-workers 8` (huggingface_hub CLI from
-# the engine venv) against the fake Hub capped at 50 MB/s per connection, in one run.
+# the engine venv) against the fake Hub capped at 50 MB/s per connection, in one run. Then two
+# more pairs on the same files: the Xet path — spark-kit (model.transport: xet) vs `hf download`
+# with hf_xet (tests/xet-venv.sh) against the test Hub's CAS (examples/test_hub) — and the bridge
+# path against nginx with `limit_rate` per connection (skipped with a note when nginx is absent;
+# `apt install nginx`).
 #   bash bench/download.sh            # 4 files x 512 MiB (needs ~6.5 GiB free in $TMPDIR)
 #   FILES=4 SIZE_MIB=512 RATE=50000000 JOBS=16 bash bench/download.sh
 # Prints both times to a complete verified cache and, last, the ratio hf / spark-kit.
@@ -18,14 +22,18 @@ PROFILE=${PROFILE:-release}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/spark-kit-bench-dl.XXXXXX")
 hub_pid=""
+xhub_pid=""
+nginx_pid=""
 cleanup() {
   touch "$work/stop" 2>/dev/null || true
   if [ -n "$hub_pid" ]; then wait "$hub_pid" 2>/dev/null || true; fi
+  if [ -n "$xhub_pid" ]; then kill "$xhub_pid" 2>/dev/null || true; wait "$xhub_pid" 2>/dev/null || true; fi
+  if [ -n "$nginx_pid" ]; then kill "$nginx_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-need=$(( FILES * SIZE_MIB * 3 + 256 ))
+need=$(( FILES * SIZE_MIB * 8 + 256 ))
 avail=$(( $(df -Pm "$work" | awk 'NR==2 {print $4}') ))
 if [ "$avail" -lt "$need" ]; then
   echo "bench: need ${need} MiB free in $work, have ${avail} MiB" >&2; exit 1
@@ -35,6 +43,7 @@ flag=""; [ "$PROFILE" = release ] && flag="--release"
 echo "bench: building ($PROFILE)" >&2
 cargo build -q $flag --bin spark-kit
 cargo test -q $flag --no-run --test download_bench_hub 2>/dev/null
+cargo build -q $flag --example test_hub
 bin="${CARGO_TARGET_DIR:-target}/$PROFILE/spark-kit"
 venv=$("$bin" setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
 hf="$venv/bin/hf"
@@ -105,3 +114,102 @@ echo "hf download: downloaded in ${hf_dl} s, + hf cache verify = verified in ${h
 echo "load average during the run: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs"
 echo "hf download only / spark-kit verified = $(python3 -c "print(f'{$hf_dl/$sk_total:.2f}')")x; hf verified (page cache) / spark-kit = $(python3 -c "print(f'{$hf_verified_cached/$sk_total:.2f}')")x"
 echo "ratio (hf time-to-verified / spark-kit time-to-verified): $(python3 -c "print(f'{$hf_verified/$sk_total:.2f}')")x"
+
+
+# ---- The Xet path: both clients against the test Hub's CAS (xet-core's local CAS server, the
+# files put in by hf-xet's upload path), no rate cap: the clients' own throughput.
+secs() { python3 -c "print(f'{$2-$1:.2f}')"; }
+# wait_endpoint NAME: the test Hub's endpoint once $work/NAME-endpoint exists.
+wait_endpoint() {
+  for _ in $(seq 1 3000); do [ -s "$work/$1-endpoint" ] && break; sleep 0.2; done
+  [ -s "$work/$1-endpoint" ] || { echo "bench: test Hub did not start" >&2; cat "$work/$1-hub.log" >&2; exit 1; }
+  cat "$work/$1-endpoint"
+}
+# sk_download ENDPOINT KIT TAG: spark-kit download from a cold page cache; prints
+# "transfer_seconds seconds xet_files fetched_bytes process_seconds".
+sk_download() {
+  sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || true
+  local t0 t1
+  t0=$(now)
+  HF_ENDPOINT="$1" "$bin" download --kit "$2" --jobs "$JOBS" --json --quiet > "$work/$3.json"
+  t1=$(now)
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('%.2f %.2f %d %d %.2f' % (j['transfer_seconds'], j['seconds'], j['xet_files'], j['fetched_bytes'], $t1-$t0))" "$work/$3.json"
+}
+xpy=$(bash tests/xet-venv.sh)
+xhf="$(dirname "$xpy")/hf"
+test_hub="${CARGO_TARGET_DIR:-target}/$PROFILE/examples/test_hub"
+echo "bench: test Hub with the CAS (uploading the files through hf-xet)" >&2
+"$test_hub" "$work/files" --repo bench-org/model --endpoint-file "$work/xet-endpoint" > "$work/xet-hub.log" 2>&1 &
+xhub_pid=$!
+xendpoint=$(wait_endpoint xet)
+sed -e "s#  revision: main#  revision: main\n  transport: xet#" -e "s#$work/sk-#$work/skx-#g" "$work/kit.yaml" > "$work/kit-xet.yaml"
+read -r skx_transfer skx_verified skx_xet _ skx_total < <(sk_download "$xendpoint" "$work/kit-xet.yaml" skx)
+rm -rf "$work/skx-cache"
+t0=$(now)
+HF_ENDPOINT="$xendpoint" HF_HOME="$work/hfx-home" HF_HUB_CACHE="$work/hfx-cache" HF_HUB_DISABLE_TELEMETRY=1 \
+  HF_HUB_DISABLE_PROGRESS_BARS=1 "$xhf" download bench-org/model --max-workers 8 --quiet > /dev/null 2>"$work/hfx.log"
+t1=$(now)
+( cd "$work/hfx-cache/models--bench-org--model/snapshots/"*/ && sha256sum -- * ) > "$work/hfx.sums"
+sync
+t2=$(now)
+( cd "$work/files" && sha256sum -- * ) | diff -q - "$work/hfx.sums" > /dev/null || { echo "bench: hf (Xet) bytes differ" >&2; exit 1; }
+hfx_dl=$(secs "$t0" "$t1")
+hfx_verified=$(secs "$t0" "$t2")
+total_mb=$(python3 -c "print($FILES*$SIZE_MIB*1048576/1e6)")
+echo "xet: $FILES x $SIZE_MIB MiB from the local CAS, spark-kit --jobs $JOBS (model.transport: xet, $skx_xet Xet files), hf download --max-workers 8 with hf_xet"
+echo "xet spark-kit: downloaded in ${skx_transfer} s, verified in ${skx_verified} s (process ${skx_total} s, $(python3 -c "print(f'{$total_mb/$skx_total:.0f}')") MB/s)"
+echo "xet hf download: downloaded in ${hfx_dl} s, + sha256sum + sync = verified on disk in ${hfx_verified} s ($(python3 -c "print(f'{$total_mb/$hfx_verified:.0f}')") MB/s)"
+echo "xet ratio (hf time-to-verified / spark-kit time-to-verified): $(python3 -c "print(f'{$hfx_verified/$skx_total:.2f}')")x"
+kill "$xhub_pid" 2>/dev/null || true; wait "$xhub_pid" 2>/dev/null || true; xhub_pid=""
+
+# ---- The bridge path against a real HTTP server: nginx serving the files by sha256 with
+# `limit_rate` per connection; the test Hub's `resolve` redirects there.
+if ! command -v nginx > /dev/null; then
+  echo "nginx: not installed (apt install nginx); the bridge-vs-nginx pair is skipped"
+  exit 0
+fi
+mkdir -p "$work/bridge" "$work/nginx"
+chmod a+rx "$work" "$work/files" "$work/bridge" # nginx's workers run as another user
+for f in "$work/files"/*; do ln -s "$f" "$work/bridge/$(sha256sum "$f" | cut -d' ' -f1)"; done
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat > "$work/nginx/nginx.conf" <<NGINX
+worker_processes 2;
+daemon off;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/error.log;
+events { worker_connections 256; }
+http {
+  access_log off;
+  sendfile on;
+  client_body_temp_path $work/nginx; proxy_temp_path $work/nginx; fastcgi_temp_path $work/nginx;
+  uwsgi_temp_path $work/nginx; scgi_temp_path $work/nginx;
+  server {
+    listen 127.0.0.1:$port;
+    location /xet-bridge/ { alias $work/bridge/; limit_rate $RATE; }
+  }
+}
+NGINX
+nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" &
+nginx_pid=$!
+"$test_hub" "$work/files" --repo bench-org/model --no-xet --bridge "http://127.0.0.1:$port" \
+  --endpoint-file "$work/ngx-endpoint" > "$work/ngx-hub.log" 2>&1 &
+xhub_pid=$!
+nendpoint=$(wait_endpoint ngx)
+sed -e "s#$work/sk-#$work/skn-#g" "$work/kit.yaml" > "$work/kit-ngx.yaml"
+read -r skn_transfer skn_verified _ skn_bytes skn_total < <(sk_download "$nendpoint" "$work/kit-ngx.yaml" skn)
+rm -rf "$work/skn-cache"
+t0=$(now)
+HF_ENDPOINT="$nendpoint" HF_HUB_CACHE="$work/hfn-cache" HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 \
+  HF_HUB_DISABLE_XET=1 "$hf" download bench-org/model --max-workers 8 --quiet > /dev/null 2>"$work/hfn.log"
+t1=$(now)
+HF_ENDPOINT="$nendpoint" HF_HUB_DISABLE_TELEMETRY=1 "$hf" cache verify bench-org/model --cache-dir "$work/hfn-cache" > "$work/hfnv.log" 2>&1
+sync
+t2=$(now)
+grep -q "All checksums match" "$work/hfnv.log" || { echo "bench: hf cache verify (nginx) failed" >&2; cat "$work/hfnv.log" >&2; exit 1; }
+hfn_dl=$(secs "$t0" "$t1")
+hfn_verified=$(secs "$t0" "$t2")
+link=$(python3 -c "print($JOBS*$RATE)")
+echo "nginx: limit_rate $RATE B/s per connection; spark-kit --jobs $JOBS (link rate $JOBS x limit = $(python3 -c "print(f'{$link/1e6:.0f}')") MB/s), hf --max-workers 8"
+echo "nginx spark-kit: downloaded in ${skn_transfer} s, verified in ${skn_verified} s (process ${skn_total} s); fraction of the link rate: $(python3 -c "print(f'{$skn_bytes/$skn_transfer/$link:.2f}')"); verified/downloaded: $(python3 -c "print(f'{$skn_verified/$skn_transfer:.3f}')")"
+echo "nginx hf download: downloaded in ${hfn_dl} s, + hf cache verify + sync = verified on disk in ${hfn_verified} s"
+echo "nginx ratio (hf time-to-verified / spark-kit time-to-verified): $(python3 -c "print(f'{$hfn_verified/$skn_total:.2f}')")x"

@@ -60,13 +60,18 @@ pub fn self_exe() -> std::io::Result<PathBuf> {
     }
 }
 
+/// Environment pairs as `main` hands them in, from literals (unit tests' shorthand).
+#[cfg(test)]
+#[must_use]
+pub fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect()
-    }
+    use pairs as env;
 
     #[test]
     fn cache_precedence_and_tilde() {

@@ -207,7 +207,7 @@ pub const VARS: &[EnvVar] = &[
         "SPARK_EXL3_MOE_COOP",
         &[Overlay],
         "overlay exl3.backends.select",
-        "`0`: EXL3 MoE calls of <= 8 rows use the sorted `exl3_moe` kernels, not exllamav3's decode kernel",
+        "EXL3 MoE calls of up to 64 rows: `1` exllamav3's decode kernel (launches of up to 42 rows); `own` spark-kit's own decode kernel at 1-4 rows (exllamav3's where it cannot run); `0` the sorted `exl3_moe` kernels",
         "`1`",
     ),
     var(

@@ -39,16 +39,40 @@ fn kit_file(dir: &Path, name: &str, image: &str) -> PathBuf {
     p
 }
 
-fn run(args: &[&str], kit: &Path, host: &str, cache: &Path) -> (Option<i32>, String) {
-    let out = spark_kit()
-        .env("DOCKER_HOST", host)
-        .env("SPARK_KIT_CACHE", cache)
-        .args(args)
-        .arg("--kit")
-        .arg(kit)
-        .output()
-        .unwrap();
-    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+/// One test's image (imported on the shared daemon), kit file and cache.
+struct Case {
+    d: &'static docker::Daemon,
+    image: &'static str,
+    id: String,
+    dir: tempfile::TempDir,
+    kit: PathBuf,
+}
+
+impl Case {
+    fn new(made: &docker::TestImage, image: &'static str, kit_name: &str) -> Self {
+        let d = docker::daemon().unwrap();
+        let id = d.import(made, image, None);
+        let dir = tempfile::tempdir().unwrap();
+        let kit = kit_file(dir.path(), kit_name, image);
+        Self { d, image, id, dir, kit }
+    }
+
+    fn cache(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+
+    /// `spark-kit <args> --kit <kit>` against the test daemon: exit code, stdout + stderr.
+    fn run(&self, args: &[&str]) -> (Option<i32>, String) {
+        let out = spark_kit()
+            .env("DOCKER_HOST", &self.d.host)
+            .env("SPARK_KIT_CACHE", self.cache())
+            .args(args)
+            .arg("--kit")
+            .arg(&self.kit)
+            .output()
+            .unwrap();
+        (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    }
 }
 
 #[test]
@@ -56,14 +80,9 @@ fn the_dev_image_fails_preflight_and_up_before_anything_starts() {
     if skip("the_dev_image_fails_preflight") {
         return;
     }
-    let d = docker::daemon().unwrap();
-    let image = "spark-kit-test/vllm-dev:1";
-    let id = d.import(&docker::VLLM_DEV, image, None);
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache");
-    let kit = kit_file(dir.path(), "vllm-dev-test", image);
-
-    let (code, text) = run(&["preflight"], &kit, &d.host, &cache);
+    let c = Case::new(&docker::VLLM_DEV, "spark-kit-test/vllm-dev:1", "vllm-dev-test");
+    let (image, id) = (c.image, &c.id);
+    let (code, text) = c.run(&["preflight"]);
     assert_ne!(code, Some(0), "{text}");
     let short = &id.trim_start_matches("sha256:")[..12];
     let want = format!(
@@ -76,20 +95,21 @@ fn the_dev_image_fails_preflight_and_up_before_anything_starts() {
 
     // Read once per image id: the node keeps it under <cache>/image-vllm/<id>, and later
     // preflights take it from there (a changed entry shows through).
-    let cached = cache.join("image-vllm").join(id.trim_start_matches("sha256:"));
+    let cached = c.cache().join("image-vllm").join(id.trim_start_matches("sha256:"));
     assert_eq!(std::fs::read_to_string(&cached).unwrap(), "0.1.dev20904+g179dd0fa9");
     std::fs::write(&cached, "0.33.0").unwrap();
-    let (_, text) = run(&["preflight"], &kit, &d.host, &cache);
+    let (_, text) = c.run(&["preflight"]);
     assert!(text.contains(&format!("vLLM 0.33.0 in image {image} ({short}); the kit pins 0.34.0")), "{text}");
     std::fs::remove_file(&cached).unwrap();
 
     // `up` stops at the same check, before anything is synced or started.
-    let (code, text) = run(&["up"], &kit, &d.host, &cache);
+    let (code, text) = c.run(&["up"]);
     assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("==> engine: vLLM 0.34.0 (docker runtime, image spark-kit-test/vllm-dev:1)"), "{text}");
     assert!(text.contains(&want), "{text}");
     assert!(!text.contains("==> weights"), "nothing synced:\n{text}");
     // (The other test's `docker run --rm` probes may come and go on the shared daemon.)
-    let ours = d.ok(&["ps", "-a", "--filter", "label=spark-kit.kit=vllm-dev-test", "--format", "{{.Names}}"]);
+    let ours = c.d.ok(&["ps", "-a", "--filter", "label=spark-kit.kit=vllm-dev-test", "--format", "{{.Names}}"]);
     assert!(ours.trim().is_empty(), "no container of the kit started: {ours}");
 }
 
@@ -98,26 +118,21 @@ fn the_first_passing_preflight_records_the_image_id_and_a_changed_image_then_fai
     if skip("the_first_passing_preflight_records") {
         return;
     }
-    let d = docker::daemon().unwrap();
-    let image = "spark-kit-test/vllm-release:1";
-    let id = d.import(&docker::VLLM_RELEASE, image, None);
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache");
-    let kit = kit_file(dir.path(), "vllm-image-test", image);
-
-    let (code, text) = run(&["preflight"], &kit, &d.host, &cache);
+    let c = Case::new(&docker::VLLM_RELEASE, "spark-kit-test/vllm-release:1", "vllm-image-test");
+    let (image, id) = (c.image, c.id.clone());
+    let (code, text) = c.run(&["preflight"]);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains(&format!("vLLM 0.34.0 in image {image}")), "{text}");
-    let lock_path = dir.path().join("data/vllm-image-test/spark-kit.lock");
+    let lock_path = c.dir.path().join("data/vllm-image-test/spark-kit.lock");
     assert!(text.contains(&format!("recorded image {image} = {id} in {}", lock_path.display())), "{text}");
     let lock: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&lock_path).unwrap()).unwrap();
     assert_eq!(lock["images"][0]["id"], id.as_str());
     assert_eq!(lock["images"][0]["vllm_version"], "0.34.0");
 
     // The same tag now names another image (same files, another id).
-    let other = d.import(&docker::VLLM_RELEASE, image, Some("moved"));
+    let other = c.d.import(&docker::VLLM_RELEASE, image, Some("moved"));
     assert_ne!(other, id);
-    let (code, text) = run(&["preflight"], &kit, &d.host, &cache);
+    let (code, text) = c.run(&["preflight"]);
     assert_ne!(code, Some(0), "{text}");
     assert!(
         text.contains(&format!("image {image} on local is {other}, but {} recorded {id} for it", lock_path.display())),

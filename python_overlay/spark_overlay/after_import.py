@@ -30,6 +30,9 @@ class _Loader(importlib.abc.Loader):
     def create_module(self, spec):
         return self.inner.create_module(spec)
 
+    def __getattr__(self, attr):  # get_source, get_filename, is_package, ...: the real loader's
+        return getattr(self.inner, attr)
+
     def exec_module(self, module) -> None:
         self.inner.exec_module(module)
         with _lock:

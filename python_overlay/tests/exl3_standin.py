@@ -111,7 +111,11 @@ class StandInExt:
     def exl3_moe_coop(self, x, sel, rw, min_expert, max_expert, hi, g_t, g_su, g_sv, u_t, u_su, u_sv, d_t, d_su, d_sv,
                       g_bias, u_bias, d_bias, kg, ku, kd, mcg, mul1, act, act_limit, gated, had_g, had_u, gu_g, gu_u,
                       act_out, d_out, ctr, out, sh_out, sh_gate_w):
-        """exllamav3's decode kernel: every (token, slot) through its expert, added to `out` rows 0..bsz-1."""
+        """exllamav3's decode kernel: every (token, slot) through its expert, summed and stored in `out` rows 0..bsz-1.
+
+        The real kernel stores every row (its last-arriving block writes the row's sum), so whatever
+        `out` held before is overwritten; rows past bsz are left alone.
+        """
         with kernel_body():
             _check(x.dtype == torch.float16 and sel.dtype == torch.int64 and rw.dtype == torch.float16, "coop dtypes")
             _check(sel.is_contiguous() and rw.is_contiguous() and sel.shape == rw.shape, "sel/rw (bsz, topk)")
@@ -127,16 +131,19 @@ class StandInExt:
             _check(ctr.dtype == torch.int32 and ctr.numel() >= ctr_len and not ctr.any(), "coop counters (zeroed)")
             cb = "mcg" if mcg else "mul1"
             lo = 0 if min_expert < 0 else min_expert
-            for t in range(bsz):
-                for j in range(top_k):
-                    e = int(sel[t, j]) - lo
-                    if min_expert >= 0 and not 0 <= e < max_expert - min_expert:
-                        continue
-                    xs = x[t:t + 1].float()
-                    g = xs @ self._weight(int(g_t[e]), int(g_su[e]), int(g_sv[e]), cb)
-                    u = xs @ self._weight(int(u_t[e]), int(u_su[e]), int(u_sv[e]), cb)
-                    h = (torch.nn.functional.silu(g) * u).to(torch.float16).float()
-                    out[t] += float(rw[t, j]) * (h @ self._weight(int(d_t[e]), int(d_su[e]), int(d_sv[e]), cb))[0]
+            out[:bsz] = 0
+            local = sel.long() - lo
+            for e in sorted(set(local.reshape(-1).tolist())):  # each expert once, over all rows that picked it
+                if min_expert >= 0 and not 0 <= e < max_expert - min_expert:
+                    continue
+                picked = local == e
+                rows = picked.any(-1)
+                xs = x[rows].float()
+                g = xs @ self._weight(int(g_t[e]), int(g_su[e]), int(g_sv[e]), cb)
+                u = xs @ self._weight(int(u_t[e]), int(u_su[e]), int(u_sv[e]), cb)
+                h = (torch.nn.functional.silu(g) * u).to(torch.float16).float()
+                wts = (rw.float() * picked).sum(-1)[rows]
+                out[:bsz][rows] += wts[:, None] * (h @ self._weight(int(d_t[e]), int(d_su[e]), int(d_sv[e]), cb))
             self.launches.append({"coop": True, "bsz": bsz, "experts": []})
 
     def exl3_moe_max_concurrency(self, device: int) -> int:

@@ -86,6 +86,10 @@ def test_select_backend_and_switches():
     assert select.backend(True) == "cuda" and select.backend(False) == "cpu"
     assert select.moe_coop({}) is True
     assert select.moe_coop({"SPARK_EXL3_MOE_COOP": "0"}) is False
-    with pytest.raises(Exl3FormatError, match="SPARK_EXL3_MOE_COOP='yes' is not 0 or 1"):
+    with pytest.raises(Exl3FormatError, match="SPARK_EXL3_MOE_COOP='yes' is not 0, 1 or own"):
         select.moe_coop({"SPARK_EXL3_MOE_COOP": "yes"})
+    assert select.moe_decode({}) == "exllamav3"
+    assert select.moe_decode({"SPARK_EXL3_MOE_COOP": "own"}) == "own"
+    assert select.moe_coop({"SPARK_EXL3_MOE_COOP": "own"}) is True
+    assert select.moe_decode({"SPARK_EXL3_MOE_COOP": "0"}) == "off"
     assert select.SWITCHES == ("SPARK_EXL3_MOE_COOP",)

@@ -36,12 +36,16 @@ pub fn download_jobs(v: &str) -> Result<usize, FlagError> {
     }
 }
 
-/// `download --range-size`: a byte size of at least 4 KiB.
+/// `download --range-size`: a byte size of at least 4 KiB and at most 10 GB (one range is one
+/// reconstruction request on the Xet path: the protocol recommends batches of at most 10 GB).
 pub fn range_size(v: &str) -> Result<ByteSize, FlagError> {
     const HINT: &str = "use e.g. 32MiB (the default)";
     let b: ByteSize = v.parse().map_err(|e| refuse(format!("--range-size: {e}"), HINT))?;
     if b.bytes() < 4 * KIB {
         return Err(refuse("--range-size is below 4KiB".into(), HINT));
+    }
+    if b.bytes() > 10_000_000_000 {
+        return Err(refuse("--range-size is above 10GB (the largest Xet reconstruction batch)".into(), HINT));
     }
     Ok(b)
 }
@@ -182,6 +186,8 @@ mod tests {
         assert_eq!(download_jobs("x").unwrap_err().message, "--jobs x: not a whole number");
         assert_eq!(range_size("32MiB").unwrap().bytes(), 32 << 20);
         assert_eq!(range_size("1").unwrap_err().message, "--range-size is below 4KiB");
+        assert_eq!(range_size("10GB").unwrap().bytes(), 10_000_000_000);
+        assert!(range_size("10GiB").unwrap_err().message.starts_with("--range-size is above 10GB"));
         assert!(idle_timeout("0").is_err() && retries("0").is_err() && retries("2") == Ok(2));
         assert_eq!(bench_timeout("0").unwrap_err().message, "--timeout 0: must be a positive number of seconds");
         assert!(bench_timeout("inf").is_err() && bench_timeout("1.5") == Ok(1.5));

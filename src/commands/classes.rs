@@ -40,31 +40,17 @@ impl Classified for FrontError {}
 impl Classified for ControlError {}
 
 // Configuration errors: the kit or a flag names something that cannot work.
-impl Classified for BudgetError {
-    fn exit_code(&self) -> ExitCode {
-        ExitCode::Usage
-    }
+macro_rules! usage {
+    ($($t:ty),+) => {$(
+        impl Classified for $t {
+            fn exit_code(&self) -> ExitCode {
+                ExitCode::Usage
+            }
+        }
+    )+};
 }
-impl Classified for KeysError {
-    fn exit_code(&self) -> ExitCode {
-        ExitCode::Usage
-    }
-}
-impl Classified for PortError {
-    fn exit_code(&self) -> ExitCode {
-        ExitCode::Usage
-    }
-}
-impl Classified for ConfigError {
-    fn exit_code(&self) -> ExitCode {
-        ExitCode::Usage
-    }
-}
-impl Classified for RecipeError {
-    fn exit_code(&self) -> ExitCode {
-        ExitCode::Usage
-    }
-}
+usage!(BudgetError, KeysError, PortError, ConfigError, RecipeError);
+
 impl Classified for KitError {
     fn exit_code(&self) -> ExitCode {
         ExitCode::Usage

@@ -29,6 +29,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let gw_line = up_gateway::summary(&gw_cfg, gw_note.as_deref());
     let front = Front::start(gw_cfg)?;
     UpLines.line(&gw_line);
+    UpLines.line(&format!("==> engine: {}", s.kit.engine_line()));
     let handles = Handles::new(&s.kit).with_front(front);
     signals::forward_to(Arc::clone(&handles.stop)).map_err(|e| Failure::runtime_error(&e))?;
     serve(&s.socket, handles.clone()).map_err(|e| {

@@ -72,9 +72,7 @@ pub fn snapshot(hf_cache: &Path, repo: &str, revision: &str) -> Option<PathBuf> 
 mod tests {
     use super::*;
 
-    fn e(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect()
-    }
+    use crate::dirs::pairs as e;
 
     #[test]
     fn cache_location_precedence() {

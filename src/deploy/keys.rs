@@ -69,34 +69,21 @@ pub fn api_keys(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Vec<
     Ok(keys)
 }
 
-/// The first API key of `engine.api_keys` (what the node's probes and the engine itself use).
-pub fn api_key(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Option<String>, KeysError> {
-    Ok(api_keys(kit, env, dirs)?.into_iter().next())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn kit_with(port: u32, internal: u32) -> Kit {
-        let mut k = crate::kit::builtin_kit("tiny-cpu");
-        k.engine.port = port;
-        k.engine.internal_port = internal;
-        k
-    }
 
     #[test]
     fn every_key_from_the_variable_and_the_file() {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("keys");
         std::fs::write(&f, "\n  file-a  \nfile-b\n\n").unwrap();
-        let mut k = kit_with(8000, 0);
+        let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.api_keys.env = Some("K".into());
         k.engine.api_keys.file = Some(f.display().to_string());
         let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
         let env = vec![("K".to_string(), "env-a, env-b,".to_string())];
         assert_eq!(api_keys(&k, &env, &dirs).unwrap(), ["env-a", "env-b", "file-a", "file-b"]);
-        assert_eq!(api_key(&k, &env, &dirs).unwrap().as_deref(), Some("env-a"));
         k.engine.api_keys.env = None;
         assert_eq!(api_keys(&k, &[], &dirs).unwrap(), ["file-a", "file-b"]);
         k.engine.api_keys.env = Some("K".into());
@@ -115,7 +102,7 @@ mod tests {
     fn a_named_variable_that_is_unset_or_empty_fails_closed() {
         let d = tempfile::tempdir().unwrap();
         let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
-        let mut k = kit_with(8000, 0);
+        let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.api_keys.env = Some("GW_KEYS".into());
         for (env, how) in [
             (vec![], "not set"),
@@ -132,7 +119,6 @@ mod tests {
                 "{msg}"
             );
             assert!(msg.contains("export GW_KEYS=<key>") && msg.contains("remove engine.api_keys.env"), "{msg}");
-            assert!(api_key(&k, &env, &dirs).is_err(), "the engine's own key fails closed too");
         }
         // The variable set: its keys, even with a file beside it that is fine.
         let env = vec![("GW_KEYS".to_string(), "a".to_string())];
@@ -145,7 +131,7 @@ mod tests {
         let f = d.path().join("keys");
         std::fs::write(&f, "\n   \n").unwrap();
         let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
-        let mut k = kit_with(8000, 0);
+        let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.api_keys.file = Some(f.display().to_string());
         let e = api_keys(&k, &[], &dirs).unwrap_err();
         assert_eq!(e, KeysError::EmptyFile { path: f.display().to_string() });

@@ -103,9 +103,7 @@ impl Deployment {
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())).collect()
-    }
+    use crate::dirs::pairs as env;
 
     #[test]
     fn every_path_follows_this_nodes_home() {

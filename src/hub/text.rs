@@ -82,6 +82,9 @@ pub fn summary(s: &Summary, lock: &Path) -> String {
     if s.repaired_files > 0 {
         parts.push(format!("{} cached file(s) failed the re-hash, moved aside and fetched again", s.repaired_files));
     }
+    if s.xet_files > 0 {
+        parts.push(format!("{} through the Xet protocol", s.xet_files));
+    }
     let _ = writeln!(
         t,
         "{} files in {}: {}; fetched {} in {:.1} s ({}), resumed {}, {} retries",

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spark_overlay import exl3  # noqa: E402
 from spark_overlay.exl3.backends import moe_schedule  # noqa: E402
 from spark_overlay.exl3.backends.cuda_backend import Exl3CudaMoE, Exl3CudaShards  # noqa: E402
+from spark_overlay.exl3.backends.cuda_decode.coop_rows import CoopRows  # noqa: E402
 from spark_overlay.exl3.backends.cuda_moe_fused import Exl3FusedMoE, shared_buffers  # noqa: E402
 from spark_overlay.exl3.format.shards import ShardSpec, rank_part  # noqa: E402
 
@@ -126,6 +127,20 @@ def rel(a, b):
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
 
 
+def reference(full, dense: dict, x, w, ids) -> torch.Tensor:
+    """The unsplit float32 CPU reference of the layer for these rows (experts decoded once into `dense`)."""
+    xf = x.float().cpu()
+    ref = torch.zeros(x.shape[0], HIDDEN)
+    for e in sorted(set(ids.reshape(-1).tolist())):
+        if e not in dense:
+            dense[e] = {sid: exl3.full_weight(*(full[e][sid][k].cpu() for k in ("trellis", "suh", "svh")), "mul1")
+                        for sid in ("w1", "w3", "w2")}
+        d = dense[e]
+        we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
+        ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
+    return ref
+
+
 def accuracy(ext, results):
     gen = torch.Generator(device="cuda").manual_seed(5)
     full = full_experts(EXPERTS, gen, "cuda")
@@ -134,15 +149,7 @@ def accuracy(ext, results):
     rows = []
     for tokens in (4, 16, 100):
         x, w, ids = routing(tokens, gen, only=8)
-        xf = x.float().cpu()
-        ref = torch.zeros(tokens, HIDDEN)
-        for e in sorted(set(ids.reshape(-1).tolist())):
-            if e not in dense:
-                dense[e] = {sid: exl3.full_weight(*(full[e][sid][k].cpu() for k in ("trellis", "suh", "svh")), "mul1")
-                            for sid in ("w1", "w3", "w2")}
-            d = dense[e]
-            we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
-            ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
+        ref = reference(full, dense, x, w, ids)
         y = sum(layer(x, w, ids).float().cpu() for layer in ranks)
         loop = sum(layer.loop(x, w, ids).float().cpu() for layer in ranks)
         rows.append({"tokens": tokens, "experts_used": len(set(ids.reshape(-1).tolist())),
@@ -199,18 +206,30 @@ def host_scheduled(layer: Exl3FusedMoE, rows=256):
 
 
 def coop_direct(layer: Exl3FusedMoE):
-    """Anchor (b) at <= 8 rows: exllamav3's decode kernel called directly, as its module's run_bszN does."""
-    c, t = layer.coop, layer.tables
+    """Anchor (b) at <= 8 rows: exllamav3's decode kernel called directly, as its module's run_bszN does
+    (8-row scratch and output, routing weights converted to fp16, nothing else)."""
     k = float(K_ROUTED)
+    rows = CoopRows(layer.ext, layer.tables, (k, k, k), False, True, HIDDEN, layer.inter, layer.top_k, 8,
+                    layer.device, layer.prefix)
+    out = torch.empty(8, HIDDEN, dtype=torch.float32, device=layer.device)
 
     def run(x, w, ids):
-        layer.ext.exl3_moe_coop(x, ids, w.half(), -1, -1, HIDDEN, t["w1_trellis"], t["w1_suh"], t["w1_svh"],
-                                t["w3_trellis"], t["w3_suh"], t["w3_svh"], t["w2_trellis"], t["w2_suh"], t["w2_svh"],
-                                None, None, None, k, k, k, False, True, 0, 0.0, True, c["had_g"], c["had_u"],
-                                c["gu_g"], c["gu_u"], c["act"], c["d_out"], c["ctr"], c["out"], None, None)
-        return c["out"][: x.shape[0]]
+        rows.launch(x, ids, w.half(), out)
+        return out[: x.shape[0]]
 
     return run
+
+
+def host_sync(fn, args) -> str:
+    """"none" when fn(*args) runs under torch.cuda.set_sync_debug_mode("error"), else the start of the error."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn(*args)
+        return "none"
+    except RuntimeError as err:
+        return str(err)[:200]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def moe(ext, results):
@@ -231,14 +250,7 @@ def moe(ext, results):
         sets = [routing(tokens, gen) for _ in range(ROTATE)]
         active = sum(len(set(ids.reshape(-1).tolist())) for _, _, ids in sets) / ROTATE
         row = {"tokens": tokens, "active_experts_mean": active, "trellis_bytes_mean": active * tbytes}
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            fused(*sets[0])
-            row["fused_host_sync"] = "none"
-        except RuntimeError as err:
-            row["fused_host_sync"] = str(err)[:200]
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        row["fused_host_sync"] = host_sync(fused, sets[0])
         row["a_vs_b_max_rel"] = rel(fused(*sets[0]), anchor(*sets[0]))
         row["a_vs_c_max_rel"] = rel(fused(*sets[0]), loop(*sets[0]))
         it = 20 if tokens < 1536 else 3
@@ -370,7 +382,8 @@ def load_extension(args):
     return build_extension(args.wheel, args.scratch)[0]
 
 
-def main() -> int:
+def arguments() -> argparse.Namespace:
+    """The command line of the MoE scripts: --wheel, --out, --scratch, --skip, --prebuilt."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--wheel", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -379,7 +392,28 @@ def main() -> int:
     parser.add_argument("--prebuilt", type=Path, help="an exllamav3_ext .so built by an earlier run (no JIT build)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    skip = set(filter(None, args.skip.split(",")))
+    return args
+
+
+def run_steps(steps, skip: str, results: dict, out: Path, after) -> None:
+    """Each (name, fn) not in `skip`, timed, its failure recorded (the others still run); results to `out` after each."""
+    skipped = set(filter(None, skip.split(",")))
+    for name, fn in steps:
+        if name in skipped:
+            continue
+        t = time.time()
+        try:
+            fn()
+        except Exception as err:  # keep what the other steps measured
+            results[f"{name}_error"] = f"{type(err).__name__}: {err}"
+            log(f"step {name} failed: {err!r}")
+        results[f"{name}_s"] = round(time.time() - t, 1)
+        after(results)
+        out.write_text(json.dumps(results, indent=1))
+
+
+def main() -> int:
+    args = arguments()
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                "tiers": [t.__dict__ for t in moe_schedule.tiers(16, MAX_ROWS, True)]}
     t = time.time()
@@ -387,18 +421,9 @@ def main() -> int:
     build_s = time.time() - t
     results["build_s"] = round(build_s, 1)
     log(f"exllamav3_ext ready in {build_s:.0f} s on {results['gpu']}")
-    for name, fn in (("accuracy", accuracy), ("moe", moe), ("linears", linears)):
-        if name in skip:
-            continue
-        t = time.time()
-        try:
-            fn(ext, results)
-        except Exception as err:  # keep what the other steps measured
-            results[f"{name}_error"] = f"{type(err).__name__}: {err}"
-            log(f"step {name} failed: {err!r}")
-        results[f"{name}_s"] = round(time.time() - t, 1)
-        estimate(results)
-        (args.out / "results-moe.json").write_text(json.dumps(results, indent=1))
+    steps = [(name, lambda fn=fn: fn(ext, results)) for name, fn in (("accuracy", accuracy), ("moe", moe),
+                                                                     ("linears", linears))]
+    run_steps(steps, args.skip, results, args.out / "results-moe.json", estimate)
     acc = results.get("accuracy_tp2", {}).get("rows", [])
     ok = acc and all(r["fused_vs_ref_max_rel"] <= 2e-3 for r in acc) and not any(k.endswith("_error") for k in results)
     log("OK" if ok else "FAILED")

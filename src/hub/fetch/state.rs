@@ -53,7 +53,10 @@ pub(super) struct Shared {
 impl Shared {
     /// The Xet source of this repo download (its token route comes from the first Xet file).
     pub(super) fn xet_source(&self, x: &XetRef) -> &XetSource {
-        self.xet.get_or_init(|| XetSource::new(x.token_url.clone(), self.client.auth_header(), self.scratch.clone()))
+        // The Hub token goes to the Hub's own origin only (the token route is there).
+        let on_hub = x.token_url.starts_with(&format!("{}/", self.client.endpoint()));
+        let auth = if on_hub { self.client.auth_header() } else { None };
+        self.xet.get_or_init(|| XetSource::new(x.token_url.clone(), auth, self.scratch.clone()))
     }
 
     pub(super) fn fail(&self, e: HubError) {

@@ -9,6 +9,13 @@ buffer) before any CUDA graph is captured. A call is then sync-free: routing on
 the device (`moe_schedule.route`), launches from shapes only
 (`moe_schedule.plan`), output accumulated by the kernel in float32.
 
+Calls of up to `moe_schedule.DECODE_MAX_ROWS` rows (decode, speculation) take
+a decode kernel instead, chosen by `select.moe_decode()`: exllamav3's
+`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`), or at
+1..4 rows spark-kit's own kernel (`cuda_decode.own`), which falls back to
+exllamav3's (logged once) where it cannot take the layer and fails closed when
+its self-check disagrees with exllamav3's.
+
 Fail closed at load, naming the tensor: a 3INST codebook (the kernel takes
 mcg/mul1), gate/up/down of an expert on different codebooks, a missing
 extension symbol or a call the extension rejects (ABI), a self-check that
@@ -27,12 +34,14 @@ from ..format.codebook import CODEBOOK_MCG, CODEBOOK_MUL1
 from ..format.errors import Exl3FormatError
 from . import moe_schedule, select
 from .cuda_backend import MOE_SHARDS, Exl3CudaMoE
+from .cuda_decode import own as own_kernel
+from .cuda_decode.coop_rows import CoopRows
 
 logger = logging.getLogger("vllm.spark_overlay.exl3")
 
 REQUIRED_SYMBOLS = ("exl3_moe", "exl3_moe_max_concurrency")
 ACT_SILU = 0  # MOE_ACT_SILU in exllamav3's exl3_moe_common.cuh (and MOE_COOP_ACT_SILU)
-COOP_ROWS = 8  # exllamav3's MAX_BSZN: its decode kernel (exl3_moe_coop) takes up to 8 token rows
+COOP_ROWS = 8  # exllamav3's MAX_BSZN: its own module calls exl3_moe_coop at up to 8 token rows
 SELF_CHECK_TOLERANCE = 1e-2  # fused vs loop, max |dy| / max |y| (both fp16 GEMMs, different order)
 
 _buffers: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -100,9 +109,11 @@ class Exl3FusedMoE:
         self.buffers = shared_buffers(self.device, rows, self.hidden, self.inter)
         self.buffer_bytes = rows * 2 * (2 * self.hidden + 2 * self.inter)
         self.top_k = max(1, min(int(top_k), self.num_local))
-        self.coop = self._coop_scratch()
+        self.coop = self._coop()
+        self.own = self._own()
         if self_check:
             self.check_against_loop()
+            self.check_own()
 
     # -- load ------------------------------------------------------------------------------
 
@@ -145,8 +156,8 @@ class Exl3FusedMoE:
                 tables[f"{sid}_{kind}"] = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
         return tables
 
-    def _coop_scratch(self) -> dict | None:
-        """Scratch of exllamav3's decode kernel (exl3_moe_coop) for <= 8 rows, or None where it does not apply.
+    def _coop(self) -> CoopRows | None:
+        """exllamav3's decode kernel (exl3_moe_coop) for calls up to DECODE_MAX_ROWS, or None where it does not apply.
 
         It takes one bit width for gate and up and one launch for the layer (a single K group), reads
         the top-k ids directly (no sort) and keeps its own self-resetting completion counters.
@@ -158,36 +169,59 @@ class Exl3FusedMoE:
         cb, kg, ku, kd = self.groups[0][:4]
         if kg != ku:
             return None
-        slots = COOP_ROWS * self.top_k
-        h, i, dev = self.hidden, self.inter, self.device
-        ctr_len = slots * (i // 128) + COOP_ROWS * (h // 128) + 2 + (slots + 1) + slots  # exl3_moe_coop_ctr_len
-        half = {"dtype": torch.float16, "device": dev}
-        return {
-            "had_g": torch.empty(slots, h, **half), "had_u": torch.empty(slots, h, **half),
-            "gu_g": torch.empty(slots, i, **half), "gu_u": torch.empty(slots, i, **half),
-            "act": torch.empty(slots, i, **half), "d_out": torch.empty(slots, h, dtype=torch.float32, device=dev),
-            "ctr": torch.zeros(ctr_len, dtype=torch.int32, device=dev),
-            "out": torch.zeros(COOP_ROWS, h, dtype=torch.float32, device=dev),
-            "slots": slots,
-        }
+        return CoopRows(self.ext, self.tables, (float(kg), float(ku), float(kd)), cb == CODEBOOK_MCG,
+                        cb == CODEBOOK_MUL1, self.hidden, self.inter, self.top_k,
+                        moe_schedule.decode_chunk(self.top_k), self.device, self.prefix)
+
+    def _own(self) -> own_kernel.OwnDecodeMoE | None:
+        """spark-kit's own decode kernel for 1..8 rows when the switch asks for it and it can take the layer."""
+        if self.coop is None or select.moe_decode() != select.DECODE_OWN:
+            return None
+        why = own_kernel.supports(self.groups, self.top_k) or (None if self.device.type == "cuda" else "not a CUDA device")
+        if why is None:
+            try:
+                return own_kernel.OwnDecodeMoE(self.tables, int(self.groups[0][1]), self.hidden, self.inter,
+                                               self.num_local, self.top_k, self.device)
+            except (Exl3FormatError, OSError) as err:  # no nvcc, a failed build, a library that does not load
+                why = str(err)
+        logger.warning("exl3: %s: own decode kernel not used (%s); exllamav3's decode kernel", self.prefix, why)
+        return None
+
+    def check_own(self) -> None:
+        """The own kernel vs exllamav3's decode kernel at every row count it takes; fail closed on a disagreement."""
+        if self.own is None:
+            return
+        gen = torch.Generator(device=self.device).manual_seed(2)
+        experts = self.groups[0][-1]
+        for rows in (*range(1, own_kernel.ROWS + 1), 1):
+            ids = self_check_ids(experts, self.num_local, self.top_k, rows).to(self.device)
+            x = torch.randn(rows, self.hidden, generator=gen, device=self.device).to(torch.float16)
+            w = torch.softmax(torch.randn(rows, self.top_k, generator=gen, device=self.device), -1)
+            err = max_rel(self.own(x, w, ids), self.coop(x, w, ids, torch.float32))
+            if not err <= SELF_CHECK_TOLERANCE:
+                raise Exl3FormatError(
+                    f"{self.loop.layers[experts[0]]['w1'].name}: spark-kit's own decode kernel disagrees with "
+                    f"exllamav3's on this layer at {rows} rows (max rel diff {err:.2e} > {SELF_CHECK_TOLERANCE}); "
+                    f"unset {select.MOE_COOP_ENV} to use exllamav3's"
+                )
 
     def check_against_loop(self) -> None:
         """Fused vs loop on rows that reach every tier of every expert group; primes each kernel instance."""
         gen = torch.Generator(device=self.device).manual_seed(1)
         top_k = self.top_k
         cases = [(group[-1], min(70, self.max_rows)) for group in self.groups]
-        if self.coop is not None:  # the decode kernel at every row count it takes, twice (counters reset)
-            cases += [(self.groups[0][-1], n) for n in (*range(1, COOP_ROWS + 1), 1)]
+        if self.coop is not None:  # the decode path: 1..8 rows, twice at 1 (counters reset), across launch bounds
+            chunk = self.coop.chunk
+            rows = (*range(1, COOP_ROWS + 1), 1, chunk, chunk + 1, moe_schedule.DECODE_MAX_ROWS)
+            cases += [(self.groups[0][-1], n) for n in sorted(set(rows), key=rows.index)
+                      if n <= moe_schedule.DECODE_MAX_ROWS]
         for experts, rows in cases:
             ids = self_check_ids(experts, self.num_local, top_k, rows)
             tokens = ids.shape[0]
             x = torch.randn(tokens, self.hidden, generator=gen, device=self.device).to(torch.float16)
             w = torch.softmax(torch.randn(tokens, top_k, generator=gen, device=self.device), -1)
             ids = ids.to(self.device)
-            got = self(x, w, ids).float()
-            want = self.loop(x, w, ids).float()
-            scale = float(want.abs().max()) or 1.0
-            err = float((got - want).abs().max()) / scale
+            err = max_rel(self(x, w, ids), self.loop(x, w, ids))
             if not err <= SELF_CHECK_TOLERANCE:
                 raise Exl3FormatError(
                     f"{self.loop.layers[experts[0]]['w1'].name}: exllamav3's fused MoE kernel disagrees with exl3_gemm "
@@ -210,6 +244,9 @@ class Exl3FusedMoE:
                 logger.warning("exl3: %s: fused MoE kernel not used (%s); per-expert loop", self.prefix, self.fallback)
             return self.loop(x, topk_weights, topk_ids, expert_map, weight_on_input)
         tokens, top_k = topk_ids.shape
+        decode = expert_map is None and top_k <= self.top_k and 0 < tokens <= moe_schedule.DECODE_MAX_ROWS
+        if decode and self.own is not None and tokens <= own_kernel.SERVE_ROWS and not weight_on_input:
+            return self.own(x, topk_weights, topk_ids)  # reads and writes x's dtype: no conversion kernels
         x16 = x.reshape(tokens, self.hidden).to(torch.float16)
         if weight_on_input:
             if top_k != 1:
@@ -217,8 +254,8 @@ class Exl3FusedMoE:
             x16 = (x16.float() * topk_weights.float()).to(torch.float16)
             topk_weights = torch.ones_like(topk_weights)
         x16 = x16.contiguous()
-        if self.coop is not None and 0 < tokens <= COOP_ROWS and expert_map is None and top_k <= self.top_k:
-            return self._coop(x16, topk_weights, topk_ids).to(x.dtype)
+        if decode and self.coop is not None:
+            return self.coop(x16, topk_weights, topk_ids, x.dtype)
         out = torch.zeros(tokens, self.hidden, dtype=torch.float32, device=x.device)
         for start, stop in moe_schedule.chunks(tokens, self.max_rows):
             if stop == start:
@@ -230,23 +267,6 @@ class Exl3FusedMoE:
                     self._launch(x16[start:stop], out[start:stop], count, token_sorted, weight_sorted, cb, (kg, ku, kd),
                                  launch)
         return out.to(x.dtype)
-
-    def _coop(self, x16, topk_weights, topk_ids) -> torch.Tensor:
-        """exllamav3's decode kernel: every (token, expert) slot, two launches, no sort."""
-        c, t = self.coop, self.tables
-        cb, kg, ku, kd = self.groups[0][:4]
-        c["out"].zero_()
-        try:
-            self.ext.exl3_moe_coop(
-                x16, topk_ids.long().contiguous(), topk_weights.to(torch.float16).contiguous(), -1, -1, self.hidden,
-                t["w1_trellis"], t["w1_suh"], t["w1_svh"], t["w3_trellis"], t["w3_suh"], t["w3_svh"],
-                t["w2_trellis"], t["w2_suh"], t["w2_svh"], None, None, None, float(kg), float(ku), float(kd),
-                cb == CODEBOOK_MCG, cb == CODEBOOK_MUL1, ACT_SILU, 0.0, True,
-                c["had_g"], c["had_u"], c["gu_g"], c["gu_u"], c["act"], c["d_out"], c["ctr"], c["out"], None, None,
-            )
-        except TypeError as err:  # pybind: the installed extension takes other arguments
-            raise Exl3FormatError(f"{self.prefix}: exl3_moe_coop rejected the call ({err}); extension ABI mismatch") from err
-        return c["out"][: x16.shape[0]].clone()
 
     def _launch(self, x16, out, count, token_sorted, weight_sorted, cb, ks, launch) -> None:
         tier = launch.tier
@@ -267,6 +287,13 @@ class Exl3FusedMoE:
             )
         except TypeError as err:  # pybind: the installed extension takes other arguments
             raise Exl3FormatError(f"{self.prefix}: exl3_moe rejected the call ({err}); extension ABI mismatch") from err
+
+
+def max_rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want| in float32 (a self-check's measure; 0 when both are zero)."""
+    got, want = got.float(), want.float()
+    scale = float(want.abs().max()) or 1.0
+    return float((got - want).abs().max()) / scale
 
 
 def self_check_ids(experts: list[int], num_local: int, top_k: int, tokens: int) -> torch.Tensor:

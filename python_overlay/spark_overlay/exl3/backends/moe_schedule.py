@@ -18,6 +18,8 @@ Everything here is plain torch on whatever device the inputs live on:
                     launches for every input of that size
     chunks(...)     token ranges of at most `max_rows` (a calls' expert count can
                     never exceed its token count: top-k experts are distinct)
+    decode_chunk()  rows of one decode-kernel launch (exl3_moe_coop) at a top-k:
+                    calls up to DECODE_MAX_ROWS take that kernel in such chunks
 
 CPU tests drive these with a stand-in kernel (python_overlay/tests/exl3_standin.py).
 """
@@ -33,6 +35,13 @@ M_TILES_MUL1 = ((1, 16, 16), (17, 32, 32), (33, 64, 64))
 # Expert groups the tier above 64 rows runs at once (each up to 32 SMs wide); its rows are the
 # largest call (vLLM's max_num_batched_tokens), so its buffers are the big ones.
 WIDE_GROUPS = 4
+# exllamav3's decode kernel (exl3_moe_coop) takes up to 256 (row, pick) slots per launch (its
+# MAX_SLOTS), grouping an expert's rows into runs of 8 that share one weight decode. Measured on an
+# H200 (python_overlay/tests/gpu/exl3_moe_decode.py): one launch per 42 rows at top-6 beats 8-row
+# chunks and the sorted tiers up to 64 rows (729 / 1221 / 2418 us at 16 / 32 / 64 rows against
+# 1580 / 2620 / 4103 for the tiers); above 64 rows the tiers are kept (not measured).
+DECODE_SLOTS = 256
+DECODE_MAX_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,11 @@ def plan(tokens: int, top_k: int, num_local: int, layer_tiers: tuple[Tier, ...])
 def chunks(tokens: int, max_rows: int) -> list[tuple[int, int]]:
     """[start, stop) ranges of at most max_rows tokens covering 0..tokens."""
     return [(s, min(s + max_rows, tokens)) for s in range(0, tokens, max_rows)] or [(0, 0)]
+
+
+def decode_chunk(top_k: int) -> int:
+    """Rows per decode-kernel launch: as many as its slots allow (42 at top-6, 32 at top-8)."""
+    return max(1, DECODE_SLOTS // max(1, top_k))
 
 
 def route(

@@ -8,9 +8,13 @@ reads the environment.
 
 Switches (registered in src/envvars.rs):
 
-    SPARK_EXL3_MOE_COOP   "0": MoE calls of <= 8 rows take the sorted exl3_moe
-                          kernels instead of exllamav3's decode kernel
-                          exl3_moe_coop; default "1"
+    SPARK_EXL3_MOE_COOP   which kernel takes MoE calls of up to 64 rows (decode,
+                          speculation): "1" (default) exllamav3's decode kernel
+                          exl3_moe_coop in chunks of up to 42 rows; "own":
+                          spark-kit's own decode kernel at 1..4 rows
+                          (backends/cuda_decode, MUL1, K 2..6; other layers and
+                          5..64 rows keep exllamav3's); "0": the sorted exl3_moe
+                          kernels at every size
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from ..format.errors import Exl3FormatError
 CPU, CUDA = "cpu", "cuda"
 MOE_COOP_ENV, MOE_COOP_DEFAULT = "SPARK_EXL3_MOE_COOP", "1"
 SWITCHES = (MOE_COOP_ENV,)
+DECODE_OFF, DECODE_EXLLAMAV3, DECODE_OWN = "off", "exllamav3", "own"
+_DECODE_VALUES = {"0": DECODE_OFF, "1": DECODE_EXLLAMAV3, "own": DECODE_OWN}
 
 
 def backend(on_cuda: bool) -> str:
@@ -30,12 +36,17 @@ def backend(on_cuda: bool) -> str:
     return CUDA if on_cuda else CPU
 
 
-def moe_coop(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether <= 8-row MoE calls may use exllamav3's decode kernel (exl3_moe_coop)."""
+def moe_decode(env: Mapping[str, str] = os.environ) -> str:
+    """The decode kernel of MoE calls up to 64 rows: "exllamav3" (default), "own" or "off" (sorted tiers)."""
     raw = env.get(MOE_COOP_ENV, MOE_COOP_DEFAULT)
-    if raw not in ("0", "1"):
-        raise Exl3FormatError(f"{MOE_COOP_ENV}={raw!r} is not 0 or 1")
-    return raw == "1"
+    if raw not in _DECODE_VALUES:
+        raise Exl3FormatError(f"{MOE_COOP_ENV}={raw!r} is not 0, 1 or own")
+    return _DECODE_VALUES[raw]
+
+
+def moe_coop(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether MoE calls up to 64 rows may use a decode kernel (exllamav3's, or the own one with it as fallback)."""
+    return moe_decode(env) != DECODE_OFF
 
 
 def cuda_extension():

@@ -1,0 +1,506 @@
+// spark-kit's own EXL3 MoE decode kernels (1-8 token rows, MUL1 codebook), plus the cold-read
+// floor kernel the GPU bench times beside them. Plain CUDA, no torch headers: the launchers are
+// extern "C", take raw device pointers and a stream, and return the launch's cudaError_t, so the
+// overlay loads the library with ctypes (loader.py) and CUDA graphs capture the launches.
+//
+// One MoE layer call, slots = rows x top_k (row r, pick k; expert e = ids[r, k]):
+//   rot_in   warp per (slot, 128-chunk, gate/up): xh = H128(x * suh) / sqrt(128), fp32
+//   gemv     block per (slot, projection, 32 output columns, k-part): W_hat decoded in registers
+//            from the trellis (MUL1: state * 0x83DCD12D, byte sum by dp4a, one fp32 FMA to the
+//            codebook's affine value), CUDA-core FMAs for every row that picked the expert. The
+//            block of a slot whose expert an earlier slot also picked exits: the first one takes
+//            all rows of that expert, so each expert's weights are decoded once per call.
+//   mid      warp per (slot, 128-chunk): sum of k-parts, H128 * svh for gate and up,
+//            silu(g) * u, * down suh, H128 -> down input
+//   gemv     (down) as above on the down input
+//   out      warp per (row, 128-chunk): per pick H128 * svh, * routing weight, summed in pick
+//            order, written in the output dtype (f32 / f16 / bf16): no conversion kernels around
+//
+// Tile bitstream, element order and codebook: docs/exl3-overlay.md and the format notes
+// (W = diag(suh) H W_hat H diag(svh); 16x16 tiles, tensor-core element order; MUL1).
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr float R_SCALE = 0.088388347648f;  // 1 / sqrt(128)
+constexpr uint32_t MUL1_MULT = 0x83DCD12Du;
+// fp32 bits of 2^23 + 1024: the dp4a byte sum b lands in the mantissa, value 2^23 + 1024 + b
+constexpr uint32_t MUL1_BIAS_BITS = 0x4B000000u + 1024u;
+// value = (1024 + b) * S + O (S = fp16 0x1EEE, O = fp16 0xC931) = f * S + (O - 2^23 * S), exact in fp32
+constexpr float MUL1_S = 0.00676727294921875f;
+constexpr float MUL1_C = -56778.3828125f;
+
+enum Dtype { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
+
+__device__ __forceinline__ float load_as_float(const void* p, int64_t i, int dt)
+{
+    if (dt == DT_F16) return __half2float(((const half*) p)[i]);
+    if (dt == DT_BF16) return __bfloat162float(((const __nv_bfloat16*) p)[i]);
+    return ((const float*) p)[i];
+}
+
+__device__ __forceinline__ void store_from_float(void* p, int64_t i, int dt, float v)
+{
+    if (dt == DT_F16) ((half*) p)[i] = __float2half_rn(v);
+    else if (dt == DT_BF16) ((__nv_bfloat16*) p)[i] = __float2bfloat16_rn(v);
+    else ((float*) p)[i] = v;
+}
+
+__device__ __forceinline__ int expert_of(const void* ids, int ids64, int slot)
+{
+    return ids64 ? (int) ((const int64_t*) ids)[slot] : ((const int32_t*) ids)[slot];
+}
+
+// 128-point Sylvester Hadamard over a warp, 4 consecutive elements per lane, scaled by 1/sqrt(128)
+__device__ __forceinline__ void had128(float& v0, float& v1, float& v2, float& v3, int lane)
+{
+    float a = v0 + v1, b = v0 - v1, c = v2 + v3, d = v2 - v3;
+    v0 = a + c; v1 = b + d; v2 = a - c; v3 = b - d;
+    #pragma unroll
+    for (int m = 1; m < 32; m <<= 1)
+    {
+        const float o0 = __shfl_xor_sync(0xffffffffu, v0, m);
+        const float o1 = __shfl_xor_sync(0xffffffffu, v1, m);
+        const float o2 = __shfl_xor_sync(0xffffffffu, v2, m);
+        const float o3 = __shfl_xor_sync(0xffffffffu, v3, m);
+        const bool hi = lane & m;
+        v0 = hi ? o0 - v0 : v0 + o0;
+        v1 = hi ? o1 - v1 : v1 + o1;
+        v2 = hi ? o2 - v2 : v2 + o2;
+        v3 = hi ? o3 - v3 : v3 + o3;
+    }
+    v0 *= R_SCALE; v1 *= R_SCALE; v2 *= R_SCALE; v3 *= R_SCALE;
+}
+
+struct MoeArgs
+{
+    const void* x; int x_dt;           // [bsz, H]
+    const void* ids; int ids64;        // [bsz, topk] local expert ids (outside [0, n_local): skipped)
+    const void* w; int w_dt;           // [bsz, topk] routing weights
+    void* out; int out_dt;             // [bsz, H]
+    int bsz, topk, H, I, n_local;
+    const int64_t* tables;             // 9 x n_local pointers: g/u/d x trellis/suh/svh
+    float* xh;                         // [slots, 2, H]
+    float* gu;                         // [parts_a, slots, 2, I]
+    float* ah;                         // [slots, I]
+    float* dd;                         // [parts_b, slots, H]
+    int parts_a, parts_b;
+};
+
+__device__ __forceinline__ const void* table(const MoeArgs& a, int proj, int kind, int e)
+{
+    return (const void*) a.tables[(proj * 3 + kind) * a.n_local + e];
+}
+
+__global__ void rot_in_kernel(const MoeArgs a)
+{
+    const int lane = threadIdx.x & 31;
+    const int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int chunks = a.H >> 7;
+    const int slots = a.bsz * a.topk;
+    if (item >= slots * chunks * 2) return;
+    const int proj = item & 1;
+    const int chunk = (item >> 1) % chunks;
+    const int slot = (item >> 1) / chunks;
+    const int e = expert_of(a.ids, a.ids64, slot);
+    if (e < 0 || e >= a.n_local) return;
+    const half* suh = (const half*) table(a, proj, 1, e);
+    const int row = slot / a.topk;
+    const int col = chunk * 128 + lane * 4;
+    float v[4];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        v[i] = load_as_float(a.x, (int64_t) row * a.H + col + i, a.x_dt) * __half2float(suh[col + i]);
+    had128(v[0], v[1], v[2], v[3], lane);
+    float4* dst = (float4*) (a.xh + ((size_t) slot * 2 + proj) * a.H + col);
+    *dst = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// GEMV over one projection for every row that picked the item's expert.
+// Block: 8 warps = 2 n-tiles (16 columns each) x 4 k-warps; item: (slot, proj, n-group, k-part).
+template <int K, int NR, int U, int D>
+__device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
+{
+    constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int n_in = down ? a.I : a.H;
+    const int n_out = down ? a.H : a.I;
+    const int nproj = down ? 1 : 2;
+    const int groups = n_out >> 5;
+    const int parts = down ? a.parts_b : a.parts_a;
+    int b = item;
+    const int part = b % parts; b /= parts;
+    const int group = b % groups; b /= groups;
+    const int proj_i = b % nproj;
+    const int slot = b / nproj;
+    const int slots = a.bsz * a.topk;
+    const int proj = down ? 2 : proj_i;
+
+    // Rows of this expert (the first slot that picked it takes them all)
+    __shared__ int sh_slot[NR];
+    __shared__ int sh_n;
+    __shared__ float sh_red[4][NR][32];
+    const int e = expert_of(a.ids, a.ids64, slot);
+    if (e < 0 || e >= a.n_local) return;
+    if (warp == 0)
+    {
+        int n = 0;
+        bool first = true;
+        for (int base = 0; base < slots; base += 32)
+        {
+            const int s = base + lane;
+            const bool hit = s < slots && expert_of(a.ids, a.ids64, s) == e;
+            const unsigned m = __ballot_sync(0xffffffffu, hit);
+            if (m && base + __ffs(m) - 1 < slot && n == 0) first = false;
+            if (hit)
+            {
+                const int rank = n + __popc(m & ((1u << lane) - 1));
+                if (rank < NR) sh_slot[rank] = s;
+            }
+            n += __popc(m);
+        }
+        if (lane == 0) sh_n = first ? min(n, NR) : 0;
+    }
+    __syncthreads();
+    const int nr = sh_n;
+    if (nr == 0) return;
+
+    const uint32_t* trellis = (const uint32_t*) table(a, proj, 0, e);
+    const int ntiles_n = n_out >> 4;
+    const int ktiles = n_in >> 4;
+    const int ntile = group * 2 + (warp & 1);
+    const int kw = warp >> 1;
+    const int per_part = (ktiles + parts - 1) / parts;
+    const int k_lo = part * per_part;
+    const int k_hi = min(ktiles, k_lo + per_part);
+    const int per_warp = (k_hi - k_lo + 3) >> 2;
+    const int kb = k_lo + kw * per_warp;
+    const int ke = min(k_hi, kb + per_warp);
+
+    // This lane's bits of a tile: positions 8*lane .. 8*lane+7, windows from bit base
+    constexpr int R = 256 * K;
+    const int base = ((8 * K * lane + K - 16) % R + R) % R;
+    const int w0 = base >> 5;
+    const int w1 = (w0 + 1) % WORDS;
+    const int w2 = (w0 + 2) % WORDS;
+    const int off = base & 31;
+    const int q = lane & 3;
+
+    const float* xin[NR];
+    #pragma unroll
+    for (int r = 0; r < NR; ++r)
+    {
+        const int s = sh_slot[r < nr ? r : 0];
+        xin[r] = down ? a.ah + (size_t) s * a.I : a.xh + ((size_t) s * 2 + proj_i) * a.H;
+    }
+
+    float acc0[NR], acc1[NR];
+    #pragma unroll
+    for (int r = 0; r < NR; ++r) { acc0[r] = 0.0f; acc1[r] = 0.0f; }
+
+    // Each warp streams its k-tiles through a ring of D stages of U tiles in shared memory
+    // (cp.async, 16-byte pieces, L1 bypassed): D - 1 stages of loads stay in flight without
+    // holding registers, and the decode reads each tile's words from there.
+    constexpr int PIECES = U * WORDS / 4;  // 16-byte pieces per stage
+    __shared__ uint4 ring[8][D][PIECES];
+    const size_t tile_stride = (size_t) ntiles_n * WORDS;
+    const uint32_t* tp = trellis + (size_t) ntile * WORDS;
+    const int batches = ke > kb ? (ke - kb + U - 1) / U : 0;
+    auto issue = [&] (int batch)
+    {
+        if (batch < batches)
+        {
+            for (int i = lane; i < PIECES; i += 32)
+            {
+                const int t = kb + batch * U + i / (WORDS / 4);
+                if (t < ke)
+                {
+                    const uint4* src = (const uint4*) (tp + (size_t) t * tile_stride) + i % (WORDS / 4);
+                    const unsigned dst = (unsigned) __cvta_generic_to_shared(&ring[warp][batch % D][i]);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src));
+                }
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    #pragma unroll
+    for (int i = 0; i < D - 1; ++i) issue(i);
+    for (int batch = 0; batch < batches; ++batch)
+    {
+        issue(batch + D - 1);
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(D - 1));
+        __syncwarp();
+        const uint32_t* stage = (const uint32_t*) ring[warp][batch % D];
+        #pragma unroll
+        for (int u = 0; u < U; ++u)
+        {
+            const int kt = kb + batch * U + u;
+            if (kt >= ke) break;
+            const uint32_t* tw = stage + u * WORDS;
+            const uint32_t wa = tw[w0], wb = tw[w1], wc = tw[w2];
+            const uint32_t h0 = __funnelshift_l(wb, wa, off);
+            const uint32_t h1 = __funnelshift_l(wc, wb, off);
+            float wv[8];
+            #pragma unroll
+            for (int j = 0; j < 8; ++j)
+            {
+                const int sh = j * K;
+                uint32_t st;
+                if (sh == 0) st = h0 >> 16;
+                else if (sh < 32) st = __funnelshift_l(h1, h0, sh) >> 16;
+                else st = (h1 << (sh - 32)) >> 16;
+                const uint32_t m = st * MUL1_MULT;
+                const uint32_t f = __dp4a(m, 0x01010101u, MUL1_BIAS_BITS);
+                wv[j] = fmaf(__uint_as_float(f), MUL1_S, MUL1_C);
+            }
+            // element (r, c) of position j: r = 2q + (j & 1) + 8 * ((j >> 1) & 1), c = lane / 4 + 8 * (j >> 2)
+            const int k0 = kt * 16 + 2 * q;
+            #pragma unroll
+            for (int r = 0; r < NR; ++r)
+            {
+                if (r >= nr) break;
+                const float2 xa = __ldg((const float2*) (xin[r] + k0));
+                const float2 xb = __ldg((const float2*) (xin[r] + k0 + 8));
+                acc0[r] = fmaf(wv[0], xa.x, acc0[r]);
+                acc0[r] = fmaf(wv[1], xa.y, acc0[r]);
+                acc0[r] = fmaf(wv[2], xb.x, acc0[r]);
+                acc0[r] = fmaf(wv[3], xb.y, acc0[r]);
+                acc1[r] = fmaf(wv[4], xa.x, acc1[r]);
+                acc1[r] = fmaf(wv[5], xa.y, acc1[r]);
+                acc1[r] = fmaf(wv[6], xb.x, acc1[r]);
+                acc1[r] = fmaf(wv[7], xb.y, acc1[r]);
+            }
+        }
+        __syncwarp();
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+    // Reduce over the 4 lanes of a column (q), then over the 4 k-warps in a fixed order
+    #pragma unroll
+    for (int r = 0; r < NR; ++r)
+    {
+        acc0[r] += __shfl_xor_sync(0xffffffffu, acc0[r], 1);
+        acc0[r] += __shfl_xor_sync(0xffffffffu, acc0[r], 2);
+        acc1[r] += __shfl_xor_sync(0xffffffffu, acc1[r], 1);
+        acc1[r] += __shfl_xor_sync(0xffffffffu, acc1[r], 2);
+        if (q == 0)
+        {
+            const int c = (warp & 1) * 16 + (lane >> 2);
+            sh_red[kw][r][c] = acc0[r];
+            sh_red[kw][r][c + 8] = acc1[r];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nr * 32; i += blockDim.x)
+    {
+        const int r = i >> 5, c = i & 31;
+        const float v = sh_red[0][r][c] + sh_red[1][r][c] + sh_red[2][r][c] + sh_red[3][r][c];
+        const int s = sh_slot[r];
+        const int col = group * 32 + c;
+        if (down) a.dd[((size_t) part * slots + s) * a.H + col] = v;
+        else a.gu[(((size_t) part * slots + s) * 2 + proj_i) * a.I + col] = v;
+    }
+}
+
+// One block per item. (A persistent grid looping over items, tried to avoid the partial last
+// wave, ran gate/up 18 % slower on the H200: 64 instead of 48 registers, 4 blocks per SM instead of 5.)
+template <int K, int NR, int U, int D>
+__global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
+{
+    gemv_item<K, NR, U, D>(a, down, blockIdx.x);
+}
+
+__global__ void mid_kernel(const MoeArgs a)
+{
+    const int lane = threadIdx.x & 31;
+    const int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int chunks = a.I >> 7;
+    const int slots = a.bsz * a.topk;
+    if (item >= slots * chunks) return;
+    const int chunk = item % chunks;
+    const int slot = item / chunks;
+    const int e = expert_of(a.ids, a.ids64, slot);
+    if (e < 0 || e >= a.n_local) return;
+    const int col = chunk * 128 + lane * 4;
+    float g[4] = {0, 0, 0, 0}, u[4] = {0, 0, 0, 0};
+    for (int p = 0; p < a.parts_a; ++p)
+    {
+        const float4 gv = *(const float4*) (a.gu + (((size_t) p * slots + slot) * 2 + 0) * a.I + col);
+        const float4 uv = *(const float4*) (a.gu + (((size_t) p * slots + slot) * 2 + 1) * a.I + col);
+        g[0] += gv.x; g[1] += gv.y; g[2] += gv.z; g[3] += gv.w;
+        u[0] += uv.x; u[1] += uv.y; u[2] += uv.z; u[3] += uv.w;
+    }
+    had128(g[0], g[1], g[2], g[3], lane);
+    had128(u[0], u[1], u[2], u[3], lane);
+    const half* gs = (const half*) table(a, 0, 2, e);
+    const half* us = (const half*) table(a, 1, 2, e);
+    const half* ds = (const half*) table(a, 2, 1, e);
+    float v[4];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+    {
+        const float gg = g[i] * __half2float(gs[col + i]);
+        const float uu = u[i] * __half2float(us[col + i]);
+        v[i] = gg / (1.0f + __expf(-gg)) * uu * __half2float(ds[col + i]);
+    }
+    had128(v[0], v[1], v[2], v[3], lane);
+    *(float4*) (a.ah + (size_t) slot * a.I + col) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+constexpr int OUT_MAX_TOPK = 8;  // picks per row the out kernel takes (a warp each)
+
+// Block per (row, 128-chunk): warp k takes pick k (k-part sum, H128, * svh * routing weight) into
+// shared memory, warp 0 sums the picks in order and stores the chunk in the output dtype.
+__global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
+{
+    __shared__ float part[OUT_MAX_TOPK][128];
+    const int lane = threadIdx.x & 31;
+    const int k = threadIdx.x >> 5;
+    const int chunks = a.H >> 7;
+    const int chunk = blockIdx.x % chunks;
+    const int row = blockIdx.x / chunks;
+    const int slots = a.bsz * a.topk;
+    const int col = chunk * 128 + lane * 4;
+    if (k < a.topk)
+    {
+        const int slot = row * a.topk + k;
+        const int e = expert_of(a.ids, a.ids64, slot);
+        float v0 = 0, v1 = 0, v2 = 0, v3 = 0;
+        for (int p = 0; p < a.parts_b; ++p)
+        {
+            const float4 t = *(const float4*) (a.dd + ((size_t) p * slots + slot) * a.H + col);
+            v0 += t.x; v1 += t.y; v2 += t.z; v3 += t.w;
+        }
+        had128(v0, v1, v2, v3, lane);
+        float* dst = part[k] + lane * 4;
+        if (e >= 0 && e < a.n_local)
+        {
+            const half* svh = (const half*) table(a, 2, 2, e) + col;
+            const float rw = load_as_float(a.w, slot, a.w_dt);
+            dst[0] = rw * v0 * __half2float(svh[0]); dst[1] = rw * v1 * __half2float(svh[1]);
+            dst[2] = rw * v2 * __half2float(svh[2]); dst[3] = rw * v3 * __half2float(svh[3]);
+        }
+        else
+        {
+            dst[0] = 0; dst[1] = 0; dst[2] = 0; dst[3] = 0;
+        }
+    }
+    __syncthreads();
+    if (k == 0)
+    {
+        float o[4] = {0, 0, 0, 0};
+        for (int j = 0; j < a.topk; ++j)
+            for (int i = 0; i < 4; ++i) o[i] += part[j][lane * 4 + i];
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) store_from_float(a.out, (int64_t) row * a.H + col + i, a.out_dt, o[i]);
+    }
+}
+
+template <int K, int NR>
+cudaError_t launch_gemv(const MoeArgs& a, int down, int unroll, cudaStream_t stream)
+{
+    const int slots = a.bsz * a.topk;
+    const int nproj = down ? 1 : 2;
+    const int groups = (down ? a.H : a.I) >> 5;
+    const int parts = down ? a.parts_b : a.parts_a;
+    const int items = slots * nproj * groups * parts;
+    // unroll: 2 -> stages of 2 tiles, 4 deep; 4 -> 4 tiles, 4 deep; 8 -> 4 tiles, 8 deep (K <= 5: shared memory)
+    constexpr int DEEP = K <= 5 ? 8 : 4;
+    if (unroll >= 8) gemv_kernel<K, NR, 4, DEEP><<<items, 256, 0, stream>>>(a, down);
+    else if (unroll >= 4) gemv_kernel<K, NR, 4, 4><<<items, 256, 0, stream>>>(a, down);
+    else gemv_kernel<K, NR, 2, 4><<<items, 256, 0, stream>>>(a, down);
+    return cudaGetLastError();
+}
+
+template <int K>
+cudaError_t launch_gemv_k(const MoeArgs& a, int down, int nr, int unroll, cudaStream_t stream)
+{
+    if (nr <= 1) return launch_gemv<K, 1>(a, down, unroll, stream);
+    if (nr <= 2) return launch_gemv<K, 2>(a, down, unroll, stream);
+    if (nr <= 4) return launch_gemv<K, 4>(a, down, unroll, stream);
+    return launch_gemv<K, 8>(a, down, unroll, stream);
+}
+
+cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, int unroll, cudaStream_t stream)
+{
+    switch (k)
+    {
+        case 2: return launch_gemv_k<2>(a, down, nr, unroll, stream);
+        case 3: return launch_gemv_k<3>(a, down, nr, unroll, stream);
+        case 4: return launch_gemv_k<4>(a, down, nr, unroll, stream);
+        case 5: return launch_gemv_k<5>(a, down, nr, unroll, stream);
+        case 6: return launch_gemv_k<6>(a, down, nr, unroll, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+__global__ void floor_read_kernel(const uint4* p, size_t n16, unsigned* sink)
+{
+    unsigned acc = 0;
+    const size_t stride = (size_t) gridDim.x * blockDim.x;
+    size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride)
+    {
+        const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
+                    d = __ldcs(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n16; i += stride)
+    {
+        const uint4 a = __ldcs(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x9E3779B9u) *sink = acc;  // keeps the loads; practically never taken
+}
+
+}  // namespace
+
+extern "C" {
+
+// Supported bits per weight of the own kernel (MUL1 only); the overlay falls back to exllamav3's
+// decode kernel for anything else.
+int spark_decode_supports(int k) { return k >= 2 && k <= 6; }
+
+// One MoE layer call, 1..8 rows (bsz * topk <= 64). Scratch sizes: xh slots*2*H, gu parts_a*slots*2*I,
+// ah slots*I, dd parts_b*slots*H floats. unroll: k-tiles streamed per warp (2, 4, 8: see launch_gemv); stages: bit mask
+// of the five launches to run (31 = all; fewer only to time them one by one). Returns a cudaError_t.
+int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* out,
+                     int out_dt, int bsz, int topk, int H, int I, int n_local, const int64_t* tables, int k,
+                     float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, int stages,
+                     cudaStream_t stream)
+{
+    if (bsz < 1 || bsz > 8 || topk < 1 || topk > OUT_MAX_TOPK || H % 128 || I % 128 || !spark_decode_supports(k))
+        return (int) cudaErrorInvalidValue;
+    if (parts_a < 1 || parts_b < 1) return (int) cudaErrorInvalidValue;
+    MoeArgs a;
+    a.x = x; a.x_dt = x_dt; a.ids = ids; a.ids64 = ids64; a.w = w; a.w_dt = w_dt; a.out = out; a.out_dt = out_dt;
+    a.bsz = bsz; a.topk = topk; a.H = H; a.I = I; a.n_local = n_local; a.tables = tables;
+    a.xh = xh; a.gu = gu; a.ah = ah; a.dd = dd; a.parts_a = parts_a; a.parts_b = parts_b;
+    const int slots = bsz * topk;
+    const int warps_in = slots * (H / 128) * 2;
+    cudaError_t err = cudaSuccess;
+    if (stages & 1) rot_in_kernel<<<(warps_in + 7) / 8, 256, 0, stream>>>(a);
+    if ((err = cudaGetLastError()) != cudaSuccess) return (int) err;
+    if (stages & 2) err = launch_gemv_any(a, k, 0, bsz, unroll, stream);
+    if (err != cudaSuccess) return (int) err;
+    const int warps_mid = slots * (I / 128);
+    if (stages & 4) mid_kernel<<<(warps_mid + 7) / 8, 256, 0, stream>>>(a);
+    if ((err = cudaGetLastError()) != cudaSuccess) return (int) err;
+    if (stages & 8) err = launch_gemv_any(a, k, 1, bsz, unroll, stream);
+    if (err != cudaSuccess) return (int) err;
+    if (stages & 16) out_kernel<<<bsz * (H / 128), 32 * topk, 0, stream>>>(a);
+    return (int) cudaGetLastError();
+}
+
+// Cold read of n16 16-byte words (the bench's floor).
+int spark_floor_read(const void* p, size_t n16, unsigned* sink, int blocks, cudaStream_t stream)
+{
+    floor_read_kernel<<<blocks, 512, 0, stream>>>((const uint4*) p, n16, sink);
+    return (int) cudaGetLastError();
+}
+
+}  // extern "C"

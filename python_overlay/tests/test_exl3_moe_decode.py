@@ -1,0 +1,107 @@
+"""The decode path of the fused EXL3 MoE (issue 30), on the CPU with the stand-in kernel.
+
+Calls of up to 64 rows take exllamav3's decode kernel (`exl3_moe_coop`) in launches of as many
+rows as its 256 slots allow (`moe_schedule.decode_chunk`); `SPARK_EXL3_MOE_COOP=own` asks for
+spark-kit's own kernel at 1..8 rows, which falls back to exllamav3's where it cannot run.
+python_overlay/tests/gpu/exl3_moe_decode.py times and checks the same paths on an H200.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from exl3_standin import NoHostSync
+from spark_overlay.exl3 import Exl3FormatError
+from spark_overlay.exl3.backends import moe_schedule, select
+from spark_overlay.exl3.backends.cuda_decode import own
+from spark_overlay.exl3.backends.cuda_decode.coop_rows import CoopRows
+from test_exl3_moe_fused import EXPERTS, HIDDEN, INTER, fused_layer, pack, reference, routing
+
+
+@pytest.fixture(scope="module")
+def uniform():
+    gen = torch.Generator().manual_seed(31)
+    return [{"w1": pack(HIDDEN, INTER, 3, gen), "w3": pack(HIDDEN, INTER, 3, gen), "w2": pack(INTER, HIDDEN, 3, gen)}
+            for _ in range(EXPERTS)]
+
+
+def test_decode_chunk_is_what_the_kernels_slots_allow():
+    assert [moe_schedule.decode_chunk(k) for k in (1, 3, 6, 8, 300)] == [256, 85, 42, 32, 1]
+    assert moe_schedule.DECODE_MAX_ROWS == 64
+
+
+def coop(layer, chunk):
+    return CoopRows(layer.ext, layer.tables, (3.0, 3.0, 3.0), False, True, HIDDEN, INTER, layer.top_k, chunk,
+                    torch.device("cpu"), "model.layers.3.mlp.experts")
+
+
+@pytest.mark.parametrize("tokens,launches", [(1, [1]), (5, [5]), (13, [5, 5, 3])])
+def test_chunks_take_every_row_once_and_store_the_output(uniform, tokens, launches):
+    layer, ext = fused_layer(uniform)
+    rows = coop(layer, 5)
+    x, w, ids = routing(tokens, seed=70 + tokens)
+    ext.launches.clear()
+    with NoHostSync():
+        y = rows(x, w, ids)
+    assert [launch["bsz"] for launch in ext.launches] == launches
+    assert y.dtype == x.dtype and y.shape == (tokens, HIDDEN)
+    ref = reference(uniform, x.float(), w, ids)
+    assert (y.float() - ref).abs().max() <= 5e-3 * ref.abs().max()
+    assert rows(x, w, ids, torch.float32).dtype == torch.float32
+
+
+def test_a_chunk_beyond_the_kernels_slots_is_refused(uniform):
+    layer, _ = fused_layer(uniform)
+    with pytest.raises(ValueError, match="exceed the decode kernel's 256 slots"):
+        coop(layer, 86)  # 86 rows x top-3 = 258 slots
+
+
+def test_the_layer_routes_up_to_64_rows_through_the_decode_kernel_in_one_launch_at_top_3(uniform):
+    layer, ext = fused_layer(uniform)
+    assert layer.coop.chunk == 85 and layer.own is None
+    x, w, ids = routing(40, seed=9)
+    ext.launches.clear()
+    with NoHostSync():
+        layer(x, w, ids)
+    assert [launch.get("bsz") for launch in ext.launches] == [40]
+
+
+def test_switch_off_keeps_the_sorted_tiers(uniform, monkeypatch):
+    monkeypatch.setenv(select.MOE_COOP_ENV, "0")
+    layer, ext = fused_layer(uniform)
+    assert layer.coop is None
+    x, w, ids = routing(4, seed=2)
+    ext.launches.clear()
+    layer(x, w, ids)
+    assert ext.launches and not any(launch.get("coop") for launch in ext.launches)
+
+
+def test_own_kernel_off_cuda_falls_back_to_exllamav3s_logged(uniform, monkeypatch, caplog):
+    monkeypatch.setenv(select.MOE_COOP_ENV, "own")
+    with caplog.at_level(logging.WARNING, logger="vllm.spark_overlay.exl3"):
+        layer, ext = fused_layer(uniform)
+    assert layer.own is None and layer.coop is not None
+    assert "own decode kernel not used (not a CUDA device); exllamav3's decode kernel" in caplog.text
+    x, w, ids = routing(3, seed=4)
+    ext.launches.clear()
+    layer(x, w, ids)
+    assert [launch.get("coop") for launch in ext.launches] == [True]
+
+
+def test_own_kernel_takes_one_mul1_k_in_2_to_6():
+    experts = list(range(4))
+    assert own.supports([("mul1", 3, 3, 3, None, experts)]) is None
+    assert "codebook mcg" in own.supports([("mcg", 3, 3, 3, None, experts)])
+    assert "K 3/3/4" in own.supports([("mul1", 3, 3, 4, None, experts)])
+    assert "K 7/7/7" in own.supports([("mul1", 7, 7, 7, None, experts)])
+    assert "different bit widths" in own.supports([("mul1", 3, 3, 3, None, [0]), ("mul1", 2, 2, 2, None, [1])])
+    assert "top-9 routing" in own.supports([("mul1", 3, 3, 3, None, experts)], top_k=9)
+
+
+def test_a_bad_switch_value_fails_naming_it(uniform, monkeypatch):
+    monkeypatch.setenv(select.MOE_COOP_ENV, "fast")
+    with pytest.raises(Exl3FormatError, match="SPARK_EXL3_MOE_COOP='fast' is not 0, 1 or own"):
+        fused_layer(uniform)
