@@ -219,3 +219,37 @@ async fn responses_and_messages_pass_through() {
     assert!(g.gw.metrics_text().contains("spark_gateway_streams_cut_total 0\n"));
     until("every slot is released", || g.gw.in_flight() == 0).await;
 }
+
+/// Slow and oversized clients: a head not finished within the header timeout, and an idle
+/// keep-alive connection, are closed; a head over the size limit gets 431.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_idle_and_oversized_heads_are_cut() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (up, _seen) = upstream().await;
+    let g = gateway(&up, |c| c.header_timeout = Duration::from_millis(400)).await;
+    let addr = g.url.strip_prefix("http://").unwrap().to_string();
+    let read_all = |mut s: tokio::net::TcpStream| async move {
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        (r.is_ok(), t0.elapsed(), String::from_utf8_lossy(&out).into_owned())
+    };
+    // A head that never ends.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.unwrap();
+    let (closed, after, _) = read_all(s).await;
+    assert!(closed && after < Duration::from_secs(2), "a slow head held the connection {after:?}");
+    // An idle keep-alive connection after a full answer.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let (closed, after, text) = read_all(s).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(closed && after < Duration::from_secs(2), "an idle connection was held {after:?}");
+    // A 100 KB header.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let big = format!("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(100_000));
+    let _ = s.write_all(big.as_bytes()).await;
+    let (_, _, text) = read_all(s).await;
+    assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+}

@@ -34,6 +34,11 @@ pub struct GatewayConfig {
     pub retry_after_s: u64,
     /// Longest wait for in-flight requests when draining.
     pub drain_timeout: Duration,
+    /// Longest time a connection may take to send a request's head, from the accept or the end
+    /// of the previous response (so it also closes idle keep-alive connections).
+    pub header_timeout: Duration,
+    /// Largest request head (start line and headers), bytes: 431 above.
+    pub max_header_bytes: usize,
     pub limits: Limits,
     /// The served checkpoint's `tokenizer.json`, for counting completion prompts in process
     /// (loaded when the engine is first ready if `counter` is not already loaded).
@@ -59,6 +64,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("queue_wait", &self.queue_wait)
             .field("retry_after_s", &self.retry_after_s)
             .field("drain_timeout", &self.drain_timeout)
+            .field("header_timeout", &self.header_timeout)
+            .field("max_header_bytes", &self.max_header_bytes)
             .field("limits", &self.limits)
             .field("tokenizer", &self.tokenizer)
             .field("counter", &self.counter.as_ref().map(|c| c.as_ref().map(|_| "loaded")))
@@ -108,6 +115,8 @@ impl GatewayConfig {
             queue_wait: Duration::from_secs(30),
             retry_after_s: 5,
             drain_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(15),
+            max_header_bytes: 32 << 10,
             limits,
             tokenizer: None,
             counter: None,
