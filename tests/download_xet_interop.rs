@@ -13,11 +13,16 @@ use std::process::Command;
 use fake_hub::harness::{model_files, MODEL};
 use fake_hub::{Route, Setup};
 
+/// One worker: huggingface_hub 2.4.0 publishes to its shared blob store best-effort, and on a
+/// fresh cache its parallel workers race to mark the store (`utils/_shared_blobs.py`:
+/// `_ensure_shared_blobs_dir` deletes another worker's marker temporary), so with the default 8
+/// workers some LFS files stay plain blobs (seen in a loaded CI run: 2 of 4 shared). Serially
+/// every LFS file is published, which the layout assertions below need.
 const SNAPSHOT: &str = r#"
 import sys
 import huggingface_hub, hf_xet
 from huggingface_hub import snapshot_download
-print(snapshot_download(sys.argv[1]))
+print(snapshot_download(sys.argv[1], max_workers=1))
 print("huggingface_hub", huggingface_hub.__version__, file=sys.stderr)
 "#;
 
