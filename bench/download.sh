@@ -42,7 +42,7 @@ fi
 flag=""; [ "$PROFILE" = release ] && flag="--release"
 echo "bench: building ($PROFILE)" >&2
 cargo build -q $flag --bin spark-kit
-cargo test -q $flag --no-run --test download_bench_hub 2>/dev/null
+cargo test -q $flag --no-run --test download download_bench_hub:: 2>/dev/null
 cargo build -q $flag --example test_hub
 bin="${CARGO_TARGET_DIR:-target}/$PROFILE/spark-kit"
 venv=$("$bin" setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
@@ -55,7 +55,7 @@ for i in $(seq 1 "$FILES"); do
 done
 
 SPARK_KIT_BENCH_DIR="$work" SPARK_KIT_BENCH_RATE="$RATE" \
-  cargo test -q $flag --test download_bench_hub -- --ignored --exact serve >"$work/hub.log" 2>&1 &
+  cargo test -q $flag --test download download_bench_hub:: -- --ignored --exact serve >"$work/hub.log" 2>&1 &
 hub_pid=$!
 for _ in $(seq 1 600); do [ -s "$work/endpoint" ] && break; sleep 0.2; done
 [ -s "$work/endpoint" ] || { echo "bench: fake Hub did not start" >&2; cat "$work/hub.log" >&2; exit 1; }
