@@ -17,6 +17,8 @@
 use serde::Serialize;
 
 pub mod kv;
+pub mod long_context;
+pub mod nccl;
 mod prefill;
 pub mod reference;
 pub mod replay;
@@ -159,6 +161,9 @@ pub struct Plan {
     /// `weights_per_rank`); empty for models without such classes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dense_at_load: Vec<DenseLine>,
+    /// The 1M-token question for each KV record (kits whose model has a 1M window).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub long_context: Vec<long_context::ContextAnswer>,
 }
 
 #[allow(clippy::cast_precision_loss)]
@@ -409,6 +414,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         assumptions: base_assumptions(input),
         warnings,
         dense_at_load: Vec::new(),
+        long_context: Vec::new(),
     }
 }
 
