@@ -17,7 +17,7 @@ use crate::plan::{input_from_kit, kv, kv_tokens, nccl, plan, Assumption, DenseLi
 
 /// The band of a weight figure from modelled shapes: ±0.5 % (per mille), the tolerance the
 /// modelled DeepSeek V4.1 Flash is held to against the reference's measured 99.5 GiB/rank.
-const MODELLED_BAND_PER_MILLE: u64 = 5;
+pub(crate) const MODELLED_BAND_PER_MILLE: u64 = 5;
 
 /// Whether the kit serves the checkpoint the virtual model describes.
 #[must_use]
@@ -210,7 +210,7 @@ fn nccl_overhead(kit: &Kit, input: &mut PlanInput) -> (Vec<Assumption>, Vec<Warn
     let warn = (!m.missing.is_empty()).then(|| Warning {
         node: None,
         message: format!(
-            "NCCL pins {:.2} GiB per node at its defaults ({} unset): that memory is the KV pool's and the prefill's",
+            "NCCL pins {:.2} GiB per node at its defaults ({} unset or above the reference's value): that memory is the KV pool's and the prefill's",
             gib(m.pinned_bytes),
             m.missing.join(", ")
         ),

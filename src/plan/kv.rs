@@ -49,9 +49,11 @@ pub const fn record(dtype: KvCacheDtype, head_dim: u64, rope_head_dim: u64) -> K
             entry_bytes: fp8_ds_mla_entry(head_dim, rope_head_dim),
             page_alignment: PAGE_ALIGNMENT,
         },
-        KvCacheDtype::Nvfp4DsMla => {
-            KvRecord { dtype: "nvfp4_ds_mla", entry_bytes: nvfp4_ds_mla_entry(head_dim), page_alignment: V41_PAGE_ALIGNMENT }
-        }
+        KvCacheDtype::Nvfp4DsMla => KvRecord {
+            dtype: "nvfp4_ds_mla",
+            entry_bytes: nvfp4_ds_mla_entry(head_dim),
+            page_alignment: V41_PAGE_ALIGNMENT,
+        },
     }
 }
 

@@ -3,9 +3,26 @@
 //! of the weight band, the rule [`super::plan`] applies), the largest safe prompt, and what must
 //! change when it does not fit. Pure: it re-runs the planner on a copy of the input.
 
+use std::fmt::Write as _;
+
 use serde::Serialize;
 
 use super::{kv_block_bytes, plan, PlanInput, PromptLimit};
+use crate::kit::bytes::GIB;
+
+/// "speculation off frees ~3.5 GiB" of MemAvailable (reference-kit.md D): the one measured lever
+/// of that size short of new hardware.
+pub const SPECULATION_OFF_FREES: u64 = 3584 * crate::kit::bytes::MIB;
+
+#[allow(clippy::cast_precision_loss)]
+fn gib(b: i64) -> f64 {
+    b as f64 / GIB as f64
+}
+
+#[allow(clippy::cast_possible_wrap)]
+fn gib_u(b: u64) -> f64 {
+    gib(b as i64)
+}
 
 /// The base model's window: 1M tokens.
 pub const ONE_MILLION: u64 = 1_048_576;
@@ -75,6 +92,70 @@ pub fn answer(
     })
 }
 
+/// What must change for `a` to fit, in one line (empty when it fits).
+#[must_use]
+pub fn what_must_change(a: &ContextAnswer) -> String {
+    if a.fits {
+        return String::new();
+    }
+    if let Some(why) = &a.refused {
+        return format!("{why}: this record needs an SM100 GPU, not a memory change");
+    }
+    if a.short_by == 0 {
+        return format!("the prompt is limited by {} to {} tokens", a.limited_by.name(), a.safe_prompt);
+    }
+    let spec = if a.short_by <= SPECULATION_OFF_FREES {
+        "speculation off (~3.5 GiB, reference-kit.md D) covers it"
+    } else {
+        "more than speculation off frees (~3.5 GiB, reference-kit.md D): it also needs smaller weights"
+    };
+    format!(
+        "free {:.2} GiB per node (runtime, OS or weights; each GiB freed raises the floor 1:1, \
+         then `--set engine.kv_cache_bytes={}MiB --set engine.max_model_len={}`): {spec}",
+        gib_u(a.short_by),
+        a.pool_bytes.div_ceil(crate::kit::bytes::MIB),
+        a.target_tokens
+    )
+}
+
+/// The answers as a table, one line per record and length, then what must change for each.
+#[must_use]
+pub fn render(answers: &[ContextAnswer]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<13} {:>9} {:>8} {:>9} {:>20} {:>11} {:>12}  VERDICT",
+        "RECORD", "CONTEXT", "B/TOKEN", "POOL", "PREFILL FLOOR (cent.)", "MUST STAY ≥", "SAFE PROMPT"
+    );
+    for a in answers {
+        let verdict = if a.fits {
+            "fits".to_string()
+        } else if a.refused.is_some() {
+            "refused by vLLM here".to_string()
+        } else if a.short_by > 0 {
+            format!("short by {:.2} GiB", gib_u(a.short_by))
+        } else {
+            format!("limited by {}", a.limited_by.name())
+        };
+        let _ = writeln!(
+            s,
+            "{:<13} {:>9} {:>8} {:>9.2} {:>12.2} ({:>5.2}) {:>11.2} {:>12}  {verdict}",
+            a.dtype,
+            a.target_tokens,
+            a.bytes_per_token,
+            gib_u(a.pool_bytes),
+            gib(a.floor),
+            gib(a.floor_central),
+            gib(a.required_floor),
+            a.safe_prompt,
+        );
+    }
+    for a in answers.iter().filter(|a| !a.fits) {
+        let _ = writeln!(s, "  {} at {}: {}", a.dtype, a.target_tokens, what_must_change(a));
+    }
+    s
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -98,5 +179,9 @@ mod tests {
         assert!(!refused.fits && refused.short_by == 0, "{refused:?}");
         let short = answer(&input, "fp8_ds_mla", 3510.0, 128_000, None).unwrap();
         assert!(short.fits, "{short:?}");
+        let table = render(&[fp8.clone(), refused]);
+        assert!(table.contains("fp8_ds_mla") && table.contains("short by"), "{table}");
+        assert!(what_must_change(&fp8).starts_with("free "), "{table}");
+        assert!(table.contains("needs an SM100 GPU"), "{table}");
     }
 }

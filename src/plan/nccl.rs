@@ -51,11 +51,8 @@ pub fn memory(env: &BTreeMap<String, String>, nodes: usize) -> NcclMemory {
     if nodes < 2 {
         return NcclMemory { pinned_bytes: 0, extra_bytes: 0, missing: Vec::new() };
     }
-    let missing: Vec<&'static str> = KNOBS
-        .iter()
-        .filter(|(k, r)| !env.get(*k).is_some_and(|v| at_most(k, v, r)))
-        .map(|(k, _)| *k)
-        .collect();
+    let missing: Vec<&'static str> =
+        KNOBS.iter().filter(|(k, r)| !env.get(*k).is_some_and(|v| at_most(k, v, r))).map(|(k, _)| *k).collect();
     if missing.is_empty() {
         NcclMemory { pinned_bytes: PINNED_WITH_KNOBS, extra_bytes: 0, missing }
     } else {
@@ -87,7 +84,8 @@ mod tests {
         let m = memory(&env(&KNOBS), 2);
         assert_eq!((m.pinned_bytes, m.extra_bytes), (PINNED_WITH_KNOBS, 0));
         // Smaller buffers are fine too.
-        let smaller = memory(&env(&[KNOBS[0], ("NCCL_LL128_BUFFSIZE", "122880"), KNOBS[2], ("NCCL_MAX_NCHANNELS", "4")]), 2);
+        let smaller =
+            memory(&env(&[KNOBS[0], ("NCCL_LL128_BUFFSIZE", "122880"), KNOBS[2], ("NCCL_MAX_NCHANNELS", "4")]), 2);
         assert_eq!(smaller.extra_bytes, 0);
     }
 

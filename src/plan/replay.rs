@@ -137,8 +137,8 @@ pub(crate) fn test_input(weights_gib: f64, band_gib: f64) -> super::PlanInput {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::test_input as input;
+    use super::*;
 
     #[test]
     fn the_old_underestimate_approved_the_dead_run_and_the_band_refuses_it() {
