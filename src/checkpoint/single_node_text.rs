@@ -5,17 +5,8 @@
 use std::fmt::Write as _;
 
 use super::single_node::{SinglePlan, LENGTHS};
-use crate::kit::bytes::GIB;
-
-#[allow(clippy::cast_precision_loss)]
-fn gib(b: i64) -> f64 {
-    b as f64 / GIB as f64
-}
-
-#[allow(clippy::cast_possible_wrap)]
-fn gib_u(b: u64) -> f64 {
-    gib(b as i64)
-}
+use crate::plan::gib_i as gib;
+use crate::plan::reference::gib as gib_u;
 
 fn short_label(t: u64) -> String {
     if t >= 1_000_000 {

@@ -7,22 +7,13 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::gib_i as gib;
+use super::reference::gib as gib_u;
 use super::{kv_block_bytes, plan, PlanInput, PromptLimit};
-use crate::kit::bytes::GIB;
 
 /// "speculation off frees ~3.5 GiB" of MemAvailable (reference-kit.md D): the one measured lever
 /// of that size short of new hardware.
 pub const SPECULATION_OFF_FREES: u64 = 3584 * crate::kit::bytes::MIB;
-
-#[allow(clippy::cast_precision_loss)]
-fn gib(b: i64) -> f64 {
-    b as f64 / GIB as f64
-}
-
-#[allow(clippy::cast_possible_wrap)]
-fn gib_u(b: u64) -> f64 {
-    gib(b as i64)
-}
 
 /// The base model's window: 1M tokens.
 pub const ONE_MILLION: u64 = 1_048_576;
@@ -159,8 +150,8 @@ pub fn render(answers: &[ContextAnswer]) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::*;
     use crate::kit::bytes::GIB;
+    use super::*;
     use crate::plan::replay::test_input;
 
     #[test]

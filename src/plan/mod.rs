@@ -166,8 +166,10 @@ pub struct Plan {
     pub long_context: Vec<long_context::ContextAnswer>,
 }
 
+/// Signed bytes → GiB.
 #[allow(clippy::cast_precision_loss)]
-fn gib_i(bytes: i64) -> f64 {
+#[must_use]
+pub fn gib_i(bytes: i64) -> f64 {
     bytes as f64 / GIB as f64
 }
 
