@@ -1,6 +1,6 @@
 //! Every environment variable spark-kit reads, passes on or sets, in one table: the name, who
 //! uses it, what it means and its default. `docs/configuration.md` ("Environment variables") is
-//! generated from [`VARS`] by [`markdown`]; `tests/envvars.rs` fails when the docs differ or when
+//! generated from [`VARS`] by [`markdown`]; `tests/rules/envvars.rs` fails when the docs differ or when
 //! `src/` or the Python overlay (`python_overlay/spark_overlay`, `python_overlay/tools`) names a
 //! variable this table does not list.
 //!
@@ -253,7 +253,7 @@ pub fn markdown() -> String {
     let mut s = format!("{DOC_BEGIN}\n## Environment variables\n\n");
     s.push_str(
         "Every variable spark-kit reads, passes on to the engine or sets for it (`src/envvars.rs`; \
-         regenerate this section with `SPARK_KIT_TEST_BLESS=1 cargo test --test envvars`). \
+         regenerate this section with `SPARK_KIT_TEST_BLESS=1 cargo test --test rules envvars::`). \
          Besides these, the variable that `engine.api_keys.env` names is read for the API key(s).\n\n",
     );
     s.push_str("| variable | use | who | meaning | default |\n|---|---|---|---|---|\n");

@@ -4,7 +4,7 @@
 //! --virtual` use it before a 197 GiB download; the weight budget and the KV model read the
 //! same dimensions.
 //!
-//! Cross-checks that tie the layout to the reference kit (tests/plan.rs): the model has exactly
+//! Cross-checks that tie the layout to the reference kit (tests/cli/plan.rs): the model has exactly
 //! the 47,900 packed matrices of C.1 (40 × (12 attention + 3 shared + 1,152 routed) + 19 CSA2
 //! matrices + 2 Engram `wkv` + 3 DSpark stages × (12 + 3 + 128 × 3) + `main_proj` + `head`),
 //! 259 `vision.*` tensors (C.1), and local I = 1152 at TP 2 (C.3).

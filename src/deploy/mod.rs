@@ -4,7 +4,7 @@
 //! used: in the command on the head (`up`, `plan`, `preflight`, …) and in each node agent for
 //! its own node (`Command::Start`), so a node with another HOME or cache finds its own files.
 //!
-//! The bottom layer: it imports only `kit` and `dirs` (tests/import_rules.rs). Commands,
+//! The bottom layer: it imports only `kit` and `dirs` (tests/rules/import_rules.rs). Commands,
 //! agents, the supervisor, the gateway and the hub read these values; none re-derives them.
 //!
 //! - paths: spark-kit's cache, logs, data dir (and the kit's `spark-kit.lock` and packed Engram

@@ -1,5 +1,5 @@
 //! Replays the reference kit's measured runs ([`MEASURED_ROWS`]) through the planner: what the
-//! plan predicts for each, and whether it would have approved it. `tests/plan_table.rs` fails if
+//! plan predicts for each, and whether it would have approved it. `tests/cli/plan_table.rs` fails if
 //! a run the reference saw die is approved; docs/plan.md shows the table this renders.
 
 use std::fmt::Write as _;
