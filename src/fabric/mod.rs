@@ -30,7 +30,7 @@ pub struct AllReduceRequest {
     pub master_port: u32,
     /// `nccl` or `gloo`.
     pub backend: String,
-    /// The engine's communication environment on this node (`NCCL_*`, `GLOO_*`).
+    /// The engine's environment on this node (`NCCL_*`, `GLOO_*`, …), the overlay path left out.
     pub env: Vec<(String, String)>,
     /// The interface the data should cross (for the verdict's fix).
     pub interface: Option<String>,
@@ -92,7 +92,6 @@ pub fn request_for(
     }
     let node = kit.nodes.get(index)?;
     let head = kit.nodes.iter().find(|n| n.role == Role::Head)?;
-    let comm = |k: &str| k.starts_with("NCCL_") || k.starts_with("GLOO_") || k == "CUDA_VISIBLE_DEVICES";
     Some(AllReduceRequest {
         python: vec![python?.to_string()],
         rank,
@@ -100,7 +99,8 @@ pub fn request_for(
         master_addr: head.fabric.ipv4.clone().unwrap_or_else(|| "127.0.0.1".into()),
         master_port: kit.engine.master_port,
         backend: if kit.needs_gpu() { "nccl" } else { "gloo" }.into(),
-        env: env.iter().filter(|(k, _)| comm(k)).map(|(k, v)| (k.clone(), v.clone())).collect(),
+        // The engine's own environment for this node, less the overlay (the script needs none).
+        env: env.iter().filter(|(k, _)| k.as_str() != "PYTHONPATH").map(|(k, v)| (k.clone(), v.clone())).collect(),
         interface: node.fabric.interface.clone(),
         timeout_s: TIMEOUT_S,
     })
