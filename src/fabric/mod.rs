@@ -27,7 +27,7 @@ pub struct AllReduceRequest {
     pub rank: usize,
     pub world: usize,
     pub master_addr: String,
-    pub master_port: u32,
+    pub master_port: u16,
     /// `nccl` or `gloo`.
     pub backend: String,
     /// The engine's environment on this node (`NCCL_*`, `GLOO_*`, …), the overlay path left out.
