@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::sse::{parse_event, Event, SseParser, Usage};
+use crate::sse::{parse_event, Event, SseParser, Usage};
 
 /// Everything that stops a run (as opposed to one failed request). Each says what to do.
 #[derive(Debug, thiserror::Error)]

@@ -16,5 +16,4 @@ pub mod prompt;
 pub mod result;
 pub mod run;
 pub mod sizes;
-pub mod sse;
 pub mod table;
