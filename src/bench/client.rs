@@ -282,6 +282,15 @@ impl Endpoint {
     }
 
     /// `GET /version` → `version` (vLLM); `None` when absent.
+    /// The server's Prometheus `/metrics` text, `None` when it does not answer 200.
+    pub async fn metrics(&self) -> Option<String> {
+        let resp = self.request(reqwest::Method::GET, "/metrics").timeout(SMALL_TIMEOUT).send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        resp.text().await.ok()
+    }
+
     pub async fn version(&self) -> Option<String> {
         let resp = self.request(reqwest::Method::GET, "/version").timeout(SMALL_TIMEOUT).send().await.ok()?;
         if !resp.status().is_success() {

@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::metrics::Summary;
+use super::spec::SpecCounts;
 
 /// Value of the `format` field.
 pub const FORMAT: &str = "spark-kit-bench";
@@ -138,6 +139,11 @@ pub struct Settings {
     pub tokenize: bool,
     /// Timeout of one decode request in seconds (prefill: min(2700, 60 + 0.008 × tokens)).
     pub request_timeout_s: f64,
+    /// Whether the server's `/metrics` had vLLM's spec-decode counters: true = the engine
+    /// speculates and each wave has `spec_decode`; false = `/metrics` answered without them (no
+    /// speculation: one token per step); absent = `/metrics` did not answer (unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_decode_counters: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -183,6 +189,10 @@ pub struct Wave {
     pub ttft_s: Option<Summary>,
     pub requests: Vec<Request>,
     pub failed: u32,
+    /// Change of vLLM's spec-decode counters over the wave (`/metrics`, docs/bench.md); absent
+    /// when the engine exposes none (it does not speculate, or `/metrics` did not answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_decode: Option<SpecCounts>,
 }
 
 /// Requests of one prompt length, run one at a time.

@@ -5,11 +5,13 @@ use std::time::{Duration, Instant};
 
 use super::client::{BenchError, ChatRequest, Endpoint, ModelInfo, RequestError, StreamOutcome};
 use super::metrics::{aggregate_rate, decode_rate, median, prefill_rate, summarize, ttft, StreamTimes};
+use super::plausible::split_requests;
 use super::prompt::{close_enough, salted, Tokens, PROBE_WORDS};
 use super::result::{
     BenchResult, Calibration, Failure, KitReceipt, ModelReceipt, PrefillStep, Receipt, Request, Settings, Wave, FORMAT,
     VERSION,
 };
+use super::spec::{self, SpecCounts};
 use super::{host, sizes};
 
 /// What to measure.
@@ -155,6 +157,8 @@ struct Runner<'a> {
     words: HashMap<u64, usize>,
     fitted: Fitted,
     failures: Vec<Failure>,
+    /// Whether `/metrics` had spec-decode counters at the last read (`None`: it did not answer).
+    spec_counters: Option<bool>,
 }
 
 impl Runner<'_> {
@@ -307,8 +311,24 @@ impl Runner<'_> {
         Ok(waves)
     }
 
-    /// One wave: the `c` requests start together.
+    /// vLLM's spec-decode counters now (`None`: none, or no `/metrics`); remembers which.
+    async fn spec_counts(&mut self) -> Option<SpecCounts> {
+        let text = self.ep.metrics().await;
+        let counts = text.as_deref().and_then(spec::read);
+        self.spec_counters = text.map(|_| counts.is_some()).or(self.spec_counters);
+        counts
+    }
+
+    /// One wave: the `c` requests start together; the spec-decode counters are read around it.
     async fn wave(&mut self, c: u32, reqs: Vec<ChatRequest>, rep: &mut dyn BenchReporter) -> Wave {
+        let before = self.spec_counts().await;
+        let mut w = self.wave_streams(c, reqs, rep).await;
+        let after = if before.is_some() { self.spec_counts().await } else { None };
+        w.spec_decode = before.zip(after).and_then(|(b, a)| spec::delta(b, a));
+        w
+    }
+
+    async fn wave_streams(&mut self, c: u32, reqs: Vec<ChatRequest>, rep: &mut dyn BenchReporter) -> Wave {
         let phase = format!("decode c={c}");
         let mut set = tokio::task::JoinSet::new();
         for (i, req) in reqs.into_iter().enumerate() {
@@ -346,15 +366,17 @@ impl Runner<'_> {
                 }
             }
         }
-        let rates: Vec<f64> = requests.iter().filter_map(|r| r.decode_tok_s).collect();
+        let aggregate_tok_s = aggregate_rate(&times);
+        let (rates, _) = split_requests(&requests, aggregate_tok_s);
         let ttfts: Vec<f64> = requests.iter().map(|r| r.ttft_s).collect();
         Wave {
             concurrency: c,
-            aggregate_tok_s: aggregate_rate(&times),
+            aggregate_tok_s,
             decode_tok_s: summarize(&rates),
             ttft_s: summarize(&ttfts),
             requests,
             failed,
+            spec_decode: None,
         }
     }
 
@@ -447,6 +469,7 @@ pub async fn run(
         words: HashMap::new(),
         fitted: fitted.clone(),
         failures: Vec::new(),
+        spec_counters: None,
     };
     runner.warmup(rep).await?;
     if runner.tokenize == Some(false) {
@@ -477,6 +500,7 @@ pub async fn run(
         vendor_params: runner.vendor_params,
         tokenize: runner.tokenize == Some(true),
         request_timeout_s: plan.request_timeout.as_secs_f64(),
+        spec_decode_counters: runner.spec_counters,
     };
     Ok(BenchResult {
         format: FORMAT.into(),

@@ -225,7 +225,7 @@ fn decode_repeats_run_waves_back_to_back_and_the_table_pools_them() {
     // The table pools each level's waves into one line.
     assert!(o.stdout.contains("3 waves per level"), "{}", o.stdout);
     let rows: Vec<&str> =
-        o.stdout.lines().skip_while(|l| !l.starts_with("DECODE")).skip(3).take_while(|l| !l.is_empty()).collect();
+        o.stdout.lines().skip_while(|l| !l.starts_with("DECODE")).skip(4).take_while(|l| !l.is_empty()).collect();
     assert_eq!(rows.len(), 2, "one row per level: {rows:?}");
     assert!(rows[1].trim_start().starts_with('2'), "{rows:?}");
 

@@ -8,4 +8,5 @@ mod common;
 mod fake_sse;
 
 mod bench_fake;
+mod bench_plot;
 mod bench_schema;
