@@ -91,7 +91,7 @@ fn any_ttf(dir: &Path, depth: u32) -> Option<PathBuf> {
 }
 
 /// Register a system font as `sans-serif` once per process.
-fn ensure_font() -> Result<(), PlotError> {
+pub(crate) fn ensure_font() -> Result<(), PlotError> {
     static FONT: OnceLock<bool> = OnceLock::new();
     let ok = *FONT.get_or_init(|| {
         let path =
@@ -110,6 +110,9 @@ fn ensure_font() -> Result<(), PlotError> {
 
 /// Draw `r` to `path` (SVG or PNG by extension).
 pub fn draw(r: &BenchResult, path: &Path) -> Result<(), PlotError> {
+    if let Some(a) = &r.audit {
+        return super::audit::plot::draw(r, a, path);
+    }
     let format = format_of(path)?;
     ensure_font()?;
     let drawn = match format {

@@ -4,6 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use super::audit::Audit;
 use super::metrics::Summary;
 use super::spec::SpecCounts;
 
@@ -35,6 +36,10 @@ pub struct BenchResult {
     pub prefill: Vec<PrefillStep>,
     /// Requests that failed, across all phases (empty for a clean run).
     pub failures: Vec<Failure>,
+    /// `bench --audit TABLE`: a published table replayed row by row (docs/bench.md); absent
+    /// for an ordinary run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Audit>,
 }
 
 /// Provenance, so a third party can compare their numbers with these.
@@ -45,6 +50,9 @@ pub struct Receipt {
     pub spark_kit_version: String,
     /// The kit the endpoint came from (`--kit`), if any.
     pub kit: Option<KitReceipt>,
+    /// What the kit's `spark-kit.lock` pins (checkpoint files, engine image), with `--kit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock: Option<LockReceipt>,
     /// Base URL measured (without `/v1`).
     pub endpoint: String,
     /// `version` from the server's `GET /version` (vLLM), if it answers.
@@ -76,6 +84,39 @@ impl KitReceipt {
         let bytes = serde_json::to_vec(kit)?;
         Ok(Self { name: kit.name.clone(), sha256: crate::hex::encode(&Sha256::digest(&bytes)) })
     }
+}
+
+/// The kit's `spark-kit.lock` as read at the start of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockReceipt {
+    /// The lock file's path.
+    pub path: String,
+    /// Why it could not be read (e.g. nothing downloaded yet: a locally made checkpoint); then
+    /// `files` and `images` are empty.
+    pub error: Option<String>,
+    /// The checkpoint's files as `download` verified them.
+    pub files: Vec<LockedFile>,
+    /// Engine images as first seen on every node (docker kits): `{image, id}` (id = sha256 digest).
+    pub images: Vec<LockedImage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockedFile {
+    pub repo: String,
+    pub commit: String,
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockedImage {
+    pub image: String,
+    pub id: String,
+    pub vllm_version: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

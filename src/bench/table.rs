@@ -43,6 +43,9 @@ fn accept(spec: Option<SpecCounts>, counters: Option<bool>) -> String {
 /// Render the result as a human-readable table.
 #[must_use]
 pub fn render(r: &BenchResult) -> String {
+    if let Some(a) = &r.audit {
+        return super::audit::text::render(r, a);
+    }
     let mut s = String::new();
     let rc = &r.receipt;
     let _ = writeln!(

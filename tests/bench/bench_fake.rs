@@ -33,7 +33,7 @@ fn bench(args: &[&str], env: &[(&str, &str)]) -> Out {
     }
 }
 
-fn schema_errors(v: &Value) -> Vec<String> {
+pub(crate) fn schema_errors(v: &Value) -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench-result.schema.json");
     let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
