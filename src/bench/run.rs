@@ -127,7 +127,6 @@ pub fn pick_model(url: &str, wanted: Option<&str>, models: &[ModelInfo]) -> Resu
     }
 }
 
-
 /// [`run`] on a runtime of its own (the command's thread waits for it).
 pub fn run_blocking(
     ep: &Endpoint,

@@ -23,7 +23,9 @@ fn spec_line(counters: Option<bool>) -> &'static str {
             "speculation on (vLLM's spec-decode counters over each level's waves): accept = mean acceptance length \
              (1 + accepted/drafts) and rate (accepted/draft tokens); ms/step = 1000 × tokens per step / tok/s/stream"
         }
-        Some(false) => "speculation off (the server's /metrics has no spec-decode counters): ms/step = 1000 / tok/s/stream",
+        Some(false) => {
+            "speculation off (the server's /metrics has no spec-decode counters): ms/step = 1000 / tok/s/stream"
+        }
         None => "speculation unknown (the server's /metrics did not answer): no ms/step, no acceptance",
     }
 }
@@ -126,7 +128,8 @@ pub fn render(r: &BenchResult) -> String {
             );
         }
         for w in levels(&r.decode).iter().filter(|w| !w.flagged.is_empty()) {
-            let streams: usize = r.decode.iter().filter(|x| x.concurrency == w.concurrency).map(|x| x.requests.len()).sum();
+            let streams: usize =
+                r.decode.iter().filter(|x| x.concurrency == w.concurrency).map(|x| x.requests.len()).sum();
             let _ = writeln!(
                 s,
                 "  decode x{}: {} of {streams} stream rate(s) impossible, left out of n, median, min, max and the plot \

@@ -13,7 +13,8 @@ use spark_kit::bench::{compare, plot, table};
 use crate::bench_fake::schema_errors;
 
 fn recorded() -> (serde_json::Value, BenchResult) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bench/fixtures/audit-tiny-llama-vllm-0.32.0-ngram.json");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bench/fixtures/audit-tiny-llama-vllm-0.32.0-ngram.json");
     let text = std::fs::read_to_string(path).unwrap();
     (serde_json::from_str(&text).unwrap(), parse(&text).unwrap())
 }

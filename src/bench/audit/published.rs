@@ -83,7 +83,15 @@ fn specs() -> Vec<Spec> {
         text,
     };
     let mut v = vec![
-        decode("decode-x1-spec-on", "decode x1, speculation on", 1, true, Metric::PerStream, Some(31.6), "31.6 (TTFT 221 ms)"),
+        decode(
+            "decode-x1-spec-on",
+            "decode x1, speculation on",
+            1,
+            true,
+            Metric::PerStream,
+            Some(31.6),
+            "31.6 (TTFT 221 ms)",
+        ),
         decode(
             "decode-x2-spec-on",
             "decode x2, speculation on",

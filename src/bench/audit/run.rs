@@ -55,8 +55,15 @@ pub async fn run(
             Kind::Prefill => prefill_row(&mut s, row, rep).await?,
             Kind::ChatDuringPrefill => chat_row(&mut s, row, rep).await?,
         }
+        if row.ours.is_none() && row.skipped.is_none() {
+            let flagged: usize = levels(&row.waves).iter().map(|l| l.flagged.len()).sum();
+            row.skipped = Some(format!(
+                "no sample gave a figure ({flagged} impossible stream rate(s) flagged; failed requests are listed below)"
+            ));
+        }
     }
-    let audit = Audit { table: "reference".into(), source: SOURCE.into(), scale, scale_why, speculation: speculating, rows };
+    let audit =
+        Audit { table: "reference".into(), source: SOURCE.into(), scale, scale_why, speculation: speculating, rows };
     Ok(s.finish(provenance, Vec::new(), Vec::new(), Some(audit)))
 }
 

@@ -53,7 +53,8 @@ pub fn render(r: &BenchResult, a: &Audit) -> String {
         rc.server_version.as_deref().map_or_else(|| "unknown".to_string(), |v| format!("vLLM {v}")),
         rc.spark_kit_version
     );
-    let _ = writeln!(s, "scale {}: {}", if a.scale >= 1.0 { "1".into() } else { format!("{:.6}", a.scale) }, a.scale_why);
+    let _ =
+        writeln!(s, "scale {}: {}", if a.scale >= 1.0 { "1".into() } else { format!("{:.6}", a.scale) }, a.scale_why);
     let _ = writeln!(
         s,
         "speculation {}; overhead {:.0} ms; ours = median over n samples (decode: plausible streams or waves, prefill: \
@@ -67,8 +68,8 @@ pub fn render(r: &BenchResult, a: &Audit) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<38}  {:<16}  {:>15}  {:>10}  {:>3}  {:>17}  {:>7}  {:>11}  {:>10}  {}",
-        "row", "shape", "unit", "ours", "n", "spread", "ms/step", "accept", "published", "published as"
+        "{:<38}  {:<16}  {:>15}  {:>10}  {:>3}  {:>17}  {:>7}  {:>11}  {:>10}  published as",
+        "row", "shape", "unit", "ours", "n", "spread", "ms/step", "accept", "published"
     );
     for row in &a.rows {
         let _ = writeln!(
