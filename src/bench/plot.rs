@@ -91,7 +91,7 @@ fn any_ttf(dir: &Path, depth: u32) -> Option<PathBuf> {
 }
 
 /// Register a system font as `sans-serif` once per process.
-pub(crate) fn ensure_font() -> Result<(), PlotError> {
+fn ensure_font() -> Result<(), PlotError> {
     static FONT: OnceLock<bool> = OnceLock::new();
     let ok = *FONT.get_or_init(|| {
         let path =
@@ -108,39 +108,56 @@ pub(crate) fn ensure_font() -> Result<(), PlotError> {
     }
 }
 
-/// Draw `r` to `path` (SVG or PNG by extension).
-pub fn draw(r: &BenchResult, path: &Path) -> Result<(), PlotError> {
-    if let Some(a) = &r.audit {
-        return super::audit::plot::draw(r, a, path);
-    }
+/// Something that draws itself on a drawing area of any backend (SVG or PNG).
+pub(crate) trait Panels {
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), DrawError>
+    where
+        DB::ErrorType: 'static;
+}
+
+/// Draw `panels` to `path`, SVG or PNG by its extension, [`SIZE`] pixels.
+pub(crate) fn render(panels: &impl Panels, path: &Path) -> Result<(), PlotError> {
     let format = format_of(path)?;
     ensure_font()?;
     let drawn = match format {
         Format::Svg => {
             let root = SVGBackend::new(path, SIZE).into_drawing_area();
-            panels(r, &root).and_then(|()| Ok(root.present()?))
+            panels.draw_on(&root).and_then(|()| Ok(root.present()?))
         }
         Format::Png => {
             let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-            panels(r, &root).and_then(|()| Ok(root.present()?))
+            panels.draw_on(&root).and_then(|()| Ok(root.present()?))
         }
     };
     drawn.map_err(|source| PlotError::Draw { path: path.display().to_string(), source })
 }
 
+/// Draw `r` to `path` (SVG or PNG by extension); an audit result draws the audit's panels.
+pub fn draw(r: &BenchResult, path: &Path) -> Result<(), PlotError> {
+    match &r.audit {
+        Some(a) => render(&super::audit::plot::AuditPanels { r, a }, path),
+        None => render(&RunPanels(r), path),
+    }
+}
+
 type Area<'a, DB> = DrawingArea<DB, Shift>;
 
-fn panels<DB: DrawingBackend>(r: &BenchResult, root: &Area<'_, DB>) -> Result<(), DrawError>
-where
-    DB::ErrorType: 'static,
-{
-    root.fill(&WHITE)?;
-    let title = title(r);
-    let root = root.titled(&title, ("sans-serif", 18))?;
-    let (left, right) = root.split_horizontally(SIZE.0 / 2);
-    decode_panel(r, &left)?;
-    prefill_panel(r, &right)?;
-    Ok(())
+struct RunPanels<'a>(&'a BenchResult);
+
+impl Panels for RunPanels<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &Area<'_, DB>) -> Result<(), DrawError>
+    where
+        DB::ErrorType: 'static,
+    {
+        let r = self.0;
+        root.fill(&WHITE)?;
+        let title = title(r);
+        let root = root.titled(&title, ("sans-serif", 18))?;
+        let (left, right) = root.split_horizontally(SIZE.0 / 2);
+        decode_panel(r, &left)?;
+        prefill_panel(r, &right)?;
+        Ok(())
+    }
 }
 
 /// The plot's title: model, kit, client host, versions and start time.

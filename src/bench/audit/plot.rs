@@ -2,48 +2,38 @@
 //! log axis for prompt length), ours beside the published figure. Rows that did not run have no
 //! point of ours.
 
-use std::path::Path;
-
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::{Audit, Kind, Row};
-use crate::bench::plot::{ensure_font, format_of, log_range, title, DrawError, Format, PlotError, LABEL_OFFSET, SIZE};
+use crate::bench::plot::{log_range, title, DrawError, Panels, LABEL_OFFSET, SIZE};
 use crate::bench::result::BenchResult;
 use crate::bench::sizes::length_label;
 
-/// Draw the audit to `path` (SVG or PNG by extension).
-pub fn draw(r: &BenchResult, a: &Audit, path: &Path) -> Result<(), PlotError> {
-    let format = format_of(path)?;
-    ensure_font()?;
-    let drawn = match format {
-        Format::Svg => {
-            let root = SVGBackend::new(path, SIZE).into_drawing_area();
-            panels(r, a, &root).and_then(|()| Ok(root.present()?))
-        }
-        Format::Png => {
-            let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-            panels(r, a, &root).and_then(|()| Ok(root.present()?))
-        }
-    };
-    drawn.map_err(|source| PlotError::Draw { path: path.display().to_string(), source })
+/// The audit's two panels (drawn by [`crate::bench::plot::draw`] for a result with an audit).
+pub struct AuditPanels<'a> {
+    pub r: &'a BenchResult,
+    pub a: &'a Audit,
 }
 
 type Area<'a, DB> = DrawingArea<DB, Shift>;
 
-fn panels<DB: DrawingBackend>(r: &BenchResult, a: &Audit, root: &Area<'_, DB>) -> Result<(), DrawError>
-where
-    DB::ErrorType: 'static,
-{
-    root.fill(&WHITE)?;
-    let head = format!("audit: {} · {}", a.table, title(r));
-    let root = root.titled(&head, ("sans-serif", 16))?;
-    let (left, right) = root.split_horizontally(SIZE.0 / 2);
-    let decode: Vec<&Row> = a.rows.iter().filter(|x| x.kind == Kind::Decode).collect();
-    let prefill: Vec<&Row> = a.rows.iter().filter(|x| x.kind == Kind::Prefill).collect();
-    decode_panel(&decode, &left)?;
-    prefill_panel(&prefill, a.scale, &right)?;
-    Ok(())
+impl Panels for AuditPanels<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &Area<'_, DB>) -> Result<(), DrawError>
+    where
+        DB::ErrorType: 'static,
+    {
+        let (r, a) = (self.r, self.a);
+        root.fill(&WHITE)?;
+        let head = format!("audit: {} · {}", a.table, title(r));
+        let root = root.titled(&head, ("sans-serif", 16))?;
+        let (left, right) = root.split_horizontally(SIZE.0 / 2);
+        let decode: Vec<&Row> = a.rows.iter().filter(|x| x.kind == Kind::Decode).collect();
+        let prefill: Vec<&Row> = a.rows.iter().filter(|x| x.kind == Kind::Prefill).collect();
+        decode_panel(&decode, &left)?;
+        prefill_panel(&prefill, a.scale, &right)?;
+        Ok(())
+    }
 }
 
 fn top(values: impl Iterator<Item = f64>) -> f64 {
