@@ -86,7 +86,7 @@ pub const VARS: &[EnvVar] = &[
         &[Read, Passed],
         "dirs, hub::auth, engine::process",
         "home directory: `~` in kit paths, default caches",
-        "`/root`",
+        "none: unset is an error (exit 2) naming the fix",
     ),
     var(
         "XDG_CACHE_HOME",
@@ -159,6 +159,34 @@ pub const VARS: &[EnvVar] = &[
     var("NCCL_SOCKET_IFNAME", &[Set], "engine::argv", "NCCL's network interface", "`nodes[].fabric.interface`"),
     var("GLOO_SOCKET_IFNAME", &[Set], "engine::argv", "Gloo's network interface", "`nodes[].fabric.interface`"),
     var("NCCL_IB_HCA", &[Set], "engine::argv", "NCCL's RDMA device(s)", "`nodes[].fabric.hca`"),
+    var(
+        "NCCL_BUFFSIZE",
+        &[Set],
+        "plan::nccl",
+        "NCCL pinned-buffer knob the Spark kits set in `engine.extra_env`; `plan` counts NCCL's pinned memory from it",
+        "`1048576` (reference-kit.md A.2)",
+    ),
+    var(
+        "NCCL_LL128_BUFFSIZE",
+        &[Set],
+        "plan::nccl",
+        "NCCL pinned-buffer knob the Spark kits set in `engine.extra_env`; `plan` counts NCCL's pinned memory from it",
+        "`262144` (reference-kit.md A.2)",
+    ),
+    var(
+        "NCCL_PROTO",
+        &[Set],
+        "plan::nccl",
+        "NCCL pinned-buffer knob the Spark kits set in `engine.extra_env`; `plan` counts NCCL's pinned memory from it",
+        "`^LL128` (reference-kit.md A.2)",
+    ),
+    var(
+        "NCCL_MAX_NCHANNELS",
+        &[Set],
+        "plan::nccl",
+        "NCCL pinned-buffer knob the Spark kits set in `engine.extra_env`; `plan` counts NCCL's pinned memory from it",
+        "`8` (reference-kit.md A.2)",
+    ),
     var(
         "NCCL_IB_GID_INDEX",
         &[Set],

@@ -63,7 +63,7 @@ pub struct NodeFacts {
     pub weights_present: bool,
     pub fabric: FabricFacts,
     /// `(port, what, free?)` for the ports this node must bind.
-    pub ports: Vec<(u32, String, Result<bool, ProbeError>)>,
+    pub ports: Vec<(u16, String, Result<bool, ProbeError>)>,
     /// `(target node, ssh result)` for each node this node must reach over ssh.
     pub ssh: Vec<(String, Probed)>,
     /// `timedatectl show -p NTPSynchronized --value`.
@@ -122,7 +122,7 @@ pub struct FactRequest {
     pub vllm_python: Option<String>,
     /// Where the weights live (or will).
     pub disk_path: String,
-    pub ports: Vec<(String, u32, String)>,
+    pub ports: Vec<(String, u16, String)>,
     /// ssh targets: `(node name, argv of an ssh call that runs `true`)`.
     pub ssh: Vec<(String, Vec<String>)>,
     /// Docker runtime kits.
