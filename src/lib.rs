@@ -16,6 +16,7 @@ pub mod engine;
 pub mod engram;
 pub mod envvars;
 pub mod error;
+pub mod fabric;
 pub mod gateway;
 pub mod hex;
 pub mod hints;
