@@ -51,6 +51,9 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
     let (host, port) = crate::deploy::ports::Ports::of(kit).internal_addr();
     push("--host", host.to_string());
     push("--port", port.to_string());
+    // vLLM's own key guards `/v1` only; this guards every route but `/health` (a loopback port
+    // every local user can reach: python_overlay/spark_overlay/engine_key.py).
+    push("--middleware", "spark_overlay.engine_key.KeyOnEveryRoute".into());
     push("--max-model-len", e.max_model_len.to_string());
     push("--max-num-seqs", e.max_num_seqs.to_string());
     push("--max-num-batched-tokens", e.max_num_batched_tokens.to_string());
@@ -154,6 +157,7 @@ mod tests {
         assert_eq!(s.env["HF_HUB_OFFLINE"], "1");
         // vLLM behind the gateway: loopback, the internal port.
         assert_eq!(value(&s.vllm_args, "--host"), Some("127.0.0.1"));
+        assert_eq!(value(&s.vllm_args, "--middleware"), Some("spark_overlay.engine_key.KeyOnEveryRoute"));
         assert_eq!(value(&s.vllm_args, "--port"), Some("18000"));
     }
 
