@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::kit::schema::{Kit, KvCacheDtype, Role, SpecMethod};
+use crate::kit::schema::{Kit, KvCacheDtype, Role, SchedulingPolicy, SpecMethod};
 
 /// Everything the engine process of one node is started with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +57,9 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
     push("--max-model-len", e.max_model_len.to_string());
     push("--max-num-seqs", e.max_num_seqs.to_string());
     push("--max-num-batched-tokens", e.max_num_batched_tokens.to_string());
+    if e.scheduling_policy == SchedulingPolicy::Priority {
+        push("--scheduling-policy", "priority".into());
+    }
     // Always explicit: without it vLLM sizes the pool from free memory (a lottery on GB10).
     push("--kv-cache-memory-bytes", e.kv_cache_bytes.bytes().to_string());
     push("--block-size", e.block_size.to_string());
@@ -159,6 +162,10 @@ mod tests {
         assert_eq!(value(&s.vllm_args, "--host"), Some("127.0.0.1"));
         assert_eq!(value(&s.vllm_args, "--middleware"), Some("spark_overlay.engine_key.KeyOnEveryRoute"));
         assert_eq!(value(&s.vllm_args, "--port"), Some("18000"));
+        assert_eq!(value(&s.vllm_args, "--scheduling-policy"), None);
+        let mut k = load("tiny-cpu");
+        k.engine.scheduling_policy = SchedulingPolicy::Priority;
+        assert_eq!(value(&build(&k, 0, "/m", "/o").vllm_args, "--scheduling-policy"), Some("priority"));
     }
 
     #[test]
