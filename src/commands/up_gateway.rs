@@ -37,7 +37,7 @@ pub(super) fn config(s: &Settings) -> Result<(GatewayConfig, Option<String>), Fa
     }
     let kit = &s.kit;
     let keys = s.deploy.keys.clone()?;
-    let port = s.deploy.ports.internal_tcp()?;
+    let port = s.deploy.ports.internal;
     let (p, note) = plan_of(s);
     let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port)?;
     key_policies(s, &mut cfg)?;
@@ -111,7 +111,7 @@ mod tests {
     }
 
     fn config(k: &Kit, env: &[(String, String)]) -> Result<(GatewayConfig, Option<String>), Failure> {
-        super::config(&Settings::new(k.clone(), None, env))
+        super::config(&Settings::new(k.clone(), None, env).unwrap())
     }
 
     #[test]

@@ -149,7 +149,8 @@ fn small_checkpoint(dir: &std::path::Path, seed: u64) {
 #[test]
 fn plan_reads_the_tiny_model_up_made() {
     let home = tempfile::tempdir().unwrap();
-    let d = spark_kit::deploy::Deployment::resolve(&tiny_cpu(), &[("HOME".into(), home.path().display().to_string())]);
+    let d = spark_kit::deploy::Deployment::resolve(&tiny_cpu(), &[("HOME".into(), home.path().display().to_string())])
+        .unwrap();
     let kit = tiny_cpu();
     let made = spark_kit::engine::model::served_dir(&kit, &d, &spark_kit::engine::overlay::tag()).unwrap();
     small_checkpoint(&made, 3);
@@ -169,7 +170,7 @@ fn plan_and_the_engine_read_one_snapshot() {
     kit.model.source = spark_kit::kit::schema::ModelSource::Hub;
     kit.model.repo = "acme/tiny-exl3".into();
     kit.model.revision = "main".into();
-    let d = spark_kit::deploy::Deployment::resolve(&kit, &env);
+    let d = spark_kit::deploy::Deployment::resolve(&kit, &env).unwrap();
     let (old, new) = ("a".repeat(40), "b".repeat(40));
     let repo = d.repo_dir(&kit.model.repo);
     small_checkpoint(&repo.join("snapshots").join(&old), 4);
