@@ -56,7 +56,7 @@ fi
 flag=""; [ "$PROFILE" = release ] && flag="--release"
 echo "bench: building ($PROFILE)" >&2
 cargo build -q $flag --bin spark-kit
-cargo test -q $flag --no-run --test engram_bench 2>/dev/null
+cargo test -q $flag --no-run --test checkpoint engram_bench:: 2>/dev/null
 bin="$target/$PROFILE/spark-kit"
 venv=$("$bin" setup --kit tiny-cpu --json --quiet | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
 
@@ -69,7 +69,7 @@ fio_iops() { # jobs -> IOPS
 rust() { # batches [file direct] -> JSON lines
   SPARK_KIT_ENGRAM_BENCH_FILE="${2:-$file}" SPARK_KIT_ENGRAM_BENCH_DIRECT="${3:-1}" SPARK_KIT_ENGRAM_BENCH_THREADS="$THREADS" \
   SPARK_KIT_ENGRAM_BENCH_SECONDS="$SECONDS_EACH" SPARK_KIT_ENGRAM_BENCH_BATCHES="$1" \
-    cargo test -q $flag --test engram_bench -- --ignored --exact lookup --nocapture 2>/dev/null | grep '^{'
+    cargo test -q $flag --test checkpoint engram_bench:: -- --ignored --exact lookup --nocapture 2>/dev/null | grep '^{'
 }
 py() { PYTHONPATH=python_overlay "$venv/bin/python" bench/engram_rows.py "${2:-$file}" "$THREADS" "$SECONDS_EACH" "$1" "${3:-direct}"; }
 rate() { python3 -c 'import json,sys; [print(round(json.loads(l)["rows_per_s"])) for l in sys.stdin if l.strip()]'; }

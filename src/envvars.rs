@@ -1,6 +1,6 @@
 //! Every environment variable spark-kit reads, passes on or sets, in one table: the name, who
 //! uses it, what it means and its default. `docs/configuration.md` ("Environment variables") is
-//! generated from [`VARS`] by [`markdown`]; `tests/envvars.rs` fails when the docs differ or when
+//! generated from [`VARS`] by [`markdown`]; `tests/rules/envvars.rs` fails when the docs differ or when
 //! `src/` or the Python overlay (`python_overlay/spark_overlay`, `python_overlay/tools`) names a
 //! variable this table does not list.
 //!
@@ -86,7 +86,7 @@ pub const VARS: &[EnvVar] = &[
         &[Read, Passed],
         "dirs, hub::auth, engine::process",
         "home directory: `~` in kit paths, default caches",
-        "`/root`",
+        "none: unset is an error (exit 2) naming the fix",
     ),
     var(
         "XDG_CACHE_HOME",
@@ -159,6 +159,34 @@ pub const VARS: &[EnvVar] = &[
     var("NCCL_SOCKET_IFNAME", &[Set], "engine::argv", "NCCL's network interface", "`nodes[].fabric.interface`"),
     var("GLOO_SOCKET_IFNAME", &[Set], "engine::argv", "Gloo's network interface", "`nodes[].fabric.interface`"),
     var("NCCL_IB_HCA", &[Set], "engine::argv", "NCCL's RDMA device(s)", "`nodes[].fabric.hca`"),
+    var(
+        "NCCL_BUFFSIZE",
+        &[Set],
+        "plan::nccl",
+        "NCCL pinned-buffer knob the Spark kits set in `engine.extra_env`; `plan` counts NCCL's pinned memory from it",
+        "`1048576` (reference-kit.md A.2)",
+    ),
+    var(
+        "NCCL_LL128_BUFFSIZE",
+        &[Set],
+        "plan::nccl",
+        "NCCL pinned-buffer knob the Spark kits set in `engine.extra_env`; `plan` counts NCCL's pinned memory from it",
+        "`262144` (reference-kit.md A.2)",
+    ),
+    var(
+        "NCCL_PROTO",
+        &[Set],
+        "plan::nccl",
+        "NCCL pinned-buffer knob the Spark kits set in `engine.extra_env`; `plan` counts NCCL's pinned memory from it",
+        "`^LL128` (reference-kit.md A.2)",
+    ),
+    var(
+        "NCCL_MAX_NCHANNELS",
+        &[Set],
+        "plan::nccl",
+        "NCCL pinned-buffer knob the Spark kits set in `engine.extra_env`; `plan` counts NCCL's pinned memory from it",
+        "`8` (reference-kit.md A.2)",
+    ),
     var(
         "NCCL_IB_GID_INDEX",
         &[Set],
@@ -253,7 +281,7 @@ pub fn markdown() -> String {
     let mut s = format!("{DOC_BEGIN}\n## Environment variables\n\n");
     s.push_str(
         "Every variable spark-kit reads, passes on to the engine or sets for it (`src/envvars.rs`; \
-         regenerate this section with `SPARK_KIT_TEST_BLESS=1 cargo test --test envvars`). \
+         regenerate this section with `SPARK_KIT_TEST_BLESS=1 cargo test --test rules envvars::`). \
          Besides these, the variable that `engine.api_keys.env` names is read for the API key(s).\n\n",
     );
     s.push_str("| variable | use | who | meaning | default |\n|---|---|---|---|---|\n");

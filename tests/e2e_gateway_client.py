@@ -1,4 +1,4 @@
-"""Clients of tests/e2e_gateway.rs, run with the engine venv's python (openai, httpx).
+"""Clients of tests/e2e/e2e_gateway.rs, run with the engine venv's python (openai, httpx).
 
 python e2e_gateway_client.py PHASE BASE_URL KEY [ARGS...]; prints one JSON object on stdout
 (and, for `stream`, a line `first-token` as soon as text arrives).

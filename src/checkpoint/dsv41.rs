@@ -4,7 +4,7 @@
 //! --virtual` use it before a 197 GiB download; the weight budget and the KV model read the
 //! same dimensions.
 //!
-//! Cross-checks that tie the layout to the reference kit (tests/plan.rs): the model has exactly
+//! Cross-checks that tie the layout to the reference kit (tests/cli/plan.rs): the model has exactly
 //! the 47,900 packed matrices of C.1 (40 × (12 attention + 3 shared + 1,152 routed) + 19 CSA2
 //! matrices + 2 Engram `wkv` + 3 DSpark stages × (12 + 3 + 128 × 3) + `main_proj` + `head`),
 //! 259 `vision.*` tensors (C.1), and local I = 1152 at TP 2 (C.3).
@@ -131,14 +131,15 @@ impl DeepSeekV41Dims {
         usize::try_from(layer).ok().and_then(|l| self.compress_ratios.get(l)).copied().unwrap_or(0)
     }
 
-    /// The shapes the planner's KV model reads, at `block_size` tokens per block.
+    /// The shapes the planner's KV model reads, at `block_size` tokens per block, for `dtype`.
     #[must_use]
-    pub fn kv_shape(&self, block_size: u32) -> crate::plan::kv::KvShape {
+    pub fn kv_shape(&self, block_size: u32, dtype: crate::kit::schema::KvCacheDtype) -> crate::plan::kv::KvShape {
         crate::plan::kv::KvShape {
             head_dim: self.head_dim,
             rope_head_dim: self.rope_head_dim,
             sources: self.kv_source_layers.iter().map(|&l| (l, self.ratio(l))).collect(),
             block_size,
+            dtype,
         }
     }
 

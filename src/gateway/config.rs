@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::admission::Limits;
 use super::count::{Counter, LoadError};
-use crate::kit::schema::Kit;
+use super::keys::ApiKey;
+use crate::kit::schema::{Kit, SchedulingPolicy};
 use crate::plan::Plan;
 
 /// Everything the gateway needs to run. Its `Debug` shows how many keys there are, never a key.
@@ -17,8 +18,8 @@ pub struct GatewayConfig {
     pub bind: SocketAddr,
     /// The engine's base URL on loopback, e.g. `http://127.0.0.1:18000`.
     pub upstream: String,
-    /// Accepted API keys (empty = no key required). Never logged.
-    pub keys: Vec<String>,
+    /// Accepted API keys, as digests with their limits (empty = no key required).
+    pub keys: Vec<ApiKey>,
     /// The key the gateway sends to the engine (`Authorization: Bearer`), when the engine
     /// itself is keyed (`VLLM_API_KEY`, the first of `engine.api_keys`). Never logged.
     pub upstream_key: Option<String>,
@@ -28,8 +29,12 @@ pub struct GatewayConfig {
     pub max_in_flight: usize,
     /// Requests that may wait for a slot; one more gets 429.
     pub queue_len: usize,
-    /// Longest wait in the queue before 429.
+    /// Longest wait in the queue: then 503 + Retry-After (`queue_timeout`).
     pub queue_wait: Duration,
+    /// The engine runs with `--scheduling-policy priority` (`engine.scheduling_policy`): each
+    /// request's `priority` is passed on, raised to its key's; otherwise a `priority` other
+    /// than 0 is refused with the fix.
+    pub priority: bool,
     /// `Retry-After` seconds on 429 and 503.
     pub retry_after_s: u64,
     /// Longest wait for in-flight requests when draining.
@@ -54,6 +59,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("bind", &self.bind)
             .field("upstream", &self.upstream)
             .field("keys", &format_args!("<{} key(s), not shown>", self.keys.len()))
+            .field("key_policies", &self.keys.iter().map(|k| k.policy).collect::<Vec<_>>())
             .field(
                 "upstream_key",
                 &format_args!("{}", if self.upstream_key.is_some() { "<set, not shown>" } else { "None" }),
@@ -62,6 +68,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("queue_len", &self.queue_len)
             .field("queue_wait", &self.queue_wait)
+            .field("priority", &self.priority)
             .field("retry_after_s", &self.retry_after_s)
             .field("drain_timeout", &self.drain_timeout)
             .field("header_timeout", &self.header_timeout)
@@ -83,8 +90,6 @@ pub enum ConfigError {
     OpenBind(IpAddr),
     #[error("engine.host {0:?} is not an IP address: set engine.host to an address such as 127.0.0.1 or 0.0.0.0")]
     BadHost(String),
-    #[error("engine.port {0} is not a TCP port: set engine.port to 1-65535")]
-    BadPort(u32),
     #[error("engine.max_num_seqs is 0: set engine.max_num_seqs to 1 or more")]
     NoSeqs,
     #[error(
@@ -94,9 +99,8 @@ pub enum ConfigError {
 }
 
 /// The client-facing address from `engine.host` / `engine.port`.
-pub fn bind_addr(host: &str, port: u32) -> Result<SocketAddr, ConfigError> {
+pub fn bind_addr(host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
     let ip: IpAddr = host.parse().map_err(|_| ConfigError::BadHost(host.to_string()))?;
-    let port = u16::try_from(port).ok().filter(|p| *p != 0).ok_or(ConfigError::BadPort(port))?;
     Ok(SocketAddr::new(ip, port))
 }
 
@@ -108,11 +112,12 @@ impl GatewayConfig {
             bind,
             upstream,
             upstream_key: keys.first().cloned(),
-            keys,
+            keys: keys.iter().map(|k| ApiKey::from(k.as_str())).collect(),
             max_body_bytes: 8 << 20,
             max_in_flight,
             queue_len: max_in_flight.saturating_mul(4),
             queue_wait: Duration::from_secs(30),
+            priority: false,
             retry_after_s: 5,
             drain_timeout: Duration::from_secs(30),
             header_timeout: Duration::from_secs(15),
@@ -132,6 +137,7 @@ impl GatewayConfig {
         let slots = usize::try_from(kit.engine.max_num_seqs).unwrap_or(usize::MAX);
         let mut cfg = Self::new(bind, format!("http://127.0.0.1:{engine_port}"), keys, slots, Limits::from_plan(plan));
         cfg.drain_timeout = Duration::from_secs(u64::from(kit.engine.drain_timeout_s));
+        cfg.priority = kit.engine.scheduling_policy == SchedulingPolicy::Priority;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -192,8 +198,6 @@ mod tests {
     #[test]
     fn bad_host_and_port() {
         assert_eq!(bind_addr("example.com", 80), Err(ConfigError::BadHost("example.com".into())));
-        assert_eq!(bind_addr("127.0.0.1", 70000), Err(ConfigError::BadPort(70000)));
-        assert_eq!(bind_addr("127.0.0.1", 0), Err(ConfigError::BadPort(0)));
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub fn markdown(shape: &Shape) -> String {
     let mut out = String::from(
         "# Launch-kit reference\n\n\
          Generated from the schema in `src/kit/schema.rs` (`cargo test` fails if this file drifts;\n\
-         regenerate with `SPARK_KIT_TEST_BLESS=1 cargo test --test kit_reference`).\n\n\
+         regenerate with `SPARK_KIT_TEST_BLESS=1 cargo test --test cli kit_reference::`).\n\n\
          Every key can be set in a kit file, by an environment variable `SPARK_KIT_<KEY>` with `__`\n\
          between levels (`SPARK_KIT_ENGINE__PORT=9999`), or by `--set key=value` (dotted key).\n\
          Precedence, lowest first: built-in defaults < kit file < environment < flags.\n\

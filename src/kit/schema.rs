@@ -201,7 +201,8 @@ pub struct Node {
     /// SSH user (transport `ssh`; default: the current user).
     pub ssh_user: Option<String>,
     /// SSH port (transport `ssh`).
-    pub ssh_port: u32,
+    #[serde(deserialize_with = "super::port::port")]
+    pub ssh_port: u16,
     /// Extra `ssh` options (transport `ssh`), e.g. `[-i, ~/.ssh/spark, -o, UserKnownHostsFile=/x]`.
     pub ssh_options: Vec<String>,
     /// Command prefix (transport `exec`), e.g. `[ip, netns, exec, spark2]`.
@@ -255,6 +256,43 @@ pub enum Runtime {
     Docker,
 }
 
+/// How vLLM orders waiting requests (`--scheduling-policy`; docs/gateway.md, "Priority").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedulingPolicy {
+    /// First come, first served (vLLM's default; a request's `priority` other than 0 is refused).
+    #[default]
+    Fcfs,
+    /// Lower `priority` values first (`--scheduling-policy priority`); the gateway passes each
+    /// request's `priority`, raised to its key's `priority=N`.
+    Priority,
+}
+
+/// The KV cache record vLLM stores (`--kv-cache-dtype`; docs/plan.md, "KV cache dtype").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    /// Not passed: vLLM picks (DeepSeek V4.1 resolves it to `fp8_ds_mla`).
+    #[default]
+    Auto,
+    /// DeepSeek's packed FP8 record (448 FP8 NoPE + 64 BF16 RoPE + scales: 584 B per entry on GB10).
+    Fp8DsMla,
+    /// The compressed cache as NVFP4 (288 B per entry); FlashMLA decodes it only on SM100.
+    Nvfp4DsMla,
+}
+
+impl KvCacheDtype {
+    /// The value vLLM's `--kv-cache-dtype` takes.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fp8DsMla => "fp8_ds_mla",
+            KvCacheDtype::Nvfp4DsMla => "nvfp4_ds_mla",
+        }
+    }
+}
+
 /// Speculative decoding method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -266,6 +304,9 @@ pub enum SpecMethod {
     Dspark,
     /// Multi-token prediction heads.
     Mtp,
+    /// Prompt lookup (n-gram matches in the context; no draft model): runs on any model, the
+    /// CPU build included, so tiny-cpu exercises speculation (docs/bench.md).
+    Ngram,
 }
 
 /// Speculative decoding.
@@ -284,7 +325,7 @@ pub struct Speculative {
 pub struct ApiKeys {
     /// Name of an environment variable holding the key(s), comma-separated.
     pub env: Option<String>,
-    /// File holding one key per line.
+    /// File holding one key per line, optionally followed by `priority=N max_in_flight=N` (docs/gateway.md).
     pub file: Option<String>,
 }
 
@@ -309,12 +350,15 @@ pub struct Engine {
     /// Address the API binds to.
     pub host: String,
     /// API port: where clients connect (the gateway listens here).
-    pub port: u32,
+    #[serde(deserialize_with = "super::port::port")]
+    pub port: u16,
     /// Loopback port of vLLM's own API behind the gateway (0 = `engine.port` + 10000, or − 10000
     /// above 55535).
-    pub internal_port: u32,
+    #[serde(deserialize_with = "super::port::port_or_auto")]
+    pub internal_port: u16,
     /// torch.distributed rendezvous port on the head (multi-node).
-    pub master_port: u32,
+    #[serde(deserialize_with = "super::port::port")]
+    pub master_port: u16,
     /// Where the API keys come from (none = no auth).
     pub api_keys: ApiKeys,
     /// Longest sequence (prompt + output) in tokens.
@@ -323,6 +367,8 @@ pub struct Engine {
     pub max_num_seqs: u32,
     /// Token budget of one scheduler step.
     pub max_num_batched_tokens: u32,
+    /// How vLLM orders waiting requests: `fcfs` or `priority` (`--scheduling-policy`).
+    pub scheduling_policy: SchedulingPolicy,
     /// Prompts longer than this are prefilled in chunks alongside decodes (0 = vLLM default).
     pub long_prefill_token_threshold: u32,
     /// KV cache pool per rank, always passed explicitly (`--kv-cache-memory-bytes`).
@@ -331,6 +377,9 @@ pub struct Engine {
     /// blocks of `block_size` tokens; 0 = `plan` derives it from the model's shapes where it knows
     /// them, the DeepSeek V4.1 Flash kit, else unknown).
     pub kv_bytes_per_token: f64,
+    /// KV cache record (`--kv-cache-dtype`, not passed when `auto`): `fp8_ds_mla` or
+    /// `nvfp4_ds_mla` for DeepSeek V4.1; `plan` sizes the pool in tokens for it.
+    pub kv_cache_dtype: KvCacheDtype,
     /// KV cache block size in tokens.
     pub block_size: u32,
     /// Model dtype (`auto`, `bfloat16`, `float16`, `float32`).
@@ -379,9 +428,11 @@ impl Default for Engine {
             max_model_len: 4096,
             max_num_seqs: 16,
             max_num_batched_tokens: 2048,
+            scheduling_policy: SchedulingPolicy::Fcfs,
             long_prefill_token_threshold: 0,
             kv_cache_bytes: ByteSize::gib(1),
             kv_bytes_per_token: 0.0,
+            kv_cache_dtype: KvCacheDtype::Auto,
             block_size: 16,
             dtype: "auto".into(),
             quantization: String::new(),
@@ -402,7 +453,7 @@ impl Default for Engine {
 impl Engine {
     /// `internal_port`, or when 0, `port + 10000` (`port − 10000` above 55535).
     #[must_use]
-    pub fn effective_internal_port(&self) -> u32 {
+    pub fn effective_internal_port(&self) -> u16 {
         match self.internal_port {
             0 if self.port > 55535 => self.port - 10000,
             0 => self.port + 10000,

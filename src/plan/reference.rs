@@ -1,5 +1,5 @@
 //! The reference kit's measurements the prefill model is calibrated on (reference-kit.md D), and
-//! the measured runs the plan is replayed against (`tests/plan_table.rs`, docs/plan.md).
+//! the measured runs the plan is replayed against (`tests/cli/plan_table.rs`, docs/plan.md).
 
 use crate::kit::bytes::GIB;
 

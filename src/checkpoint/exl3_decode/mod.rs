@@ -140,7 +140,7 @@ pub fn full_weight(
 /// W in fp16 (bit patterns) rounded the way exllamav3's reconstruction rounds it: each of
 /// Hk·W_hat, ×suh (rows), ·Hn, ×svh (columns) in `f32` (the Hadamards as `f32` GEMMs with
 /// sequential fused multiply-adds), rounded to fp16 after every step. On a real converted
-/// checkpoint this equals exllamav3's `get_weight_tensor()` bit for bit (tests/exl3_decode.rs).
+/// checkpoint this equals exllamav3's `get_weight_tensor()` bit for bit (tests/checkpoint/exl3_decode.rs).
 ///
 /// # Errors
 /// As [`full_weight`].
