@@ -1,5 +1,6 @@
-// spark-kit's own EXL3 MoE decode kernels (1-8 token rows, MUL1 codebook), plus the cold-read
-// floor kernel the GPU bench times beside them. Plain CUDA, no torch headers: the launchers are
+// spark-kit's own EXL3 MoE decode kernels (1-8 token rows, MUL1 codebook); the conversions around
+// exllamav3's decode kernel and the bench's cold-read floor are in decode_glue.cuh, the helpers all
+// share in decode_util.cuh (one translation unit). Plain CUDA, no torch headers: the launchers are
 // extern "C", take raw device pointers and a stream, and return the launch's cudaError_t, so the
 // overlay loads the library with ctypes (loader.py) and CUDA graphs capture the launches.
 //
@@ -19,11 +20,7 @@
 // Tile bitstream, element order and codebook: docs/exl3-overlay.md and the format notes
 // (W = diag(suh) H W_hat H diag(svh); 16x16 tiles, tensor-core element order; MUL1).
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <utility>
+#include "decode_util.cuh"
 
 namespace {
 
@@ -34,41 +31,6 @@ constexpr uint32_t MUL1_BIAS_BITS = 0x4B000000u + 1024u;
 // value = (1024 + b) * S + O (S = fp16 0x1EEE, O = fp16 0xC931) = f * S + (O - 2^23 * S), exact in fp32
 constexpr float MUL1_S = 0.00676727294921875f;
 constexpr float MUL1_C = -56778.3828125f;
-
-enum Dtype { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
-
-__device__ __forceinline__ float load_as_float(const void* p, int64_t i, int dt)
-{
-    if (dt == DT_F16) return __half2float(((const half*) p)[i]);
-    if (dt == DT_BF16) return __bfloat162float(((const __nv_bfloat16*) p)[i]);
-    return ((const float*) p)[i];
-}
-
-__device__ __forceinline__ void store_from_float(void* p, int64_t i, int dt, float v)
-{
-    if (dt == DT_F16) ((half*) p)[i] = __float2half_rn(v);
-    else if (dt == DT_BF16) ((__nv_bfloat16*) p)[i] = __float2bfloat16_rn(v);
-    else ((float*) p)[i] = v;
-}
-
-// Programmatic dependent launch (sm_90+): a kernel launched with the PDL attribute may start while
-// its predecessor runs. Each kernel here waits (pdl_wait) before it reads anything an earlier kernel
-// wrote, and only then lets its successor start (pdl_trigger), so a successor's pre-wait part (the
-// gemv's routing scan and first weight loads: inputs older than the layer call) never sees data
-// that is still being written. Without the attribute both are no-ops.
-__device__ __forceinline__ void pdl_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_trigger()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ int expert_of(const void* ids, int ids64, int slot)
 {
@@ -490,24 +452,6 @@ constexpr int STAGE_PDL = 32;   // spark_decode_moe's stages: launch with progra
 constexpr int STAGE_OCC6 = 64;  // gemv kernels built for 6 blocks per SM (fewer registers)
 constexpr int STAGE_XS = 128;   // gemv kernels stage the inputs through shared memory (1-2 rows)
 
-// Every launch goes through here: with pdl set it carries the programmatic-stream-serialization
-// attribute (captured into CUDA graphs as a programmatic edge), else it is a plain launch.
-template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kern)(KArgs...), int grid, int block, cudaStream_t stream, int pdl, Args&&... args)
-{
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
-}
-
 template <int K, int NR, int MINB>
 cudaError_t launch_gemv_b(int items, const MoeArgs& a, int down, int unroll, int pdl, int xs, cudaStream_t stream)
 {
@@ -569,55 +513,6 @@ cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, int unrol
     }
 }
 
-__global__ void prep_kernel(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* x16,
-                            int64_t* ids_out, void* w16, int nx, int nw)
-{
-    pdl_wait();
-    pdl_trigger();
-    const int stride = gridDim.x * blockDim.x;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nx + nw; i += stride)
-    {
-        if (i < nx)
-        {
-            ((half*) x16)[i] = __float2half_rn(load_as_float(x, i, x_dt));
-        }
-        else
-        {
-            const int j = i - nx;
-            ids_out[j] = ids64 ? ((const int64_t*) ids)[j] : (int64_t) ((const int32_t*) ids)[j];
-            ((half*) w16)[j] = __float2half_rn(load_as_float(w, j, w_dt));
-        }
-    }
-}
-
-__global__ void cast_kernel(const float* src, void* dst, int dst_dt, int64_t n)
-{
-    pdl_wait();
-    pdl_trigger();
-    const int64_t stride = (int64_t) gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        store_from_float(dst, i, dst_dt, src[i]);
-}
-
-__global__ void floor_read_kernel(const uint4* p, size_t n16, unsigned* sink)
-{
-    unsigned acc = 0;
-    const size_t stride = (size_t) gridDim.x * blockDim.x;
-    size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n16; i += 4 * stride)
-    {
-        const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
-                    d = __ldcs(p + i + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-    }
-    for (; i < n16; i += stride)
-    {
-        const uint4 a = __ldcs(p + i);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w;
-    }
-    if (acc == 0x9E3779B9u) *sink = acc;  // keeps the loads; practically never taken
-}
-
 }  // namespace
 
 extern "C" {
@@ -662,28 +557,6 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     return (int) err;
 }
 
-// exllamav3's decode kernel's inputs in one launch: x (f16 / bf16 / f32) to f16, the routing ids
-// (int32 / int64) to int64, the routing weights (f32 / f16 / bf16) to f16.
-int spark_decode_prep(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* x16,
-                      int64_t* ids_out, void* w16, int rows, int topk, int H, int pdl, cudaStream_t stream)
-{
-    const int n = rows * H + rows * topk;
-    const int blocks = (n / 4 + 255) / 256 + 1;
-    return (int) launch(prep_kernel, blocks, 256, stream, pdl, x, x_dt, ids, ids64, w, w_dt, x16, ids_out, w16,
-                        rows * H, rows * topk);
-}
-
-// float32 [n] -> out (f16 / bf16), the decode kernel's output in the caller's dtype
-int spark_decode_cast(const float* src, void* dst, int dst_dt, int64_t n, int pdl, cudaStream_t stream)
-{
-    const int blocks = (int) ((n / 4 + 255) / 256 + 1);
-    return (int) launch(cast_kernel, blocks, 256, stream, pdl, src, dst, dst_dt, n);
-}
-
-// Cold read of n16 16-byte words (the bench's floor).
-int spark_floor_read(const void* p, size_t n16, unsigned* sink, int blocks, cudaStream_t stream)
-{
-    return (int) launch(floor_read_kernel, blocks, 512, stream, 0, (const uint4*) p, n16, sink);
-}
-
 }  // extern "C"
+
+#include "decode_glue.cuh"
