@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 use spark_kit::bench::plot::{draw, LABEL_OFFSET};
 use spark_kit::bench::result::BenchResult;
+use spark_kit::bench::{compare, table};
 
 fn req(first: f64, last: f64, prompt: u64, completion: u64, ttft: f64) -> Value {
     let rate = if last > first { Some((completion - 1) as f64 / (last - first)) } else { None };
@@ -100,4 +101,20 @@ fn impossible_rates_are_not_plotted_the_prefill_axis_is_log_and_labels_sit_besid
         }
     }
     assert!(LABEL_OFFSET.0.abs() >= 5 && LABEL_OFFSET.1.abs() >= 5);
+}
+
+#[test]
+fn the_table_and_compare_leave_the_burst_out_and_say_so() {
+    let r = recorded();
+    let t = table::render(&r);
+    let x2 = t.lines().find(|l| l.trim_start().starts_with("2 ")).unwrap();
+    // n = 1 plausible stream; its 411 tok/s is the median, min and max (not 18,992 nor 37,573).
+    assert!(x2.contains("     1           411.0       411.0       411.0"), "{x2}");
+    assert!(
+        t.contains("decode x2: 1 of 2 stream rate(s) impossible, left out of n, median, min, max and the plot (first: first-to-last span 0.399 ms under the timer's 1 ms resolution"),
+        "{t}"
+    );
+    let rows = compare::rows(&r, &r);
+    let per = rows.iter().find(|x| x.metric == "decode x2 per stream").unwrap();
+    assert!((per.a.unwrap() - 411.0).abs() < 1e-6, "{per:?}");
 }
