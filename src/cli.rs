@@ -330,6 +330,9 @@ pub struct PlanArgs {
     /// Measure this machine's MemTotal/MemAvailable (/proc/meminfo) for the kit's local node.
     #[arg(long)]
     pub measure: bool,
+    /// `1`: the single-Spark answer (the head node alone at TP 1: weights as is and with lower K maps, KV at 128k/600k/1M per KV record).
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u32>,
     #[command(flatten)]
     pub kit: KitArgs,
 }

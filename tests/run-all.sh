@@ -51,7 +51,8 @@ cargo run -q -- setup --kit tiny-cpu
 venv=$("${CARGO_TARGET_DIR:-target}/debug/spark-kit" setup --kit tiny-cpu --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["path"])')
 
 step "Python Xet client venv (huggingface_hub + hf_xet, hash-pinned): tests/xet-venv.sh"
-# For tests/download/download_xet_interop.rs (the test Hub's CAS judged by the real client); cached
+# For tests/download/download_xet_interop.rs (the test Hub's CAS judged by the real client) and
+# tests/download/weights_sync.rs (a cache written by `hf download` synced to a node); cached
 # under ~/.cache/spark-kit keyed by tests/xet-requirements.txt's hash.
 bash tests/xet-venv.sh
 

@@ -176,3 +176,28 @@ def test_an_exl3_linear_refuses_an_input_of_the_wrong_width():
     with pytest.raises(Exl3FormatError, match=r"model.layers.0.attn.wo_b: input \[3, 256\] does not end in this "
                                               r"rank's input width 128"):
         method.apply(layer, torch.zeros(3, 256))
+
+
+# --- KV cache dtype (the kit's engine.kv_cache_dtype, `spark-kit plan`) ----------------------------
+
+KV_DTYPES = ("fp8_ds_mla", "nvfp4_ds_mla")  # src/kit/schema.rs KvCacheDtype, less `auto` (not passed)
+
+
+@pytest.mark.parametrize("dtype", KV_DTYPES)
+def test_vllm_serve_accepts_the_kv_cache_dtypes_the_kits_pass(dtype):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--kv-cache-dtype", dtype])
+    assert EngineArgs.from_cli_args(args).kv_cache_dtype == dtype
+
+
+def test_the_kv_records_the_plan_sizes_are_the_release_ones():
+    """src/plan/kv.rs: fp8_ds_mla 584 B below SM100 (576 B pages), nvfp4_ds_mla 288 B and SM100 only."""
+    text = Path(release_file("vllm.models.deepseek_v41.attention")).read_text()
+    assert "self.swa_bytes_per_token = 528 if self.kv_mxfp8 else 584" in text
+    assert '288 if self.kv_cache_dtype == "nvfp4_ds_mla" else self.swa_bytes_per_token' in text
+    assert "self.kv_page_alignment = 512 if self.kv_mxfp8 else 576" in text
+    assert "return current_platform.is_device_capability_family(100)" in text
+    assert "decodes only on SM100." in text

@@ -131,14 +131,15 @@ impl DeepSeekV41Dims {
         usize::try_from(layer).ok().and_then(|l| self.compress_ratios.get(l)).copied().unwrap_or(0)
     }
 
-    /// The shapes the planner's KV model reads, at `block_size` tokens per block.
+    /// The shapes the planner's KV model reads, at `block_size` tokens per block, for `dtype`.
     #[must_use]
-    pub fn kv_shape(&self, block_size: u32) -> crate::plan::kv::KvShape {
+    pub fn kv_shape(&self, block_size: u32, dtype: crate::kit::schema::KvCacheDtype) -> crate::plan::kv::KvShape {
         crate::plan::kv::KvShape {
             head_dim: self.head_dim,
             rope_head_dim: self.rope_head_dim,
             sources: self.kv_source_layers.iter().map(|&l| (l, self.ratio(l))).collect(),
             block_size,
+            dtype,
         }
     }
 

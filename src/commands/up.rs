@@ -66,6 +66,7 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             }
         },
         Ok(_) => Err(failure_from(&snap, &s.kit_ref)),
+        Err(e) if e.is_usage() => Err(Failure::usage_error(&e).with_hint_opt(e.hint())),
         Err(e) => Err(Failure::runtime_error(&e).with_hint_opt(e.hint())),
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::kit::schema::{Kit, Role, SpecMethod};
+use crate::kit::schema::{Kit, KvCacheDtype, Role, SpecMethod};
 
 /// Everything the engine process of one node is started with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +57,9 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
     // Always explicit: without it vLLM sizes the pool from free memory (a lottery on GB10).
     push("--kv-cache-memory-bytes", e.kv_cache_bytes.bytes().to_string());
     push("--block-size", e.block_size.to_string());
+    if e.kv_cache_dtype != KvCacheDtype::Auto {
+        push("--kv-cache-dtype", e.kv_cache_dtype.name().to_string());
+    }
     push("--dtype", e.dtype.clone());
     push("--tensor-parallel-size", kit.tensor_parallel_size.to_string());
     if e.long_prefill_token_threshold > 0 {
@@ -144,6 +147,8 @@ mod tests {
         assert_eq!(value(&s.vllm_args, "--served-model-name"), Some("tiny-llama"));
         assert!(s.vllm_args.contains(&"--enforce-eager".to_string()));
         assert!(!s.vllm_args.contains(&"--nnodes".to_string()));
+        // `auto` is vLLM's own choice: not passed.
+        assert_eq!(value(&s.vllm_args, "--kv-cache-dtype"), None);
         assert_eq!(s.env["PYTHONPATH"], "/o");
         assert_eq!(s.env["VLLM_NO_USAGE_STATS"], "1");
         assert_eq!(s.env["HF_HUB_OFFLINE"], "1");
@@ -163,6 +168,7 @@ mod tests {
         assert!(worker.vllm_args.contains(&"--headless".to_string()));
         assert_eq!(value(&worker.vllm_args, "--master-addr"), Some("192.168.100.10"));
         assert_eq!(value(&head.vllm_args, "--master-port"), Some("29521"));
+        assert_eq!(value(&head.vllm_args, "--kv-cache-dtype"), Some("fp8_ds_mla"));
         assert_eq!(
             value(&head.vllm_args, "--speculative-config"),
             Some(r#"{"method":"dspark","num_speculative_tokens":3}"#)

@@ -255,6 +255,31 @@ pub enum Runtime {
     Docker,
 }
 
+/// The KV cache record vLLM stores (`--kv-cache-dtype`; docs/plan.md, "KV cache dtype").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    /// Not passed: vLLM picks (DeepSeek V4.1 resolves it to `fp8_ds_mla`).
+    #[default]
+    Auto,
+    /// DeepSeek's packed FP8 record (448 FP8 NoPE + 64 BF16 RoPE + scales: 584 B per entry on GB10).
+    Fp8DsMla,
+    /// The compressed cache as NVFP4 (288 B per entry); FlashMLA decodes it only on SM100.
+    Nvfp4DsMla,
+}
+
+impl KvCacheDtype {
+    /// The value vLLM's `--kv-cache-dtype` takes.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fp8DsMla => "fp8_ds_mla",
+            KvCacheDtype::Nvfp4DsMla => "nvfp4_ds_mla",
+        }
+    }
+}
+
 /// Speculative decoding method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -331,6 +356,9 @@ pub struct Engine {
     /// blocks of `block_size` tokens; 0 = `plan` derives it from the model's shapes where it knows
     /// them, the DeepSeek V4.1 Flash kit, else unknown).
     pub kv_bytes_per_token: f64,
+    /// KV cache record (`--kv-cache-dtype`, not passed when `auto`): `fp8_ds_mla` or
+    /// `nvfp4_ds_mla` for DeepSeek V4.1; `plan` sizes the pool in tokens for it.
+    pub kv_cache_dtype: KvCacheDtype,
     /// KV cache block size in tokens.
     pub block_size: u32,
     /// Model dtype (`auto`, `bfloat16`, `float16`, `float32`).
@@ -382,6 +410,7 @@ impl Default for Engine {
             long_prefill_token_threshold: 0,
             kv_cache_bytes: ByteSize::gib(1),
             kv_bytes_per_token: 0.0,
+            kv_cache_dtype: KvCacheDtype::Auto,
             block_size: 16,
             dtype: "auto".into(),
             quantization: String::new(),

@@ -17,6 +17,8 @@
 use serde::Serialize;
 
 pub mod kv;
+pub mod long_context;
+pub mod nccl;
 mod prefill;
 pub mod reference;
 pub mod replay;
@@ -159,10 +161,15 @@ pub struct Plan {
     /// `weights_per_rank`); empty for models without such classes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub dense_at_load: Vec<DenseLine>,
+    /// The 1M-token question for each KV record (kits whose model has a 1M window).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub long_context: Vec<long_context::ContextAnswer>,
 }
 
+/// Signed bytes → GiB.
 #[allow(clippy::cast_precision_loss)]
-fn gib_i(bytes: i64) -> f64 {
+#[must_use]
+pub fn gib_i(bytes: i64) -> f64 {
     bytes as f64 / GIB as f64
 }
 
@@ -409,6 +416,7 @@ pub fn plan(input: &PlanInput) -> Plan {
         assumptions: base_assumptions(input),
         warnings,
         dense_at_load: Vec::new(),
+        long_context: Vec::new(),
     }
 }
 

@@ -104,39 +104,41 @@ pub fn markdown(title: &str, base: &PlanInput, replays: &[Replayed]) -> String {
     s
 }
 
+/// A two-node plan input with the reference's memory, pool and overheads (tests).
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub(crate) fn test_input(weights_gib: f64, band_gib: f64) -> super::PlanInput {
+    let b = |g: f64| (g * GIB as f64) as u64;
+    PlanInput {
+        weights_per_rank: b(weights_gib),
+        weights_source: "test".into(),
+        weights_band: b(band_gib),
+        tensor_parallel_size: 2,
+        nodes: ["a", "b"]
+            .iter()
+            .map(|n| super::NodeInput {
+                name: (*n).into(),
+                memory_total: Some(b(121.7)),
+                memory_source: "test".into(),
+                mem_available: None,
+            })
+            .collect(),
+        kv_cache_bytes: b(2.5),
+        kv_bytes_per_token: 0.0,
+        kv_bytes_source: "test".into(),
+        block_size: 64,
+        max_model_len: 600_000,
+        runtime_overhead: b(6.0),
+        os_reserve: b(9.0),
+        boot_margin: b(12.0),
+        guard_hard_floor: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_input as input;
     use super::*;
-    use crate::plan::{NodeInput, PlanInput};
-
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    fn input(weights_gib: f64, band_gib: f64) -> PlanInput {
-        let b = |g: f64| (g * GIB as f64) as u64;
-        PlanInput {
-            weights_per_rank: b(weights_gib),
-            weights_source: "test".into(),
-            weights_band: b(band_gib),
-            tensor_parallel_size: 2,
-            nodes: ["a", "b"]
-                .iter()
-                .map(|n| NodeInput {
-                    name: (*n).into(),
-                    memory_total: Some(b(121.7)),
-                    memory_source: "test".into(),
-                    mem_available: None,
-                })
-                .collect(),
-            kv_cache_bytes: b(2.5),
-            kv_bytes_per_token: 0.0,
-            kv_bytes_source: "test".into(),
-            block_size: 64,
-            max_model_len: 600_000,
-            runtime_overhead: b(6.0),
-            os_reserve: b(9.0),
-            boot_margin: b(12.0),
-            guard_hard_floor: None,
-        }
-    }
 
     #[test]
     fn the_old_underestimate_approved_the_dead_run_and_the_band_refuses_it() {

@@ -99,6 +99,14 @@ pub fn render(p: &Plan) -> String {
             );
         }
     }
+    if !p.long_context.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n1M context ({} tokens) on these nodes, per KV record (pool sized to hold it; floor at weights + band):",
+            super::long_context::ONE_MILLION
+        );
+        s.push_str(&super::long_context::render(&p.long_context));
+    }
     let _ = writeln!(s, "\nassumptions:");
     for a in &p.assumptions {
         let _ = writeln!(s, "  {}: {} — {}", a.name, a.value, a.source);

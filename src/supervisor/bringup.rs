@@ -19,7 +19,9 @@ pub enum GateError {
     #[error("preflight failed ({count} problem(s)): {problems}")]
     Preflight { count: usize, problems: String },
     #[error("the head's weights at {root} cannot be read")]
-    HeadUnreadable { root: String, fix: &'static str, source: std::io::Error },
+    HeadUnreadable { root: String, fix: &'static str, source: listing::ListError },
+    #[error("the head's weights: {what}; nothing was copied")]
+    HeadDangling { what: String, fix: &'static str },
     #[error("no weight files under {root} on the head")]
     NoWeights { root: String, fix: &'static str },
     #[error(transparent)]
@@ -35,14 +37,21 @@ pub enum GateError {
 }
 
 impl GateError {
+    /// Bad input on the head (exit 2) rather than a failure on the way (exit 1).
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::HeadDangling { .. })
+    }
+
     /// A one-line fix, where there is one.
     #[must_use]
     pub fn hint(&self) -> Option<String> {
         match self {
             Self::Preflight { .. } => Some("run `spark-kit preflight` for every check and its fix".into()),
-            Self::HeadUnreadable { fix, .. } | Self::NoWeights { fix, .. } | Self::Differ { fix, .. } => {
-                Some((*fix).to_string())
-            }
+            Self::HeadUnreadable { fix, .. }
+            | Self::HeadDangling { fix, .. }
+            | Self::NoWeights { fix, .. }
+            | Self::Differ { fix, .. } => Some((*fix).to_string()),
             Self::Check { .. } | Self::NoAgent { .. } | Self::Push(_) | Self::Rsync(_) => None,
         }
     }
@@ -181,10 +190,15 @@ fn one_tree(
         ("model", ModelSource::Local) => "fix model.path (a directory on the head)",
         _ => "run `spark-kit download` first",
     };
-    let files = listing::list(root).map_err(|source| GateError::HeadUnreadable {
-        root: root.display().to_string(),
-        fix,
-        source,
+    let files = listing::list(root).map_err(|source| match source {
+        listing::ListError::Dangling { .. } => GateError::HeadDangling {
+            what: source.to_string(),
+            fix: match (tree.what, kit.model.source) {
+                ("model", ModelSource::Local) => "point that link at an existing file or remove it (under model.path)",
+                _ => "run `spark-kit download` (it fetches that file again in place of the link), then up again",
+            },
+        },
+        source => GateError::HeadUnreadable { root: root.display().to_string(), fix, source },
     })?;
     if files.is_empty() {
         return Err(GateError::NoWeights { root: root.display().to_string(), fix });
@@ -274,6 +288,53 @@ mod tests {
             Verdict::Pass
         };
         Report { kit: "k".into(), status, checks }
+    }
+
+    #[test]
+    fn a_dangling_link_on_the_head_stops_before_any_copy_naming_it() {
+        use crate::kit::schema::{Node, WeightSync};
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("models--o--n");
+        std::fs::create_dir_all(root.join("blobs")).unwrap();
+        std::fs::write(root.join("blobs/ok"), b"x").unwrap();
+        std::os::unix::fs::symlink("../../blobs/ab/gone", root.join("blobs/e1")).unwrap();
+        let nodes = vec![Node { name: "a".into(), role: Role::Head, ..Node::default() }, Node::default()];
+        let mut kit = Kit { nodes, ..Kit::default() };
+        kit.model.sync = WeightSync::Rsync;
+        let w = WeightsCtx {
+            kit: &kit,
+            roots: vec![WeightTree { what: "model", path: root.clone() }],
+            home: d.path().to_path_buf(),
+            exe: std::path::Path::new("/nonexistent"),
+            sha: "",
+        };
+        let (_tx, rx) = std::sync::mpsc::channel();
+        let sent = std::cell::Cell::new(0);
+        let lines = std::cell::RefCell::new(Vec::new());
+        let e = weights(
+            &w,
+            &rx,
+            &mut |_, _| {
+                sent.set(sent.get() + 1);
+                true
+            },
+            &mut Vec::new(),
+            &|l| {
+                lines.borrow_mut().push(l.to_string());
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the head's weights: {}/blobs/e1 is a symlink to ../../blobs/ab/gone, which does not exist; nothing was copied",
+                root.display()
+            )
+        );
+        assert!(e.is_usage(), "{e:?}");
+        assert!(e.hint().is_some_and(|h| h.starts_with("run `spark-kit download`")), "{e:?}");
+        assert_eq!(sent.get(), 0);
+        assert!(lines.borrow().is_empty(), "{:?}", lines.borrow());
     }
 
     #[test]

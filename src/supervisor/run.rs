@@ -49,6 +49,12 @@ pub enum ClusterError {
 }
 
 impl ClusterError {
+    /// Bad input (exit 2) rather than a runtime failure (exit 1).
+    #[must_use]
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Preflight(e) | Self::Weights(e) if e.is_usage())
+    }
+
     /// A one-line fix, where there is one.
     #[must_use]
     pub fn hint(&self) -> Option<String> {

@@ -41,23 +41,52 @@ pub fn weight_trees(kit: &Kit, hf_cache: &Path, engram_dir: &Path) -> Vec<Weight
     out
 }
 
-/// Every regular file under `root` (symlinks followed for the size), sorted by path.
-pub fn list(root: &Path) -> std::io::Result<Vec<(String, u64)>> {
+/// Why the head's tree cannot be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    /// A symlink whose target does not exist (a shared blob store that lost a file, a moved
+    /// directory): copied as it is it would dangle on every node too.
+    #[error("{} is a symlink {}to {}, which does not exist", file.display(), via.as_ref().map(|v| format!("through {} ", v.display())).unwrap_or_default(), target.display())]
+    Dangling {
+        file: PathBuf,
+        /// The last link of a chain (`snapshots/…` → `blobs/<sha256>` → gone), when not `file`.
+        via: Option<PathBuf>,
+        /// What the last link says, as written.
+        target: PathBuf,
+    },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// Every regular file under `root` (symlinks followed for the size), sorted by path; the first
+/// dangling symlink stops it, named.
+pub fn list(root: &Path) -> Result<Vec<(String, u64)>, ListError> {
     let mut out = Vec::new();
     walk(root, root, &mut out)?;
     out.sort();
     Ok(out)
 }
 
-fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, u64)>) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, u64)>) -> Result<(), ListError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ListError::Io { path, source }
+    };
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if ignored(&name) {
             continue;
         }
         let path = entry.path();
-        let meta = std::fs::metadata(&path)?;
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match dangling(&path) {
+                Some((via, target)) => return Err(ListError::Dangling { file: path, via, target }),
+                None => return Err(ListError::Io { path, source: e }),
+            },
+            Err(e) => return Err(ListError::Io { path, source: e }),
+        };
         if meta.is_dir() {
             walk(root, &path, out)?;
         } else if meta.is_file() {
@@ -66,6 +95,38 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, u64)>) -> std::io::Resul
         }
     }
     Ok(())
+}
+
+/// Where the chain of links from `path` ends at nothing: the last link (when not `path`) and
+/// its target as written; `None` when `path` does not dangle.
+fn dangling(path: &Path) -> Option<(Option<PathBuf>, PathBuf)> {
+    let mut link = path.to_path_buf();
+    // The kernel's own limit on links followed in one lookup.
+    for _ in 0..40 {
+        let target = std::fs::read_link(&link).ok()?;
+        let next = lexical(&link.parent().map_or_else(|| target.clone(), |p| p.join(&target)));
+        match std::fs::symlink_metadata(&next) {
+            Err(_) => return Some(((link != path).then_some(link), target)),
+            Ok(m) if m.file_type().is_symlink() => link = next,
+            Ok(_) => return None,
+        }
+    }
+    None
+}
+
+/// `p` with `.` and `..` resolved by name (for messages and the next hop of a link chain).
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `path` as the node should read it: `~/…` when it is under the head's home (each node expands
@@ -117,6 +178,39 @@ mod tests {
         std::os::unix::fs::symlink("../../blobs/b1", d.path().join("snapshots/abc/model.safetensors")).unwrap();
         let l = list(d.path()).unwrap();
         assert_eq!(l, vec![("blobs/b1".to_string(), 10), ("snapshots/abc/model.safetensors".to_string(), 10)]);
+    }
+
+    #[test]
+    fn a_dangling_link_is_named_with_its_target() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("blobs/ab")).unwrap();
+        std::fs::write(d.path().join("blobs/ab/kept"), b"x").unwrap();
+        std::os::unix::fs::symlink("ab/kept", d.path().join("blobs/e1")).unwrap();
+        std::os::unix::fs::symlink("ab/gone", d.path().join("blobs/e2")).unwrap();
+        let e = list(d.path()).unwrap_err();
+        assert!(
+            matches!(&e, ListError::Dangling { file, via: None, target }
+                if *file == d.path().join("blobs/e2") && *target == Path::new("ab/gone")),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("{}/blobs/e2 is a symlink to ab/gone, which does not exist", d.path().display())
+        );
+        // Through a chain (snapshot → blob → shared store): the last link is named too.
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("snapshots/c")).unwrap();
+        std::fs::create_dir_all(d.path().join("blobs")).unwrap();
+        std::os::unix::fs::symlink("../../blobs/e2", d.path().join("snapshots/c/m")).unwrap();
+        std::os::unix::fs::symlink("../../blobs/ab/gone", d.path().join("blobs/e2")).unwrap();
+        let e = list(&d.path().join("snapshots")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{0}/snapshots/c/m is a symlink through {0}/blobs/e2 to ../../blobs/ab/gone, which does not exist",
+                d.path().display()
+            )
+        );
     }
 
     #[test]

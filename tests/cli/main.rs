@@ -15,6 +15,7 @@ mod kit_cli;
 mod kit_reference;
 mod kit_validation;
 mod plan;
+mod plan_single;
 mod plan_table;
 mod preflight_cli;
 mod preflight_fixtures;

@@ -12,7 +12,7 @@ use spark_kit::checkpoint::exl3_audit::{audit, AuditOptions, Codebook};
 use spark_kit::checkpoint::names::Class;
 use spark_kit::checkpoint::virtual_ckpt::{deepseek_v41_flash_exl3, reference_k_map, DeepSeekV41Dims};
 use spark_kit::kit::bytes::GIB;
-use spark_kit::kit::schema::Kit;
+use spark_kit::kit::schema::{Kit, KvCacheDtype};
 use spark_kit::plan::{input_from_kit, kv, kv_tokens, plan, PlanInput, PromptLimit};
 
 #[allow(clippy::cast_precision_loss)]
@@ -113,7 +113,7 @@ fn virtual_deepseek_audit_counts_and_k_map() {
 
 /// KV bytes per token derived from the model's shapes (issue 21 item 2).
 fn derived_kv_bytes(block: u32) -> f64 {
-    kv::derive(&DeepSeekV41Dims::default().kv_shape(block)).unwrap().bytes_per_token
+    kv::derive(&DeepSeekV41Dims::default().kv_shape(block, KvCacheDtype::Fp8DsMla)).unwrap().bytes_per_token
 }
 
 #[test]

@@ -123,6 +123,18 @@ fn a_revoked_token_is_fetched_again() {
 }
 
 #[test]
+fn another_client_error_is_not_taken_for_a_refused_token() {
+    // hf-xet files a CAS 401 and any other 4xx (here a 400) alike as `Network`, the status only
+    // in its text: the CAS, asked once with the same token (a one-byte reconstruction), says it
+    // is fine, so no new token is fetched; the range is simply retried.
+    let (s, j) = xet_with("reconstructions", FaultKind::Status(400), 0, 1);
+    let calls = s.hub.cas_calls();
+    assert!(j["retries"].as_u64().unwrap() >= 1, "{j}\n{calls:?}");
+    assert!(calls.iter().any(|(k, r)| k == "reconstructions" && r.as_deref() == Some("bytes=0-0")), "{calls:?}");
+    assert_eq!(s.hub.xet_token_calls(), 1, "a 400 renewed the token");
+}
+
+#[test]
 fn a_token_about_to_expire_is_refreshed_before_exp() {
     let s = Setup::xet();
     s.set_transport("xet");
@@ -165,10 +177,31 @@ fn kill_9_mid_reconstruction_then_rerun_resumes() {
         assert!(child.try_wait().unwrap().is_none(), "download finished before it could be killed");
         std::thread::sleep(Duration::from_millis(20));
     };
+    // hf-xet's working directory of the killed run is still there (it could not remove it).
+    let scratch = |pid: u32| -> Vec<String> {
+        let prefix = format!("spark-kit-xet-{pid}-");
+        let names = std::fs::read_dir(s.tmp()).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned());
+        names.filter(|n| n.starts_with(&prefix)).collect()
+    };
+    assert!(!scratch(child.id()).is_empty(), "no working directory of the killed run in {}", s.tmp().display());
     s.hub.set_rate(0);
-    let j = s.download_ok(&["--range-size", "1MiB"]);
+    let cas_before = s.hub.cas_bytes();
+    let out = s.download(&["--range-size", "1MiB"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The rerun removed it, and said so.
+    assert_eq!(scratch(child.id()), Vec::<String>::new());
+    assert!(stderr(&out).contains("left by a download that was killed"), "{}", stderr(&out));
     assert!(j["resumed_bytes"].as_u64().unwrap() >= journaled, "{j}");
     assert!(j["fetched_bytes"].as_u64().unwrap() <= (6 << 20) - journaled, "{j}");
+    // What the CAS sent for the rest (reconstruction answers and xorb ranges): a resumed range
+    // asks for its reconstruction from the journaled byte on, so no more than the missing bytes
+    // plus the partial chunks at each range's two ends (chunks are at most 128 KiB) and the
+    // answers' JSON.
+    let cas = s.hub.cas_bytes() - cas_before;
+    let missing = (6 << 20) - journaled;
+    eprintln!("resume after kill -9: journaled {journaled} B, CAS sent {cas} B for the {missing} B missing");
+    assert!(cas <= missing + 6 * (2 * (128 << 10) + (16 << 10)), "CAS sent {cas} B for {missing} B missing");
     assert!(s.cached(MODEL, &s.commit, BIG) == want, "resumed file differs");
     assert!(s.cmd(&["verify"]).output().unwrap().status.success());
 }

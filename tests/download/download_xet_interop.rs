@@ -8,65 +8,17 @@
 use crate::fake_hub;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use fake_hub::harness::{model_files, MODEL};
+use fake_hub::python::{snapshot, xet_python};
 use fake_hub::{Route, Setup};
-
-/// One worker: huggingface_hub 2.4.0 publishes to its shared blob store best-effort, and on a
-/// fresh cache its parallel workers race to mark the store (`utils/_shared_blobs.py`:
-/// `_ensure_shared_blobs_dir` deletes another worker's marker temporary), so with the default 8
-/// workers some LFS files stay plain blobs (seen in a loaded CI run: 2 of 4 shared). Serially
-/// every LFS file is published, which the layout assertions below need.
-const SNAPSHOT: &str = r#"
-import sys
-import huggingface_hub, hf_xet
-from huggingface_hub import snapshot_download
-print(snapshot_download(sys.argv[1], max_workers=1))
-print("huggingface_hub", huggingface_hub.__version__, file=sys.stderr)
-"#;
-
-/// The venv's python, or `None` (skipped, with the reason) outside the end-to-end runs.
-pub fn xet_python() -> Option<PathBuf> {
-    if std::env::var("SPARK_KIT_TEST_E2E").ok().as_deref() != Some("1") {
-        eprintln!("skipped: set SPARK_KIT_TEST_E2E=1 to run the Python Xet client interop test (builds its venv once)");
-        return None;
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("bash").arg(root.join("tests/xet-venv.sh")).output().unwrap();
-    assert!(out.status.success(), "tests/xet-venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    Some(PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()))
-}
-
-/// Run the Python client against the test Hub (or offline) with a clean environment (its own
-/// HF_HOME), `cache` as HF_HUB_CACHE; returns stdout.
-fn python(py: &Path, s: &Setup, cache: &Path, offline: bool, args: &[&str]) -> String {
-    let out = Command::new(py)
-        .env_clear()
-        .env("HF_HUB_OFFLINE", if offline { "1" } else { "0" })
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", s.dir.path())
-        .env("HF_ENDPOINT", &s.hub.endpoint)
-        .env("HF_HOME", s.dir.path().join("py-home"))
-        .env("HF_HUB_CACHE", cache)
-        .env("HF_XET_CACHE", s.dir.path().join("py-home/xet"))
-        .env("HF_HUB_DISABLE_TELEMETRY", "1")
-        .args(["-c", SNAPSHOT])
-        .args(args)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "python failed:\n{}\n{err}", String::from_utf8_lossy(&out.stdout));
-    eprintln!("{}", err.trim());
-    String::from_utf8(out.stdout).unwrap()
-}
 
 #[test]
 fn huggingface_hub_with_hf_xet_downloads_from_the_test_cas_byte_exact() {
     let Some(py) = xet_python() else { return };
     let s = Setup::xet();
     let cache = s.dir.path().join("py-cache");
-    let snap = python(&py, &s, &cache, false, &[MODEL]);
+    let snap = snapshot(&py, &s, &cache, false, &[MODEL]);
     assert_snapshot(&snap);
     // The bytes came through the CAS: no bridge request, xorb fetches on the proxy, the token
     // from the Hub, and the client's shared blob store holds each LFS file under its Xet hash.
@@ -110,7 +62,7 @@ fn a_cache_written_by_hf_with_shared_blobs_is_reused_verified_and_a_dangling_lin
     let Some(py) = xet_python() else { return };
     let s = Setup::xet();
     // `hf` fills the cache spark-kit uses: blobs/<sha256> are links into blobs/<2hex>/<xet hash>.
-    python(&py, &s, &s.cache(), false, &[MODEL]);
+    snapshot(&py, &s, &s.cache(), false, &[MODEL]);
     let shard = &model_files()[2];
     let link = s.repo_dir(MODEL).join("blobs").join(&shard.sha256);
     let target = std::fs::read_link(&link).unwrap();
@@ -136,6 +88,6 @@ fn a_cache_spark_kit_filled_over_xet_is_read_offline_by_huggingface_hub() {
     let s = Setup::xet();
     s.set_transport("xet");
     s.download_ok(&[]);
-    let out = python(&py, &s, &s.cache(), true, &[MODEL]);
+    let out = snapshot(&py, &s, &s.cache(), true, &[MODEL]);
     assert_snapshot(&out);
 }

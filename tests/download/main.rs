@@ -7,7 +7,6 @@ mod common;
 #[path = "../fake_hub/mod.rs"]
 mod fake_hub;
 
-mod download_bench_hub;
 mod download_cache;
 mod download_errors;
 mod download_faults;

@@ -4,11 +4,15 @@
 //! completes; the page cache the capped copy keeps on the destination file stays near the cap
 //! while the same copy without the cap keeps the whole file cached.
 //!
-//! Needs root (sshd), sshd, rsync and fincore: runs in CI (`tests/run-all.sh`); otherwise prints
-//! why it skips.
+//! A cache written by the real `hf download` (shared blob store: symlinked blobs) syncs as real
+//! bytes, and a dangling link on the head stops the step naming it.
+//!
+//! Needs root (sshd), sshd, rsync and fincore (and the Python Xet client's venv for the `hf`
+//! cache): runs in CI (`tests/run-all.sh`); otherwise prints why it skips.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use crate::common;
+use crate::fake_hub;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -219,15 +223,95 @@ fn rsync_copies_resumes_and_caps_the_page_cache() {
     assert!(report[0].1 <= 192 * MIB, "the capped copy kept {} MiB cached (cap 64 MiB)", report[0].1 / MIB);
 }
 
+/// A real node agent on the sshd node (spawned over ssh as `up` does) and the bring-up weight
+/// step (`bringup::weights`, the code `up` runs) driven through it.
+struct Bringup {
+    agent: spark_kit::cluster::client::AgentProc,
+    rx: std::sync::mpsc::Receiver<spark_kit::cluster::client::Msg>,
+    held: Vec<spark_kit::cluster::client::Msg>,
+    exe: PathBuf,
+    sha: String,
+    /// The head's home: trees under it are sent home-relative (the node reads its own home).
+    home: PathBuf,
+}
+
+impl Bringup {
+    fn start(node: &Node, home: &Path) -> Self {
+        use spark_kit::cluster::client;
+        use spark_kit::cluster::protocol::Event;
+        let exe = PathBuf::from(env!("CARGO_BIN_EXE_spark-kit"));
+        let sha = spark_kit::cluster::push::sha256_file(&exe).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut agent = client::spawn(node, 1, 1, &exe, &sha, &home.join("agent.log"), tx).unwrap();
+        let mut held = Vec::new();
+        let hello = client::wait_for(&rx, 1, Duration::from_secs(60), &mut held, |ev| {
+            matches!(ev, Event::Hello { .. }).then_some(())
+        });
+        if let Err(e) = hello {
+            agent.hang_up();
+            panic!("the agent did not say hello: {e}");
+        }
+        Self { agent, rx, held, exe, sha, home: home.to_path_buf() }
+    }
+
+    /// `bringup::weights` for `root` under `kit`: its result and the lines it printed.
+    fn weights(
+        &mut self,
+        kit: &spark_kit::kit::schema::Kit,
+        root: &Path,
+    ) -> (Result<(), spark_kit::supervisor::bringup::GateError>, Vec<String>) {
+        use spark_kit::supervisor::bringup::{self, WeightsCtx};
+        let roots = vec![listing::WeightTree { what: "model", path: root.to_path_buf() }];
+        let w = WeightsCtx { kit, roots, home: self.home.clone(), exe: &self.exe, sha: &self.sha };
+        let lines = std::sync::Mutex::new(Vec::new());
+        let agent = &mut self.agent;
+        let r = bringup::weights(&w, &self.rx, &mut |_, cmd| agent.send(cmd), &mut self.held, &|l| {
+            lines.lock().unwrap().push(l.to_string());
+        });
+        (r, lines.into_inner().unwrap())
+    }
+}
+
+impl Drop for Bringup {
+    fn drop(&mut self) {
+        self.agent.hang_up();
+        self.agent.reap(Instant::now() + Duration::from_secs(10));
+    }
+}
+
+/// A two-node kit (this head, the sshd node) syncing with `sync`, page cache capped at 64 MiB.
+fn two_node_kit(node: Node, sync: spark_kit::kit::schema::WeightSync) -> spark_kit::kit::schema::Kit {
+    use spark_kit::kit::schema::{Kit, Role};
+    let head = Node { name: "node-a".into(), role: Role::Head, ..Node::default() };
+    let mut kit = Kit { nodes: vec![head, node], ..Kit::default() };
+    kit.model.sync_page_cache = spark_kit::kit::bytes::ByteSize::mib(64);
+    kit.model.sync = sync;
+    kit
+}
+
+/// The node's copy of a tree under the head's home (root's home over ssh), removed on drop.
+struct NodeCopy(PathBuf);
+
+impl NodeCopy {
+    fn of(unique: &str) -> Self {
+        let node_home = PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
+        let c = Self(node_home.join(unique));
+        let _ = std::fs::remove_dir_all(&c.0);
+        c
+    }
+}
+
+impl Drop for NodeCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The bring-up step itself, through a real node agent over ssh: `shared` finds the node's copy
 /// missing and stops naming the files; `rsync` copies, then the same check passes.
 #[test]
 fn bringup_checks_weights_through_the_agent_and_rsyncs_them() {
-    use spark_kit::cluster::client::{self, Msg};
-    use spark_kit::cluster::protocol::Event;
-    use spark_kit::kit::schema::{Kit, Role, WeightSync};
-    use spark_kit::supervisor::bringup::{self, WeightsCtx};
-    use spark_kit::weights::listing::WeightTree;
+    use spark_kit::kit::schema::WeightSync;
 
     if let Some(why) = skip_reason() {
         eprintln!("skipping: {why}");
@@ -240,56 +324,92 @@ fn bringup_checks_weights_through_the_agent_and_rsyncs_them() {
     let root = home.path().join(&unique).join("models--o--w");
     write_file(&root.join("blobs/a"), 2 * MIB, 3);
     write_file(&root.join("blobs/b"), MIB, 4);
-    let node_home = PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
-    let node_copy = node_home.join(&unique);
-    struct Cleanup(PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _cleanup = Cleanup(node_copy.clone());
+    let node_copy = NodeCopy::of(&unique);
+    let mut b = Bringup::start(&sshd.node(), home.path());
 
-    let head = Node { name: "node-a".into(), role: Role::Head, ..Node::default() };
-    let mut kit = Kit { nodes: vec![head, sshd.node()], ..Kit::default() };
-    kit.model.sync_page_cache = spark_kit::kit::bytes::ByteSize::mib(64);
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_spark-kit"));
-    let sha = spark_kit::cluster::push::sha256_file(&exe).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Msg>();
-    let log = home.path().join("agent.log");
-    let mut agent = client::spawn(&kit.nodes[1], 1, 1, &exe, &sha, &log, tx).unwrap();
-    let mut held = Vec::new();
-    client::wait_for(&rx, 1, Duration::from_secs(60), &mut held, |ev| matches!(ev, Event::Hello { .. }).then_some(()))
-        .unwrap();
-
-    let mut check = |kit: &Kit| {
-        let roots = vec![WeightTree { what: "model", path: root.clone() }];
-        let w = WeightsCtx { kit, roots, home: home.path().to_path_buf(), exe: &exe, sha: &sha };
-        let lines = std::sync::Mutex::new(Vec::new());
-        let r = bringup::weights(&w, &rx, &mut |_, cmd| agent.send(cmd), &mut held, &|l| {
-            lines.lock().unwrap().push(l.to_string());
-        });
-        (r, lines.into_inner().unwrap())
-    };
-    kit.model.sync = WeightSync::Shared;
-    let (r, _) = check(&kit);
+    let (r, _) = b.weights(&two_node_kit(sshd.node(), WeightSync::Shared), &root);
     let err = r.unwrap_err();
     let e = err.to_string();
     assert!(e.starts_with(&format!("node-b: the weights under ~/{unique}/models--o--w differ from the head's: 2 file(s) differ: blobs/a missing; blobs/b missing")), "{e}");
     // The fix is the error's hint (`main` prints it on its own `hint:` line).
     assert!(err.hint().is_some_and(|h| h.starts_with("mount the same weights")), "{err:?}");
 
-    kit.model.sync = WeightSync::Rsync;
-    let (r, lines) = check(&kit);
+    let kit = two_node_kit(sshd.node(), WeightSync::Rsync);
+    let (r, lines) = b.weights(&kit, &root);
     r.unwrap_or_else(|e| panic!("{e}\n{lines:#?}"));
     assert!(lines.iter().any(|l| l.contains("synced blobs/a")), "{lines:#?}");
     assert!(lines.iter().any(|l| l.starts_with("==> weights (model): 2 file(s)")), "{lines:#?}");
     assert!(lines.iter().any(|l| l.contains("all 2 weight file(s) present")), "{lines:#?}");
-    assert_eq!(listing::list(&node_copy.join("models--o--w")).unwrap(), listing::list(&root).unwrap());
+    assert_eq!(listing::list(&node_copy.0.join("models--o--w")).unwrap(), listing::list(&root).unwrap());
     // A second run copies nothing (only changed files).
-    let (r, lines) = check(&kit);
+    let (r, lines) = b.weights(&kit, &root);
     r.unwrap();
     assert!(!lines.iter().any(|l| l.contains("synced blobs/")), "{lines:#?}");
-    agent.hang_up();
-    agent.reap(Instant::now() + Duration::from_secs(10));
+}
+
+/// A cache written by the real `hf download` (huggingface_hub 2.4.0 with hf_xet, from the test
+/// Hub's CAS) with its shared blob store: `models--*/blobs/<sha256>` are links to
+/// `../../blobs/<2hex>/<xet hash>`, outside the repo directory `up` ships. The sync materialises
+/// them: the node gets the bytes as files and its presence check passes. (Copied as links they
+/// would dangle on the node and the check would name every LFS file missing.) A dangling link
+/// on the head stops the step naming it before anything is copied.
+#[test]
+fn a_cache_written_by_hf_with_shared_blobs_ships_real_bytes_and_a_dangling_link_stops_first() {
+    use fake_hub::harness::{model_files, MODEL};
+    use spark_kit::kit::schema::WeightSync;
+
+    if let Some(why) = skip_reason() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let Some(py) = fake_hub::python::xet_python() else { return };
+    let s = fake_hub::Setup::xet();
+    let home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let unique = format!("sk-hf-sync-test-{}", std::process::id());
+    let cache = home.path().join(&unique);
+    let out = fake_hub::python::snapshot(&py, &s, &cache, false, &[MODEL]);
+    let snap = PathBuf::from(out.lines().last().unwrap().trim());
+    let repo = format!("models--{}", MODEL.replace('/', "--"));
+    let root = cache.join(&repo);
+    let lfs: Vec<_> = model_files().into_iter().filter(|f| f.lfs).collect();
+    for f in &lfs {
+        let t = std::fs::read_link(root.join("blobs").join(&f.sha256)).unwrap();
+        assert!(t.starts_with("../../blobs/"), "{}: {}", f.path, t.display());
+    }
+
+    let sshd = Sshd::start();
+    let node_copy = NodeCopy::of(&unique);
+    let mut b = Bringup::start(&sshd.node(), home.path());
+    let kit = two_node_kit(sshd.node(), WeightSync::Rsync);
+    let (r, lines) = b.weights(&kit, &root);
+    r.unwrap_or_else(|e| panic!("{e}\n{lines:#?}"));
+    let n = listing::list(&root).unwrap().len();
+    assert!(n > 2 * lfs.len(), "{n} files");
+    assert!(lines.iter().any(|l| l.contains(&format!("all {n} weight file(s) present"))), "{lines:#?}");
+    // Real bytes on the node: each blob a file (not a link), each snapshot path the Hub's bytes.
+    let node = node_copy.0.join(&repo);
+    let rel = snap.strip_prefix(&root).unwrap();
+    for f in model_files() {
+        assert!(std::fs::read(node.join(rel).join(&f.path)).unwrap() == f.content_bytes(), "{} differs", f.path);
+    }
+    for f in &lfs {
+        let m = std::fs::symlink_metadata(node.join("blobs").join(&f.sha256)).unwrap();
+        assert!(m.is_file(), "{}: the node's blob is not a file", f.path);
+    }
+
+    // The shared store loses a payload: the head's link dangles; nothing is copied.
+    drop(node_copy);
+    let link = root.join("blobs").join(&lfs[0].sha256);
+    std::fs::remove_file(link.parent().unwrap().join(std::fs::read_link(&link).unwrap())).unwrap();
+    let node_copy = NodeCopy::of(&unique);
+    let (r, lines) = b.weights(&kit, &root);
+    let err = r.unwrap_err();
+    // Named: the link whose target is gone (reached directly or through a snapshot link).
+    let e = err.to_string();
+    assert!(e.starts_with("the head's weights: ") && e.contains(&link.display().to_string()), "{e}");
+    assert!(e.contains(" to ../../blobs/") && e.ends_with(", which does not exist; nothing was copied"), "{e}");
+    assert!(err.is_usage(), "{err:?}");
+    assert!(err.hint().is_some_and(|h| h.starts_with("run `spark-kit download`")), "{err:?}");
+    assert!(!lines.iter().any(|l| l.contains("rsync")), "{lines:#?}");
+    assert!(!node_copy.0.exists(), "something was copied to {}", node_copy.0.display());
 }

@@ -116,11 +116,18 @@ impl Setup {
     }
 
     /// spark-kit with a clean environment: HOME in the temp dir, HF_ENDPOINT at the fake Hub.
+    /// The `TMPDIR` of the commands (hf-xet's working directories go there).
+    pub fn tmp(&self) -> PathBuf {
+        self.dir.path().join("tmp")
+    }
+
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_spark-kit"));
+        std::fs::create_dir_all(self.tmp()).unwrap();
         c.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("HOME", self.dir.path())
+            .env("TMPDIR", self.tmp())
             .env("HF_ENDPOINT", &self.hub.endpoint)
             .args(args)
             .arg("--kit")

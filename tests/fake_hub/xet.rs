@@ -85,6 +85,11 @@ impl FakeHub {
         self.state.log.lock().unwrap().cas_calls.clone()
     }
 
+    /// Bytes the CAS proxy has sent so far (reconstruction answers and xorb ranges).
+    pub fn cas_bytes(&self) -> u64 {
+        self.state.cas_bytes.load(Ordering::SeqCst)
+    }
+
     /// `xet-read-token` calls so far.
     pub fn xet_token_calls(&self) -> usize {
         self.api_calls().iter().filter(|c| c.contains("/xet-read-token/")).count()

@@ -25,6 +25,7 @@ use super::hashing::{git_sha1, sha256};
 use super::plan::{cross_check, Kind, PlannedFile};
 use super::report::Reporter;
 use super::retry::Backoff;
+use super::xet::scratch;
 pub use crate::kit::schema::DownloadTransport as Transport;
 pub use counters::Counters;
 use state::{lock, Queue, Shared};
@@ -125,6 +126,11 @@ pub async fn fetch_repo(
     if lfs.is_empty() {
         return Ok(out);
     }
+    // hf-xet's working directory (removed below); those of runs killed before removing theirs go.
+    let tmp = std::env::temp_dir();
+    for d in scratch::remove_stale(&tmp) {
+        reporter.note(&format!("removed {}, left by a download that was killed", d.display()));
+    }
     let shared = Arc::new(Shared {
         client,
         cache,
@@ -140,7 +146,7 @@ pub async fn fetch_repo(
         wake: tokio::sync::Notify::new(),
         results: Mutex::new(Vec::new()),
         xet: std::sync::OnceLock::new(),
-        scratch: tempfile_dir(),
+        scratch: scratch::next_dir(&tmp),
     });
     let mut workers = Vec::new();
     for _ in 0..opts.jobs.max(1) {
@@ -155,12 +161,6 @@ pub async fn fetch_repo(
     }
     out.extend(lock(&shared.results).drain(..));
     Ok(out)
-}
-
-/// hf-xet's working directory for one repo download (removed after it).
-fn tempfile_dir() -> std::path::PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    std::env::temp_dir().join(format!("spark-kit-xet-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
 }
 
 fn fetched_from_blob(cache: &RepoCache, f: &PlannedFile) -> Result<Fetched, HubError> {

@@ -56,7 +56,8 @@ impl Shared {
         // The Hub token goes to the Hub's own origin only (the token route is there).
         let on_hub = x.token_url.starts_with(&format!("{}/", self.client.endpoint()));
         let auth = if on_hub { self.client.auth_header() } else { None };
-        self.xet.get_or_init(|| XetSource::new(x.token_url.clone(), auth, self.scratch.clone()))
+        self.xet
+            .get_or_init(|| XetSource::new(self.client.http().clone(), x.token_url.clone(), auth, self.scratch.clone()))
     }
 
     pub(super) fn fail(&self, e: HubError) {

@@ -7,13 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_RANGE, RANGE};
-use xet::xet_session::XetDownloadStream;
+use xet::xet_session::{SessionError, XetDownloadStream};
 
 use super::super::error::HubError;
 use super::super::headers::{content_range, ratelimit_wait, redact_query, retry_after};
 use super::super::plan::cross_check;
 use super::super::retry::{jitter, retryable_status};
-use super::super::xet::is_unauthorized;
 use super::finalise::spawn_finalize;
 use super::state::{open_file, FileState, Location, RangeJob, Shared, FILES_IN_FLIGHT};
 
@@ -92,6 +91,8 @@ enum Attempt {
     Failed {
         reason: String,
         wait: Option<Duration>,
+        /// hf-xet's typed error, when it failed there.
+        cause: Option<SessionError>,
     },
     Expired,
     /// The bridge refused a Xet-backed file (a 4xx): fetch it natively.
@@ -126,7 +127,7 @@ async fn fetch_range(sh: &Arc<Shared>, job: &RangeJob) -> Result<bool, HubError>
                 switch_to_xet(sh, st, &why).await;
                 continue;
             }
-            Attempt::Failed { reason, wait } => (reason, wait),
+            Attempt::Failed { reason, wait, .. } => (reason, wait),
         };
         if pos > before {
             attempts = 0;
@@ -179,7 +180,7 @@ async fn switch_to_xet(sh: &Shared, st: &FileState, why: &str) {
 }
 
 fn failed(reason: impl Into<String>) -> Attempt {
-    Attempt::Failed { reason: reason.into(), wait: None }
+    Attempt::Failed { reason: reason.into(), wait: None, cause: None }
 }
 
 /// One ranged GET for `[pos, end)`; advances `pos` over every byte written (and `journaled`
@@ -224,7 +225,7 @@ async fn attempt(
                 .and_then(|v| v.to_str().ok())
                 .and_then(retry_after)
                 .or_else(|| h.get("ratelimit").and_then(|v| v.to_str().ok()).and_then(ratelimit_wait));
-            return Ok(Attempt::Failed { reason: format!("HTTP {s}"), wait });
+            return Ok(Attempt::Failed { reason: format!("HTTP {s}"), wait, cause: None });
         }
         s => {
             return Err(HubError::Http {
@@ -248,8 +249,9 @@ async fn attempt(
 }
 
 /// One ranged stream of `[pos, end)` of a Xet-backed file from hf-xet (reconstruction, xorb
-/// range GETs, chunk decode), written like a ranged GET's body. A refused CAS token renews
-/// the Xet source (a fresh `xet-read-token` on the next attempt).
+/// range GETs, chunk decode), written like a ranged GET's body. A refused CAS token (judged
+/// from hf-xet's typed error, see `xet::token`) renews the Xet source: a fresh `xet-read-token`
+/// on the next attempt.
 async fn attempt_xet(
     sh: &Arc<Shared>,
     st: &Arc<FileState>,
@@ -262,18 +264,16 @@ async fn attempt_xet(
     let (stream, generation) = match tokio::time::timeout(idle, src.stream(&x.hash, st.f.size, *pos..job.end)).await {
         Err(_) => return Ok(failed(format!("Xet: no reconstruction in {} s", idle.as_secs_f32()))),
         Ok(Err(e)) => {
-            if e.unauthorized() {
-                src.renew(e.generation).await;
+            if let Some(cause) = &e.cause {
+                src.judge(e.generation, cause, &x.hash).await;
             }
             return Ok(failed(format!("Xet: {}", e.reason)));
         }
         Ok(Ok(s)) => s,
     };
     let outcome = receive(sh, st, job, &mut Body::Xet(stream), (pos, journaled)).await?;
-    if let Attempt::Failed { reason, .. } = &outcome {
-        if is_unauthorized(reason) {
-            src.renew(generation).await;
-        }
+    if let Attempt::Failed { cause: Some(cause), .. } = &outcome {
+        src.judge(generation, cause, &x.hash).await;
     }
     Ok(outcome)
 }
@@ -285,10 +285,14 @@ enum Body {
 }
 
 impl Body {
-    async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, String> {
+    async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, Attempt> {
         match self {
-            Body::Http(r) => r.chunk().await.map_err(|e| format!("connection broken: {e}")),
-            Body::Xet(s) => s.next().await.map_err(|e| format!("Xet reconstruction failed: {e}")),
+            Body::Http(r) => r.chunk().await.map_err(|e| failed(format!("connection broken: {e}"))),
+            Body::Xet(s) => s.next().await.map_err(|e| Attempt::Failed {
+                reason: format!("Xet reconstruction failed: {e}"),
+                wait: None,
+                cause: Some(e),
+            }),
         }
     }
 }
@@ -320,7 +324,7 @@ async fn receive(
                 break;
             }
             Ok(Err(e)) => {
-                result = Some(failed(e));
+                result = Some(e);
                 break;
             }
             Ok(Ok(None)) => break,
