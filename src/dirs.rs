@@ -3,6 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
+/// HOME is unset or empty: there is no home to keep the cache and logs under or to expand `~`
+/// against (spark-kit never guesses one: a guess such as `/root` finds another user's files).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "HOME is not set: spark-kit keeps its cache and logs under it and expands `~` in the kit against it; \
+     set it to your home directory, e.g. `export HOME=$(getent passwd \"$(id -u)\" | cut -d: -f6)`"
+)]
+pub struct HomeUnset;
+
 /// Resolved base directories.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dirs {
@@ -19,15 +28,15 @@ pub fn env_value<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> 
 }
 
 impl Dirs {
-    #[must_use]
-    pub fn from_env(env: &[(String, String)]) -> Self {
-        let home = PathBuf::from(env_value(env, "HOME").unwrap_or("/root"));
+    /// The directories of this process's environment; HOME must be set ([`HomeUnset`]).
+    pub fn from_env(env: &[(String, String)]) -> Result<Self, HomeUnset> {
+        let home = PathBuf::from(env_value(env, "HOME").ok_or(HomeUnset)?);
         let cache = match (env_value(env, "SPARK_KIT_CACHE"), env_value(env, "XDG_CACHE_HOME")) {
             (Some(c), _) => PathBuf::from(c),
             (None, Some(x)) => Path::new(x).join("spark-kit"),
             (None, None) => home.join(".cache/spark-kit"),
         };
-        Self { home, cache }
+        Ok(Self { home, cache })
     }
 
     /// Expand a leading `~/` (or a lone `~`) against the home directory.
@@ -75,13 +84,31 @@ mod tests {
 
     #[test]
     fn cache_precedence_and_tilde() {
-        let d = Dirs::from_env(&env(&[("HOME", "/h")]));
+        let d = Dirs::from_env(&env(&[("HOME", "/h")])).unwrap();
         assert_eq!(d.cache, PathBuf::from("/h/.cache/spark-kit"));
         assert_eq!(d.expand("~/x/y"), PathBuf::from("/h/x/y"));
         assert_eq!(d.expand("/abs"), PathBuf::from("/abs"));
-        let d = Dirs::from_env(&env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/c")]));
+        let d = Dirs::from_env(&env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/c")])).unwrap();
         assert_eq!(d.cache, PathBuf::from("/c/spark-kit"));
-        let d = Dirs::from_env(&env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/c"), ("SPARK_KIT_CACHE", "/s")]));
+        let d = Dirs::from_env(&env(&[("HOME", "/h"), ("XDG_CACHE_HOME", "/c"), ("SPARK_KIT_CACHE", "/s")])).unwrap();
         assert_eq!(d.cache, PathBuf::from("/s"));
+    }
+
+    /// #28: an unset HOME was taken to be `/root` (another user's cache and models).
+    #[test]
+    fn an_unset_home_is_an_error_naming_home_and_the_fix() {
+        for e in [env(&[]), env(&[("HOME", ""), ("SPARK_KIT_CACHE", "/s")])] {
+            let msg = Dirs::from_env(&e).unwrap_err().to_string();
+            assert!(msg.starts_with("HOME is not set:") && !msg.contains('\n'), "{msg}");
+            // The fix runs as printed and sets HOME to this user's home directory.
+            let cmd = msg.split('`').nth(3).unwrap();
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("{cmd}; printf %s \"$HOME\""))
+                .env_remove("HOME")
+                .output()
+                .unwrap();
+            assert!(out.status.success() && out.stdout.starts_with(b"/"), "{cmd}: {out:?}");
+        }
     }
 }

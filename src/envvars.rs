@@ -86,7 +86,7 @@ pub const VARS: &[EnvVar] = &[
         &[Read, Passed],
         "dirs, hub::auth, engine::process",
         "home directory: `~` in kit paths, default caches",
-        "`/root`",
+        "none: unset is an error (exit 2) naming the fix",
     ),
     var(
         "XDG_CACHE_HOME",

@@ -2,6 +2,7 @@
 //! `curl` example with its `Authorization` header. Pure text; every hint is run as printed by
 //! the tests.
 
+use crate::deploy::keys::{first_key, FirstKey};
 use crate::kit::schema::ApiKeys;
 
 /// The kit a deployment was started with, as the user named it (`None`: the default kit).
@@ -63,20 +64,15 @@ pub enum KeySource {
 }
 
 impl KeySource {
-    /// Where the running deployment's key comes from: the variable when it is set (non-empty)
-    /// in `env`, else the file — the order `engine.api_keys` is read in.
+    /// Where the running deployment's first key comes from, by the deployment layer's one
+    /// env-then-file rule ([`crate::deploy::keys::first_key`]).
     #[must_use]
     pub fn of(keys: &ApiKeys, env: &[(String, String)]) -> Option<Self> {
-        if let Some(name) = &keys.env {
-            let value = env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).unwrap_or_default();
-            if value.contains(',') {
-                return Some(Self::EnvList(name.clone()));
-            }
-            if !value.is_empty() || keys.file.is_none() {
-                return Some(Self::Env(name.clone()));
-            }
-        }
-        keys.file.as_ref().map(|f| Self::File(f.clone()))
+        Some(match first_key(keys, env)? {
+            FirstKey::Env { var, list: false } => Self::Env(var),
+            FirstKey::Env { var, list: true } => Self::EnvList(var),
+            FirstKey::File(f) => Self::File(f),
+        })
     }
 
     /// The header argument, expanded by the user's shell: `-H "Authorization: Bearer $VAR"`.
@@ -154,7 +150,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("key file");
         std::fs::write(&f, "\n  k-1  \nk-2\n").unwrap();
-        let keys = ApiKeys { env: Some("UNSET_VAR".into()), file: Some(f.display().to_string()) };
+        let keys = ApiKeys { env: None, file: Some(f.display().to_string()) };
         let k = KeySource::of(&keys, &[]).unwrap();
         assert!(matches!(k, KeySource::File(_)));
         assert_eq!(run_sh(&format!("printf '%s\\n' {}", k.header()), &[]), "-H\nAuthorization: Bearer k-1\n");

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use crate::deploy::Deployment;
+use crate::dirs::HomeUnset;
 use crate::hints::{KeySource, KitRef};
 use crate::kit::schema::{Kit, Role, Transport};
 use crate::live::run_dir;
@@ -34,12 +35,11 @@ pub struct Settings {
 
 impl Settings {
     /// The settings of `kit` (resolved with its layers) on this machine; `kit_arg` is what
-    /// `--kit` said (None: the default kit).
-    #[must_use]
-    pub fn new(kit: Kit, kit_arg: Option<&str>, env: &[(String, String)]) -> Self {
-        let deploy = Deployment::resolve(&kit, env);
+    /// `--kit` said (None: the default kit). HOME must be set.
+    pub fn new(kit: Kit, kit_arg: Option<&str>, env: &[(String, String)]) -> Result<Self, HomeUnset> {
+        let deploy = Deployment::resolve(&kit, env)?;
         let logs = &deploy.logs;
-        Self {
+        Ok(Self {
             kit_ref: KitRef::new(kit_arg),
             socket: socket_path(logs, &kit.name),
             pid_file: pid_path(logs, &kit.name),
@@ -48,7 +48,7 @@ impl Settings {
             key: KeySource::of(&kit.engine.api_keys, env),
             deploy,
             kit,
-        }
+        })
     }
 
     /// Whether the head node runs on this machine (then `up` can check its API port first).
@@ -73,7 +73,7 @@ mod tests {
     #[test]
     fn paths_and_ports_of_tiny_cpu() {
         let env = vec![("HOME".to_string(), "/h".to_string())];
-        let s = Settings::new(kit("tiny-cpu"), Some("tiny-cpu"), &env);
+        let s = Settings::new(kit("tiny-cpu"), Some("tiny-cpu"), &env).unwrap();
         let logs = &s.deploy.logs;
         assert!(s.socket.starts_with(logs) && s.pid_file.starts_with(logs), "{s:?}");
         assert_eq!(s.supervisor_log, logs.join("tiny-cpu-supervisor.log"));

@@ -18,13 +18,13 @@ pub fn status_code(status_line: &str) -> Option<u16> {
 
 /// A small HTTP/1.0 GET with short timeouts: (status, body). Used on the node itself only.
 #[must_use]
-pub fn http_get(host: &str, port: u32, path: &str) -> Option<(u16, String)> {
+pub fn http_get(host: &str, port: u16, path: &str) -> Option<(u16, String)> {
     http(host, port, &format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n"), Duration::from_secs(3))
 }
 
 /// One-token completion: the engine really generates (readiness is more than `/health`).
 #[must_use]
-pub fn one_token(host: &str, port: u32, model: &str, api_key: Option<&str>) -> bool {
+pub fn one_token(host: &str, port: u16, model: &str, api_key: Option<&str>) -> bool {
     let body = serde_json::json!({"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}).to_string();
     let auth = api_key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
     let req = format!(
@@ -34,8 +34,8 @@ pub fn one_token(host: &str, port: u32, model: &str, api_key: Option<&str>) -> b
     http(host, port, &req, Duration::from_secs(60)).is_some_and(|(c, _)| c == 200)
 }
 
-fn http(host: &str, port: u32, request: &str, read_timeout: Duration) -> Option<(u16, String)> {
-    let addr = (host, u16::try_from(port).ok()?).to_socket_addrs().ok()?.next()?;
+fn http(host: &str, port: u16, request: &str, read_timeout: Duration) -> Option<(u16, String)> {
+    let addr = (host, port).to_socket_addrs().ok()?.next()?;
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(read_timeout)).ok()?;
     s.write_all(request.as_bytes()).ok()?;

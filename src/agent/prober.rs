@@ -22,7 +22,7 @@ pub struct Seen {
 /// Where and how to probe: the internal address, the served model's name and the API key.
 pub struct Target {
     pub host: &'static str,
-    pub port: u32,
+    pub port: u16,
     pub model: String,
     pub key: Option<String>,
 }
@@ -86,7 +86,7 @@ mod tests {
     use std::net::TcpListener;
 
     fn target(port: u16) -> Target {
-        Target { host: "127.0.0.1", port: u32::from(port), model: "m".into(), key: None }
+        Target { host: "127.0.0.1", port, model: "m".into(), key: None }
     }
 
     #[test]

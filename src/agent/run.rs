@@ -129,7 +129,13 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                     }
                     last_line.store(ms(clock), Ordering::Relaxed);
                     // This node's paths, ports and API key, against its own HOME and environment.
-                    let deploy = Deployment::resolve(&kit, env);
+                    let deploy = match Deployment::resolve(&kit, env) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            out.emit(&Event::Error { message: e.to_string(), fatal: false });
+                            continue;
+                        }
+                    };
                     if guard.is_none() && kit.memory.guard.policy != crate::kit::schema::GuardPolicy::Off {
                         match guard::start(&kit, node, &deploy, guard_tx.clone()) {
                             Ok(g) => guard = Some(g),
@@ -170,7 +176,10 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                         Err(e) => out.emit(&Event::Error { message: one_line(&e), fatal: false }),
                     }
                 }
-                Ok(Command::CheckFiles { root, files }) => out.emit(&check_files(&dirs.expand(&root), &files)),
+                Ok(Command::CheckFiles { root, files }) => match &dirs {
+                    Ok(dirs) => out.emit(&check_files(&dirs.expand(&root), &files)),
+                    Err(e) => out.emit(&Event::Error { message: e.to_string(), fatal: false }),
+                },
                 Ok(Command::Preflight { request }) => {
                     let facts = gather(&LocalProbe { timeout_s: 10 }, &request);
                     out.emit(&Event::Facts { facts: Box::new(facts) });
@@ -360,7 +369,7 @@ mod tests {
         .unwrap();
         let input = std::io::Cursor::new(format!("{cmd}\nnot json\n").into_bytes());
         let mut out = Buf(Vec::new());
-        assert_eq!(run(1, &[], input, &mut out), 0);
+        assert_eq!(run(1, &crate::dirs::pairs(&[("HOME", "/h")]), input, &mut out), 0);
         assert!(matches!(out.0[0], Event::Hello { .. }));
         assert!(out
             .0

@@ -9,7 +9,7 @@ use crate::bench::plot::PlotError;
 use crate::checkpoint::budget::BudgetError;
 use crate::checkpoint::CheckpointError;
 use crate::deploy::keys::KeysError;
-use crate::deploy::ports::PortError;
+use crate::dirs::HomeUnset;
 use crate::engine::embed::EmbedError;
 use crate::engine::recipe::RecipeError;
 use crate::engine::venv::SetupError;
@@ -49,7 +49,7 @@ macro_rules! usage {
         }
     )+};
 }
-usage!(BudgetError, KeysError, PortError, ConfigError, RecipeError);
+usage!(BudgetError, KeysError, ConfigError, RecipeError, HomeUnset);
 
 impl Classified for KitError {
     fn exit_code(&self) -> ExitCode {

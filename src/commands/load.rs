@@ -36,7 +36,7 @@ pub fn resolve(args: &KitArgs, env: &[(String, String)]) -> Result<Resolved, Fai
 
 /// The kit named by `args`, resolved, and its settings on this machine (src/settings.rs).
 pub fn settings(args: &KitArgs, env: &[(String, String)]) -> Result<Settings, Failure> {
-    Ok(Settings::new(resolve(args, env)?.kit, args.kit.as_deref(), env))
+    Ok(Settings::new(resolve(args, env)?.kit, args.kit.as_deref(), env)?)
 }
 
 /// [`settings`], validating only the parts of the kit the command uses.
@@ -45,7 +45,7 @@ pub fn settings_for(
     env: &[(String, String)],
     parts: &[kit::validate::Part],
 ) -> Result<Settings, Failure> {
-    Ok(Settings::new(resolve_for(args, env, parts)?.kit, args.kit.as_deref(), env))
+    Ok(Settings::new(resolve_for(args, env, parts)?.kit, args.kit.as_deref(), env)?)
 }
 
 /// [`resolve`], validating only the parts of the kit the command uses.

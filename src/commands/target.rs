@@ -33,7 +33,7 @@ pub fn find(args: &KitArgs, env: &[(String, String)], sub: &str) -> Result<Targe
 /// [`find`], with why none was found kept (`status --json` prints a value when nothing runs);
 /// the outer error is the kit's.
 pub fn locate(args: &KitArgs, env: &[(String, String)]) -> Result<Result<Target, LocateError>, Failure> {
-    let dirs = Dirs::from_env(env);
+    let dirs = Dirs::from_env(env)?;
     let kit_ref = KitRef::new(args.kit.as_deref());
     let given = given_kit(args, env)?;
     // No kit flags: the default kit is still tried at its own socket (its record may be missing).

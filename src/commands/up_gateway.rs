@@ -37,7 +37,7 @@ pub(super) fn config(s: &Settings) -> Result<(GatewayConfig, Option<String>), Fa
     }
     let kit = &s.kit;
     let keys = s.deploy.keys.clone()?;
-    let port = s.deploy.ports.internal_tcp()?;
+    let port = s.deploy.ports.internal;
     let (p, note) = plan_of(s);
     let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port)?;
     // The served checkpoint's tokenizer, for counting completion prompts in process; a missing
@@ -94,7 +94,7 @@ mod tests {
     }
 
     fn config(k: &Kit, env: &[(String, String)]) -> Result<(GatewayConfig, Option<String>), Failure> {
-        super::config(&Settings::new(k.clone(), None, env))
+        super::config(&Settings::new(k.clone(), None, env).unwrap())
     }
 
     #[test]

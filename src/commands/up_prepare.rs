@@ -31,7 +31,7 @@ pub fn settings(args: &UpArgs, env: &[(String, String)]) -> Result<Settings, Fai
     }
     let src = crate::kit::source(args.kit.kit.as_deref()).map_err(load::kit_failure)?;
     let kit = crate::kit::resolve(src, env, &flags).map_err(load::kit_failure)?.kit;
-    Ok(Settings::new(kit, args.kit.kit.as_deref(), env))
+    Ok(Settings::new(kit, args.kit.kit.as_deref(), env)?)
 }
 
 /// Whether the kit's supervisor answers on its control socket.

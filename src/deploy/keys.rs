@@ -3,7 +3,7 @@
 //! node's probes take them from there.
 
 use crate::dirs::Dirs;
-use crate::kit::schema::Kit;
+use crate::kit::schema::{ApiKeys, Kit};
 
 /// Why `engine.api_keys` yields no usable key set. Each is a configuration error naming the key,
 /// the variable or file, and the fix: a kit that names a key source which gives nothing is
@@ -42,17 +42,7 @@ impl KeysError {
 pub fn api_keys(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Vec<String>, KeysError> {
     let mut keys: Vec<String> = Vec::new();
     if let Some(name) = &kit.engine.api_keys.env {
-        let value = env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-        let before = keys.len();
-        keys.extend(value.unwrap_or_default().split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string));
-        if keys.len() == before {
-            let how = match value {
-                None => "not set",
-                Some(v) if v.trim().is_empty() => "empty",
-                Some(_) => "only commas (no key)",
-            };
-            return Err(KeysError::Unset { var: name.clone(), how });
-        }
+        keys = env_keys(name, env)?;
     }
     if let Some(f) = &kit.engine.api_keys.file {
         let path = dirs.expand(f);
@@ -69,6 +59,47 @@ pub fn api_keys(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Vec<
     Ok(keys)
 }
 
+/// The keys in the variable `name`: its comma-separated values; none is an error.
+fn env_keys(name: &str, env: &[(String, String)]) -> Result<Vec<String>, KeysError> {
+    let value = env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    let keys: Vec<String> =
+        value.unwrap_or_default().split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_string).collect();
+    if keys.is_empty() {
+        let how = match value {
+            None => "not set",
+            Some(v) if v.trim().is_empty() => "empty",
+            Some(_) => "only commas (no key)",
+        };
+        return Err(KeysError::Unset { var: name.to_string(), how });
+    }
+    Ok(keys)
+}
+
+/// Where the first key of `engine.api_keys` comes from under [`api_keys`]' rule (the key the
+/// engine gets and a printed `curl` sends): never the key itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FirstKey {
+    /// The variable `engine.api_keys.env`; `list`: it holds several comma-separated keys.
+    Env { var: String, list: bool },
+    /// The file `engine.api_keys.file` (the first field of its first non-blank line), as written in the kit.
+    File(String),
+}
+
+/// The source of the first key [`api_keys`] yields: the variable when the kit names one (an
+/// unset one is [`KeysError::Unset`], which fails the deployment), else the file; `None` when
+/// the kit names neither.
+#[must_use]
+pub fn first_key(keys: &ApiKeys, env: &[(String, String)]) -> Option<FirstKey> {
+    match (&keys.env, &keys.file) {
+        (Some(var), _) => {
+            let list = env_keys(var, env).is_ok_and(|k| k.len() > 1);
+            Some(FirstKey::Env { var: var.clone(), list })
+        }
+        (None, Some(f)) => Some(FirstKey::File(f.clone())),
+        (None, None) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,7 +112,7 @@ mod tests {
         let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.api_keys.env = Some("K".into());
         k.engine.api_keys.file = Some(f.display().to_string());
-        let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
+        let dirs = Dirs::from_env(&crate::dirs::pairs(&[("HOME", d.path().to_str().unwrap())])).unwrap();
         let env = vec![("K".to_string(), "env-a, env-b,".to_string())];
         assert_eq!(api_keys(&k, &env, &dirs).unwrap(), ["env-a", "env-b", "file-a", "file-b"]);
         k.engine.api_keys.env = None;
@@ -101,7 +132,7 @@ mod tests {
     #[test]
     fn a_named_variable_that_is_unset_or_empty_fails_closed() {
         let d = tempfile::tempdir().unwrap();
-        let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
+        let dirs = Dirs::from_env(&crate::dirs::pairs(&[("HOME", d.path().to_str().unwrap())])).unwrap();
         let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.api_keys.env = Some("GW_KEYS".into());
         for (env, how) in [
@@ -125,12 +156,48 @@ mod tests {
         assert_eq!(api_keys(&k, &env, &dirs).unwrap(), ["a"]);
     }
 
+    /// The printed `curl`'s key source and the keys the deployment runs with follow one rule:
+    /// the first key [`api_keys`] yields comes from the source [`first_key`] names.
+    #[test]
+    fn the_first_key_comes_from_the_source_first_key_names() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("keys");
+        std::fs::write(&f, "\n file-a x\nfile-b\n").unwrap();
+        let dirs = Dirs::from_env(&crate::dirs::pairs(&[("HOME", d.path().to_str().unwrap())])).unwrap();
+        let file = Some(f.display().to_string());
+        let mut k = crate::kit::builtin_kit("tiny-cpu");
+        for (var, value, file) in [
+            (Some("K"), Some("env-a"), None),
+            (Some("K"), Some(" env-a , env-b"), None),
+            (Some("K"), Some("env-a"), file.clone()),
+            (Some("K"), Some("env-a,env-b"), file.clone()),
+            (Some("K"), None, file.clone()),
+            (None, Some("env-a"), file.clone()),
+            (None, None, None),
+        ] {
+            k.engine.api_keys = ApiKeys { env: var.map(str::to_string), file };
+            let env: Vec<(String, String)> = value.map(|v| ("K".to_string(), v.to_string())).into_iter().collect();
+            let (keys, first) = (api_keys(&k, &env, &dirs), first_key(&k.engine.api_keys, &env));
+            let case = format!("{var:?} {value:?}: {keys:?} {first:?}");
+            match (keys, first) {
+                (Err(KeysError::Unset { .. }), Some(FirstKey::Env { .. })) => assert!(value.is_none(), "{case}"),
+                (Ok(keys), None) => assert!(keys.is_empty(), "{case}"),
+                (Ok(keys), Some(FirstKey::Env { list, .. })) => {
+                    assert_eq!(keys[0], "env-a", "{case}");
+                    assert_eq!(list, value.unwrap().contains("env-b"), "{case}");
+                }
+                (Ok(keys), Some(FirstKey::File(_))) => assert_eq!(keys, ["file-a", "file-b"], "{case}"),
+                _ => panic!("{case}"),
+            }
+        }
+    }
+
     #[test]
     fn a_named_file_without_a_key_fails_closed() {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("keys");
         std::fs::write(&f, "\n   \n").unwrap();
-        let dirs = Dirs { home: d.path().to_path_buf(), ..Dirs::from_env(&[]) };
+        let dirs = Dirs::from_env(&crate::dirs::pairs(&[("HOME", d.path().to_str().unwrap())])).unwrap();
         let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.api_keys.file = Some(f.display().to_string());
         let e = api_keys(&k, &[], &dirs).unwrap_err();

@@ -19,7 +19,7 @@ pub mod ports;
 
 use std::path::{Path, PathBuf};
 
-use crate::dirs::Dirs;
+use crate::dirs::{Dirs, HomeUnset};
 use crate::kit::schema::Kit;
 use keys::KeysError;
 use ports::Ports;
@@ -54,13 +54,13 @@ pub struct Deployment {
 impl Deployment {
     /// The deployment of `kit` on this node; `env` is this process's environment (read once,
     /// in `main`). Reads the API key file when the kit names one; nothing else touches disk.
-    #[must_use]
-    pub fn resolve(kit: &Kit, env: &[(String, String)]) -> Self {
-        let dirs = Dirs::from_env(env);
+    /// HOME must be set ([`HomeUnset`]).
+    pub fn resolve(kit: &Kit, env: &[(String, String)]) -> Result<Self, HomeUnset> {
+        let dirs = Dirs::from_env(env)?;
         let data_dir = dirs.expand(&kit.paths.data_dir);
         let kit_data = data_dir.join(&kit.name);
         let configured = kit.paths.hf_cache.as_deref().map(|p| dirs.expand(p));
-        Self {
+        Ok(Self {
             logs: dirs.expand(&kit.paths.logs),
             lock_file: kit_data.join("spark-kit.lock"),
             packed_dir: kit_data.join("engram-packed"),
@@ -72,7 +72,7 @@ impl Deployment {
             keys: keys::api_keys(kit, env, &dirs),
             data_dir,
             dirs,
-        }
+        })
     }
 
     /// A repo's directory in the Hugging Face cache.
@@ -107,7 +107,7 @@ mod tests {
 
     #[test]
     fn every_path_follows_this_nodes_home() {
-        let d = Deployment::resolve(&crate::kit::builtin_kit("tiny-cpu"), &env(&[("HOME", "/home/u")]));
+        let d = Deployment::resolve(&crate::kit::builtin_kit("tiny-cpu"), &env(&[("HOME", "/home/u")])).unwrap();
         assert_eq!(d.dirs.home, PathBuf::from("/home/u"));
         assert_eq!(d.cache(), Path::new("/home/u/.cache/spark-kit"));
         assert_eq!(d.hf_cache, PathBuf::from("/home/u/.cache/huggingface/hub"));
@@ -121,11 +121,11 @@ mod tests {
     #[test]
     fn the_kit_and_hf_variables_move_the_cache() {
         let mut kit = crate::kit::builtin_kit("tiny-cpu");
-        let d = Deployment::resolve(&kit, &env(&[("HOME", "/h"), ("HF_HOME", "/hf")]));
+        let d = Deployment::resolve(&kit, &env(&[("HOME", "/h"), ("HF_HOME", "/hf")])).unwrap();
         assert_eq!(d.hf_cache, PathBuf::from("/hf/hub"));
         kit.paths.hf_cache = Some("~/mine".into());
         kit.model.path = Some("~/m".into());
-        let d = Deployment::resolve(&kit, &env(&[("HOME", "/h"), ("HF_HUB_CACHE", "/y")]));
+        let d = Deployment::resolve(&kit, &env(&[("HOME", "/h"), ("HF_HUB_CACHE", "/y")])).unwrap();
         assert_eq!(d.hf_cache, PathBuf::from("/h/mine"));
         assert_eq!(d.model_path, Some(PathBuf::from("/h/m")));
     }

@@ -20,7 +20,7 @@ pub fn probe_host(bind: &str) -> &str {
 
 /// `http://host:port` with IPv6 hosts bracketed.
 #[must_use]
-pub fn base_url(host: &str, port: u32) -> String {
+pub fn base_url(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("http://[{host}]:{port}")
     } else {
@@ -34,23 +34,11 @@ pub fn base_url(host: &str, port: u32) -> String {
 pub struct Ports {
     /// `engine.host`: where clients connect.
     pub host: String,
-    pub api: u32,
-    pub internal: u32,
-}
-
-/// Why a port cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum PortError {
-    #[error("engine.internal_port {0} is not a TCP port: set engine.internal_port to 1-65535")]
-    Internal(u32),
+    pub api: u16,
+    pub internal: u16,
 }
 
 impl Ports {
-    /// The internal port as a TCP port.
-    pub fn internal_tcp(&self) -> Result<u16, PortError> {
-        u16::try_from(self.internal).map_err(|_| PortError::Internal(self.internal))
-    }
-
     /// The ports `kit` names.
     #[must_use]
     pub fn of(kit: &Kit) -> Self {
@@ -60,7 +48,7 @@ impl Ports {
     /// The engine's own API: [`INTERNAL_HOST`] and the internal port. The node's probes
     /// (`/health`, `/metrics`, the one-token completion) use this, clients [`Self::base_url`].
     #[must_use]
-    pub fn internal_addr(&self) -> (&'static str, u32) {
+    pub fn internal_addr(&self) -> (&'static str, u16) {
         (INTERNAL_HOST, self.internal)
     }
 
@@ -89,7 +77,7 @@ mod tests {
         assert_eq!(probe_host("10.0.0.1"), "10.0.0.1");
     }
 
-    fn kit_with(port: u32, internal: u32) -> Kit {
+    fn kit_with(port: u16, internal: u16) -> Kit {
         let mut k = crate::kit::builtin_kit("tiny-cpu");
         k.engine.port = port;
         k.engine.internal_port = internal;
@@ -103,7 +91,5 @@ mod tests {
         assert_eq!(Ports::of(&kit_with(8000, 9123)).internal, 9123);
         assert_eq!(Ports::of(&kit_with(8000, 0)).internal_addr(), ("127.0.0.1", 18000));
         assert!(Ports::of(&kit_with(8000, 0)).endpoint().ends_with(":8000/v1"));
-        let p = Ports { host: "127.0.0.1".into(), api: 8000, internal: 70000 };
-        assert!(p.internal_tcp().unwrap_err().to_string().starts_with("engine.internal_port 70000 "));
     }
 }

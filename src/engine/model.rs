@@ -155,7 +155,11 @@ mod tests {
 
     fn deployment(hf_cache: &Path, data_dir: &Path) -> Deployment {
         let kit = crate::kit::builtin_kit("tiny-cpu");
-        Deployment { hf_cache: hf_cache.into(), data_dir: data_dir.into(), ..Deployment::resolve(&kit, &[]) }
+        Deployment {
+            hf_cache: hf_cache.into(),
+            data_dir: data_dir.into(),
+            ..Deployment::resolve(&kit, &[("HOME".into(), "/h".into())]).unwrap()
+        }
     }
 
     #[test]

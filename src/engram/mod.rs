@@ -60,7 +60,8 @@ mod tests {
     fn engines_get_the_engram_dirs_once_packed() {
         let home = tempfile::tempdir().unwrap();
         let spark = crate::kit::builtin_kit("dgx-spark-2x-dsv41-exl3");
-        let d = crate::deploy::Deployment::resolve(&spark, &[("HOME".into(), home.path().display().to_string())]);
+        let d =
+            crate::deploy::Deployment::resolve(&spark, &[("HOME".into(), home.path().display().to_string())]).unwrap();
         let env = engine_env(&spark, &d);
         assert_eq!(env.len(), 1, "{env:?}");
         assert_eq!(env[0], ("SPARK_ENGRAM_DIR".into(), d.engram_dir.display().to_string()));

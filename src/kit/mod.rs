@@ -8,6 +8,7 @@ pub mod bytes;
 pub mod explain;
 pub mod layers;
 pub mod origin;
+pub mod port;
 pub mod positions;
 pub mod problem;
 pub mod reference;
@@ -188,12 +189,13 @@ pub fn resolve_for(
         let key = error_path(e.path());
         let origin = layered.locate(&key);
         let expected = shape.at(&split(&key)).map_or_else(|| "value".to_string(), Shape::type_name);
-        KitError::Invalid(vec![Problem::new(
-            origin,
-            key,
-            plain_types(&e.inner().to_string()),
-            format!("write {}", with_article(&expected)),
-        )])
+        // A deserializer that knows the fix names it after `port::FIX_MARK` (the ports' range).
+        let msg = plain_types(&e.inner().to_string());
+        let (msg, fix) = match msg.split_once(port::FIX_MARK) {
+            Some((m, f)) => (m.to_string(), f.to_string()),
+            None => (msg, format!("write {}", with_article(&expected))),
+        };
+        KitError::Invalid(vec![Problem::new(origin, key, msg, fix)])
     })?;
 
     let findings = validate::validate_parts(&kit, parts);

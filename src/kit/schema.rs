@@ -201,7 +201,8 @@ pub struct Node {
     /// SSH user (transport `ssh`; default: the current user).
     pub ssh_user: Option<String>,
     /// SSH port (transport `ssh`).
-    pub ssh_port: u32,
+    #[serde(deserialize_with = "super::port::port")]
+    pub ssh_port: u16,
     /// Extra `ssh` options (transport `ssh`), e.g. `[-i, ~/.ssh/spark, -o, UserKnownHostsFile=/x]`.
     pub ssh_options: Vec<String>,
     /// Command prefix (transport `exec`), e.g. `[ip, netns, exec, spark2]`.
@@ -291,6 +292,9 @@ pub enum SpecMethod {
     Dspark,
     /// Multi-token prediction heads.
     Mtp,
+    /// Prompt lookup (n-gram matches in the context; no draft model): runs on any model, the
+    /// CPU build included, so tiny-cpu exercises speculation (docs/bench.md).
+    Ngram,
 }
 
 /// Speculative decoding.
@@ -334,12 +338,15 @@ pub struct Engine {
     /// Address the API binds to.
     pub host: String,
     /// API port: where clients connect (the gateway listens here).
-    pub port: u32,
+    #[serde(deserialize_with = "super::port::port")]
+    pub port: u16,
     /// Loopback port of vLLM's own API behind the gateway (0 = `engine.port` + 10000, or − 10000
     /// above 55535).
-    pub internal_port: u32,
+    #[serde(deserialize_with = "super::port::port_or_auto")]
+    pub internal_port: u16,
     /// torch.distributed rendezvous port on the head (multi-node).
-    pub master_port: u32,
+    #[serde(deserialize_with = "super::port::port")]
+    pub master_port: u16,
     /// Where the API keys come from (none = no auth).
     pub api_keys: ApiKeys,
     /// Longest sequence (prompt + output) in tokens.
@@ -431,7 +438,7 @@ impl Default for Engine {
 impl Engine {
     /// `internal_port`, or when 0, `port + 10000` (`port − 10000` above 55535).
     #[must_use]
-    pub fn effective_internal_port(&self) -> u32 {
+    pub fn effective_internal_port(&self) -> u16 {
         match self.internal_port {
             0 if self.port > 55535 => self.port - 10000,
             0 => self.port + 10000,

@@ -179,7 +179,6 @@ fn nodes(kit: &Kit, out: &mut Vec<Finding>) {
                 "use transport: ssh for this node, or model.sync: shared with the weights mounted on every node",
             ));
         }
-        range(out, &format!("{key}.ssh_port"), u64::from(n.ssh_port), 1, 65535);
         if let Some(ip) = &n.fabric.ipv4 {
             if ip.parse::<std::net::Ipv4Addr>().is_err() {
                 out.push(finding(
@@ -241,13 +240,8 @@ fn floating_tag(image: &str) -> Option<&'static str> {
 
 fn engine(kit: &Kit, out: &mut Vec<Finding>) {
     let e = &kit.engine;
-    range(out, "engine.port", u64::from(e.port), 1, 65535);
-    range(out, "engine.master_port", u64::from(e.master_port), 1, 65535);
     if e.port == e.master_port {
         out.push(finding("engine.master_port", "same as engine.port", "use a different port for the rendezvous"));
-    }
-    if e.internal_port != 0 {
-        range(out, "engine.internal_port", u64::from(e.internal_port), 1, 65535);
     }
     let internal = e.effective_internal_port();
     for (other, name) in [(e.port, "engine.port"), (e.master_port, "engine.master_port")] {

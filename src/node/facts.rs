@@ -37,6 +37,9 @@ pub struct FabricFacts {
     pub gid_error: Option<String>,
     /// `ports/<n>/state` of each port, e.g. `4: ACTIVE`.
     pub port_states: Vec<(u32, String)>,
+    /// The cross-node all-reduce's output on this node (src/fabric), when preflight ran it.
+    #[serde(default)]
+    pub all_reduce: Option<Probed>,
 }
 
 /// Everything preflight looks at on one node (sent by a node agent as JSON).
@@ -63,7 +66,7 @@ pub struct NodeFacts {
     pub weights_present: bool,
     pub fabric: FabricFacts,
     /// `(port, what, free?)` for the ports this node must bind.
-    pub ports: Vec<(u32, String, Result<bool, ProbeError>)>,
+    pub ports: Vec<(u16, String, Result<bool, ProbeError>)>,
     /// `(target node, ssh result)` for each node this node must reach over ssh.
     pub ssh: Vec<(String, Probed)>,
     /// `timedatectl show -p NTPSynchronized --value`.
@@ -122,12 +125,15 @@ pub struct FactRequest {
     pub vllm_python: Option<String>,
     /// Where the weights live (or will).
     pub disk_path: String,
-    pub ports: Vec<(String, u32, String)>,
+    pub ports: Vec<(String, u16, String)>,
     /// ssh targets: `(node name, argv of an ssh call that runs `true`)`.
     pub ssh: Vec<(String, Vec<String>)>,
     /// Docker runtime kits.
     #[serde(default)]
     pub docker: Option<DockerRequest>,
+    /// This node's rank of the cross-node all-reduce (`spark-kit preflight` on multi-node kits).
+    #[serde(default)]
+    pub all_reduce: Option<Box<crate::fabric::AllReduceRequest>>,
 }
 
 /// Gather a node's facts.
@@ -158,7 +164,15 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
         disk_free: p.free_bytes(&req.disk_path),
         disk_path: req.disk_path.clone(),
         weights_present,
-        fabric: fabric(p, req),
+        fabric: {
+            let mut f = fabric(p, req);
+            f.all_reduce = req.all_reduce.as_ref().map(|r| {
+                let argv = r.argv();
+                let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+                p.run_long("all-reduce", &argv, r.timeout_s)
+            });
+            f
+        },
         ports: req.ports.iter().map(|(host, port, what)| (*port, what.clone(), p.port_free(host, *port))).collect(),
         ssh: req
             .ssh

@@ -26,10 +26,14 @@ pub trait ProbeSource {
     fn list(&self, path: &str) -> Result<Vec<String>, ProbeError>;
     /// Run a command; `name` identifies it in recordings (`nvidia-smi-gpu`). Its stdout.
     fn run(&self, name: &str, argv: &[&str]) -> Result<String, ProbeError>;
+    /// [`ProbeSource::run`] for a command that may take up to `timeout_s` (the fabric all-reduce).
+    fn run_long(&self, name: &str, argv: &[&str], _timeout_s: u64) -> Result<String, ProbeError> {
+        self.run(name, argv)
+    }
     /// Free bytes for an unprivileged user on the filesystem holding `path` (its nearest existing ancestor).
     fn free_bytes(&self, path: &str) -> Result<u64, ProbeError>;
     /// Whether a TCP listener can bind `host:port` now.
-    fn port_free(&self, host: &str, port: u32) -> Result<bool, ProbeError>;
+    fn port_free(&self, host: &str, port: u16) -> Result<bool, ProbeError>;
     /// The spark-kit version running there.
     fn spark_kit_version(&self) -> Result<String, ProbeError>;
     /// Keep `text` in the file `path` on the node: a cache, so a failure keeps nothing and says
@@ -92,6 +96,10 @@ impl ProbeSource for LocalProbe {
         }
     }
 
+    fn run_long(&self, name: &str, argv: &[&str], timeout_s: u64) -> Result<String, ProbeError> {
+        LocalProbe { timeout_s }.run(name, argv)
+    }
+
     fn free_bytes(&self, path: &str) -> Result<u64, ProbeError> {
         let mut p = Path::new(path);
         while !p.exists() {
@@ -102,7 +110,7 @@ impl ProbeSource for LocalProbe {
         Ok(s.blocks_available().saturating_mul(s.fragment_size()))
     }
 
-    fn port_free(&self, host: &str, port: u32) -> Result<bool, ProbeError> {
+    fn port_free(&self, host: &str, port: u16) -> Result<bool, ProbeError> {
         let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
         match TcpListener::bind(&addr) {
             Ok(_) => Ok(true),
@@ -172,7 +180,7 @@ impl ProbeSource for RecordedProbe {
         t.trim().parse().map_err(|_| ProbeError::Failed { what: "probe/free_bytes".into(), why: "not a number".into() })
     }
 
-    fn port_free(&self, host: &str, port: u32) -> Result<bool, ProbeError> {
+    fn port_free(&self, host: &str, port: u16) -> Result<bool, ProbeError> {
         // As the kernel does: a specific IPv4 the node does not carry cannot be bound.
         if let Ok(ip) = host.parse::<std::net::Ipv4Addr>() {
             let carried = self.run("ip-addr", &["ip"]).unwrap_or_default();

@@ -112,11 +112,14 @@ fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
     // The printed pool fix, run as printed, leaves no prefill warning.
     let o = spark(&["plan", "--set", "engine.kv_cache_bytes=3.5GiB"]);
     let out = text(&o.stdout);
-    let fix = out.lines().find(|l| l.contains("`--set engine.kv_cache_bytes=")).unwrap_or_else(|| panic!("{out}"));
+    let fix = out
+        .lines()
+        .find(|l| l.contains("fix: shrink engine.kv_cache_bytes") && l.contains("`--set engine.kv_cache_bytes="))
+        .unwrap_or_else(|| panic!("{out}"));
     let set = fix.split("`--set ").nth(1).unwrap().split('`').next().unwrap().to_string();
     let o = spark(&["plan", "--set", &set]);
     let out = text(&o.stdout);
-    assert!(o.status.success(), "{out}");
+    assert!(o.status.success(), "{set}: {out}{}", text(&o.stderr));
     assert!(!out.contains("-token prefill is predicted"), "{set}: {out}");
     // tiny-cpu's model is made by `up` on its first start: before that, `plan` says so (#28).
     let home = tempfile::tempdir().unwrap();
@@ -149,7 +152,8 @@ fn small_checkpoint(dir: &std::path::Path, seed: u64) {
 #[test]
 fn plan_reads_the_tiny_model_up_made() {
     let home = tempfile::tempdir().unwrap();
-    let d = spark_kit::deploy::Deployment::resolve(&tiny_cpu(), &[("HOME".into(), home.path().display().to_string())]);
+    let d = spark_kit::deploy::Deployment::resolve(&tiny_cpu(), &[("HOME".into(), home.path().display().to_string())])
+        .unwrap();
     let kit = tiny_cpu();
     let made = spark_kit::engine::model::served_dir(&kit, &d, &spark_kit::engine::overlay::tag()).unwrap();
     small_checkpoint(&made, 3);
@@ -169,7 +173,7 @@ fn plan_and_the_engine_read_one_snapshot() {
     kit.model.source = spark_kit::kit::schema::ModelSource::Hub;
     kit.model.repo = "acme/tiny-exl3".into();
     kit.model.revision = "main".into();
-    let d = spark_kit::deploy::Deployment::resolve(&kit, &env);
+    let d = spark_kit::deploy::Deployment::resolve(&kit, &env).unwrap();
     let (old, new) = ("a".repeat(40), "b".repeat(40));
     let repo = d.repo_dir(&kit.model.repo);
     small_checkpoint(&repo.join("snapshots").join(&old), 4);

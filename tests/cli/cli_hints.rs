@@ -155,3 +155,17 @@ fn status_without_kit_finds_the_live_deployment_or_lists_several() {
         assert!(o.status.success(), "{cmd}: {}", text(&o.stderr));
     }
 }
+
+/// #28: with HOME unset, spark-kit took `/root` for it (another user's cache and models); now
+/// every command that needs the home says so and how to set it, with exit 2.
+#[test]
+fn an_unset_home_is_a_usage_error_naming_home_and_the_fix() {
+    for args in
+        [&["plan", "--kit", "tiny-cpu"][..], &["status", "--kit", "tiny-cpu"], &["preflight", "--kit", "tiny-cpu"]]
+    {
+        let o = spark_kit().args(args).env_remove("HOME").output().unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.starts_with("error: HOME is not set:") && err.contains("export HOME="), "{args:?}: {err}");
+    }
+}

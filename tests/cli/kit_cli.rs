@@ -112,6 +112,19 @@ fn bad_inputs_give_one_line_errors_and_exit_2() {
             "error: K:10:3: engine.port: invalid type: string \"eighty\", expected a whole number ≥ 0; fix: write an integer\n",
         ),
         (engine("  port: 70000\n"), "error: K:10:3: engine.port: 70000 is out of range 1..=65535; fix: use a value between 1 and 65535\n"),
+        (engine("  port: 0\n"), "error: K:10:3: engine.port: 0 is out of range 1..=65535; fix: use a value between 1 and 65535\n"),
+        (
+            engine("  port: abc\n"),
+            "error: K:10:3: engine.port: invalid type: string \"abc\", expected a whole number ≥ 0; fix: write an integer\n",
+        ),
+        (
+            engine("  internal_port: 70000\n"),
+            "error: K:10:3: engine.internal_port: 70000 is out of range 0..=65535; fix: use a value between 0 and 65535\n",
+        ),
+        (
+            format!("{HEAD}    ssh_port: 0\n{ENGINE}"),
+            "error: K:7:5: nodes.0.ssh_port: 0 is out of range 1..=65535; fix: use a value between 1 and 65535\n",
+        ),
         (
             engine("  kv_cache_bytes: 2.5 parsecs\n"),
             "error: K:10:3: engine.kv_cache_bytes: `2.5 parsecs` is not a byte size (unknown unit); write e.g. `2684354560`, `512MiB` or `2.5GiB`; fix: write a byte size\n",

@@ -151,7 +151,8 @@ fn a_running_deployment_is_reported_as_running_not_as_a_conflict() {
     assert!(check(&r, "ports").iter().any(|c| c["verdict"] == "fail"), "{r}");
     // The deployment's supervisor answers on the kit's control socket.
     let kit = spark_kit::kit::resolve(spark_kit::kit::source(Some("tiny-cpu")).unwrap(), &[], &[]).unwrap().kit;
-    let d = spark_kit::deploy::Deployment::resolve(&kit, &[("HOME".into(), home.path().display().to_string())]);
+    let d =
+        spark_kit::deploy::Deployment::resolve(&kit, &[("HOME".into(), home.path().display().to_string())]).unwrap();
     std::fs::create_dir_all(&d.logs).unwrap();
     let handles = Handles::new(&kit);
     handles.snapshot.lock().unwrap().state = State::Ready;

@@ -67,7 +67,7 @@ impl Sshd {
             transport: Transport::Ssh,
             ssh_host: Some("127.0.0.1".into()),
             ssh_user: Some("root".into()),
-            ssh_port: u32::from(self.port),
+            ssh_port: self.port,
             ssh_options: common::sshd::client_opts(self.dir.path()),
             ..Node::default()
         }
