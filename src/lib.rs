@@ -30,6 +30,7 @@ pub mod plan;
 pub mod reporter;
 pub mod settings;
 pub mod signals;
+pub mod sse;
 pub mod supervisor;
 pub mod vllm_support;
 pub mod weights;

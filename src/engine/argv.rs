@@ -72,6 +72,7 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
         let method = match e.speculative.method {
             SpecMethod::Dspark => "dspark",
             SpecMethod::Mtp => "mtp",
+            SpecMethod::Ngram => "ngram",
             SpecMethod::None => "none",
         };
         push(

@@ -292,6 +292,9 @@ pub enum SpecMethod {
     Dspark,
     /// Multi-token prediction heads.
     Mtp,
+    /// Prompt lookup (n-gram matches in the context; no draft model): runs on any model, the
+    /// CPU build included, so tiny-cpu exercises speculation (docs/bench.md).
+    Ngram,
 }
 
 /// Speculative decoding.

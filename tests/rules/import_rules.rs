@@ -226,6 +226,10 @@ fn command_files(dispatcher: &str) -> BTreeSet<String> {
 /// What the deployment layer (src/deploy/) may import: it sits under everything that reads it.
 const DEPLOY_IMPORTS: [&str; 3] = ["deploy", "kit", "dirs"];
 
+/// Leaf modules: pure, shared by several layers, importing nothing of the crate. `sse` is the one
+/// SSE parser that `bench` (timing the events) and `gateway` (passing them on) both use.
+const LEAVES: [&str; 1] = ["sse"];
+
 /// The rules of docs/architecture.md "Who may import whom"; one message per broken rule.
 fn check(arrows: &[Arrow], commands: &BTreeSet<String>) -> Vec<String> {
     let mut bad = Vec::new();
@@ -239,6 +243,10 @@ fn check(arrows: &[Arrow], commands: &BTreeSet<String>) -> Vec<String> {
             (_, "commands") if f != "commands" && !a.from.is_empty() => Some("library modules never import commands"),
             ("deploy", t) if !DEPLOY_IMPORTS.contains(&t) => {
                 Some("deploy/ is the bottom layer: it imports only kit and dirs")
+            }
+            (f, t) if LEAVES.contains(&f) && t != f => Some("a leaf module (sse) imports nothing of the crate"),
+            ("gateway", "bench") | ("bench", "gateway") => {
+                Some("bench and gateway share only the sse leaf, never each other's code")
             }
             _ => None,
         };
@@ -411,6 +419,20 @@ fn a_cycle_of_three_is_found() {
         bad[0].contains("engine, node, weights") && bad[0].contains("weights → engine: src/weights/a.rs:1"),
         "{bad:?}"
     );
+}
+
+#[test]
+fn the_sse_leaf_imports_nothing_and_bench_and_gateway_meet_only_there() {
+    let files = [
+        ("sse.rs", "use crate::bench::metrics;\nuse serde_json::Value;"),
+        ("gateway/stream.rs", "use crate::sse::{parse_event, Aligner};\nuse crate::bench::sse::SseParser;"),
+        ("bench/client.rs", "use crate::sse::Usage;\nfn f() { crate::gateway::framing::x(); }"),
+    ];
+    let bad = check(&arrows(&files), &cmds());
+    assert_eq!(bad.len(), 4, "three arrows and their cycle: {bad:?}");
+    assert!(bad[0].contains("src/sse.rs:1") && bad[0].contains("leaf"), "{bad:?}");
+    assert!(bad[1].contains("src/gateway/stream.rs:2") && bad[1].contains("share only the sse leaf"), "{bad:?}");
+    assert!(bad[2].contains("src/bench/client.rs:2"), "{bad:?}");
 }
 
 #[test]
