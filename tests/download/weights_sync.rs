@@ -413,3 +413,48 @@ fn a_cache_written_by_hf_with_shared_blobs_ships_real_bytes_and_a_dangling_link_
     assert!(!lines.iter().any(|l| l.contains("rsync")), "{lines:#?}");
     assert!(!node_copy.0.exists(), "something was copied to {}", node_copy.0.display());
 }
+
+/// `spark-kit up` itself on a two-node kit (this head, the sshd node as worker) whose local
+/// model directory holds a dangling link: it stops at the weight step, before any copy or
+/// engine, with exit 2 naming the link and the fix.
+#[test]
+fn up_refuses_a_dangling_link_in_the_head_weights_with_exit_2() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let sshd = Sshd::start();
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let model = work.path().join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("config.json"), "{}").unwrap();
+    std::os::unix::fs::symlink("../store/gone.safetensors", model.join("model.safetensors")).unwrap();
+    let opts = sshd.node().ssh_options.join(", ");
+    let set = |kv: String| ["--set".to_string(), kv];
+    let args: Vec<String> = [
+        "nodes.1.ssh_host=127.0.0.1".into(),
+        format!("nodes.1.ssh_port={}", sshd.port),
+        format!("nodes.1.ssh_options=[{opts}]"),
+        "model.source=local".into(),
+        format!("model.path={}", model.display()),
+        "model.sync=rsync".into(),
+        format!("engine.port={}", common::free_port()),
+        format!("paths.logs={}", work.path().join("logs").display()),
+    ]
+    .into_iter()
+    .flat_map(set)
+    .collect();
+    let out =
+        common::spark_kit().args(["up", "--kit", "tiny-cpu-2node", "--skip-preflight"]).args(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let link = model.join("model.safetensors");
+    assert!(
+        err.contains(&format!(
+            "error: the head's weights: {} is a symlink to ../store/gone.safetensors, which does not exist; nothing was copied",
+            link.display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("hint: point that link at an existing file or remove it (under model.path)"), "{err}");
+}
