@@ -150,8 +150,8 @@ pub fn render(answers: &[ContextAnswer]) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use crate::kit::bytes::GIB;
     use super::*;
+    use crate::kit::bytes::GIB;
     use crate::plan::replay::test_input;
 
     #[test]
