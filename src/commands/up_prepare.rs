@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use super::load;
-use crate::agent::runtime::check_port;
 use crate::cli::UpArgs;
 use crate::error::Failure;
 use crate::kit::{Origin, Override};
 use crate::live;
+use crate::runtime::check_port;
 use crate::settings::Settings;
 use crate::supervisor::control::request;
 use crate::supervisor::Gates;

@@ -15,6 +15,7 @@ pub mod run;
 pub mod snapshot;
 pub mod state;
 pub mod status_text;
+pub mod verdicts;
 pub mod watch;
 
 #[cfg(test)]

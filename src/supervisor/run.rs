@@ -219,16 +219,21 @@ impl Sup<'_> {
             }
         }
         if self.stop_deadline.is_some_and(|d| Instant::now() >= d) {
+            self.stop_deadline = None;
+            // Only agents whose engine never reported started are given up on (an agent stuck
+            // before its engine ran); one with an engine is waited for, as it drains and kills it.
             for (i, done) in &mut self.stopping {
-                if !*done {
+                if !*done && self.watch[*i].started_at.is_none() {
                     self.rep.line(&format!(
-                        "error: node {} did not report its engine stopped in time; closing its agent",
+                        "error: node {} did not answer the stop (its engine never reported started); closing its agent",
                         self.kit.nodes[*i].name
                     ));
                     *done = true;
-                    // It does not answer: closing it will not wait for it either.
-                    self.engines_ran = false;
                 }
+            }
+            if self.watch.iter().all(|w| w.started_at.is_none()) {
+                // No engine runs: closing the agents need not wait for a drain.
+                self.engines_ran = false;
             }
         }
         if !self.stopping.is_empty() && self.stopping.values().all(|done| *done) {
@@ -310,8 +315,9 @@ impl Sup<'_> {
                 self.stopping.insert(i, false);
             }
         }
-        // The agent reports stopped after its own drain; one that does not answer by then is closed.
-        self.stop_deadline = Some(Instant::now() + Duration::from_secs(drain + 2));
+        // An agent answers a stop at once when its engine has not started; it reports its
+        // engine stopped after at most its drain.
+        self.stop_deadline = Some(Instant::now() + Duration::from_secs(2));
         self.engines_started = false;
     }
 
