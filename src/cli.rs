@@ -360,11 +360,22 @@ pub enum BenchCommand {
     },
 }
 
+/// A published table `bench --audit` replays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuditTable {
+    /// The reference kit's decode and prefill tables (docs/bench.md, "Audit").
+    Reference,
+}
+
 #[derive(Debug, Args)]
 pub struct BenchRunArgs {
     /// Server base URL, e.g. http://127.0.0.1:8000 (default: the kit's engine host and port).
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
+    /// Replay a published table row by row (its shapes scaled on small kits) instead of the
+    /// default load; --decode-repeats and --prefill-repeats set the samples per row.
+    #[arg(long, value_name = "TABLE", value_enum, conflicts_with_all = ["concurrency", "prefill", "decode_tokens", "decode_prompt_tokens"])]
+    pub audit: Option<AuditTable>,
     /// Model id to request (default: the kit's served_model_name, else the only model listed).
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::sse::{parse_event, Event, SseParser, Usage};
+use crate::sse::{parse_event, Event, SseParser, Usage};
 
 /// Everything that stops a run (as opposed to one failed request). Each says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -282,6 +282,15 @@ impl Endpoint {
     }
 
     /// `GET /version` → `version` (vLLM); `None` when absent.
+    /// The server's Prometheus `/metrics` text, `None` when it does not answer 200.
+    pub async fn metrics(&self) -> Option<String> {
+        let resp = self.request(reqwest::Method::GET, "/metrics").timeout(SMALL_TIMEOUT).send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        resp.text().await.ok()
+    }
+
     pub async fn version(&self) -> Option<String> {
         let resp = self.request(reqwest::Method::GET, "/version").timeout(SMALL_TIMEOUT).send().await.ok()?;
         if !resp.status().is_success() {

@@ -65,7 +65,22 @@ pub fn rows(a: &BenchResult, b: &BenchResult) -> Vec<Row> {
         };
         out.push(row(format!("prefill {}", length_label(n)), "tok/s", get(a), get(b)));
     }
+    out.extend(audit_rows(a, b));
     out
+}
+
+/// Audit rows (`bench --audit`) matched by id, in the order of A then B's extra ones.
+fn audit_rows(a: &BenchResult, b: &BenchResult) -> Vec<Row> {
+    let rows = |r: &BenchResult| r.audit.as_ref().map(|x| x.rows.clone()).unwrap_or_default();
+    let (ra, rb) = (rows(a), rows(b));
+    let mut ids: Vec<&super::audit::Row> = ra.iter().collect();
+    ids.extend(rb.iter().filter(|x| !ra.iter().any(|y| y.id == x.id)));
+    ids.iter()
+        .map(|x| {
+            let ours = |rs: &[super::audit::Row]| rs.iter().find(|y| y.id == x.id).and_then(|y| y.ours);
+            row(format!("audit {}", x.id), x.metric.unit(), ours(&ra), ours(&rb))
+        })
+        .collect()
 }
 
 /// The rows as a table; `a_name`/`b_name` head the value columns.
@@ -90,7 +105,7 @@ pub fn render(a_name: &str, b_name: &str, a: &BenchResult, b: &BenchResult, rows
     let f = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.1}"));
     for r in rows {
         let ratio = r.ratio.map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
-        let _ = writeln!(s, "{:<30}  {:>6}  {:>12}  {:>12}  {:>7}", r.metric, r.unit, f(r.a), f(r.b), ratio);
+        let _ = writeln!(s, "{:<34}  {:>15}  {:>12}  {:>12}  {:>7}", r.metric, r.unit, f(r.a), f(r.b), ratio);
     }
     s
 }

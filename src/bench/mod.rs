@@ -2,6 +2,7 @@
 //! measured (TTFT, per-stream and aggregate decode, prefill), and leave a receipt others can
 //! compare. Definitions: [`metrics`]; result format: [`result`] and docs/bench.md.
 
+pub mod audit;
 pub mod client;
 pub mod compare;
 pub mod host;
@@ -11,10 +12,13 @@ pub mod lines;
 pub mod metrics;
 pub mod noise;
 pub mod options;
+pub mod plausible;
 pub mod plot;
 pub mod prompt;
+pub mod provenance;
 pub mod result;
 pub mod run;
+pub mod runner;
 pub mod sizes;
-pub mod sse;
+pub mod spec;
 pub mod table;

@@ -108,36 +108,56 @@ fn ensure_font() -> Result<(), PlotError> {
     }
 }
 
-/// Draw `r` to `path` (SVG or PNG by extension).
-pub fn draw(r: &BenchResult, path: &Path) -> Result<(), PlotError> {
+/// Something that draws itself on a drawing area of any backend (SVG or PNG).
+pub(crate) trait Panels {
+    fn draw_on<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), DrawError>
+    where
+        DB::ErrorType: 'static;
+}
+
+/// Draw `panels` to `path`, SVG or PNG by its extension, [`SIZE`] pixels.
+pub(crate) fn render(panels: &impl Panels, path: &Path) -> Result<(), PlotError> {
     let format = format_of(path)?;
     ensure_font()?;
     let drawn = match format {
         Format::Svg => {
             let root = SVGBackend::new(path, SIZE).into_drawing_area();
-            panels(r, &root).and_then(|()| Ok(root.present()?))
+            panels.draw_on(&root).and_then(|()| Ok(root.present()?))
         }
         Format::Png => {
             let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-            panels(r, &root).and_then(|()| Ok(root.present()?))
+            panels.draw_on(&root).and_then(|()| Ok(root.present()?))
         }
     };
     drawn.map_err(|source| PlotError::Draw { path: path.display().to_string(), source })
 }
 
+/// Draw `r` to `path` (SVG or PNG by extension); an audit result draws the audit's panels.
+pub fn draw(r: &BenchResult, path: &Path) -> Result<(), PlotError> {
+    match &r.audit {
+        Some(a) => render(&super::audit::plot::AuditPanels { r, a }, path),
+        None => render(&RunPanels(r), path),
+    }
+}
+
 type Area<'a, DB> = DrawingArea<DB, Shift>;
 
-fn panels<DB: DrawingBackend>(r: &BenchResult, root: &Area<'_, DB>) -> Result<(), DrawError>
-where
-    DB::ErrorType: 'static,
-{
-    root.fill(&WHITE)?;
-    let title = title(r);
-    let root = root.titled(&title, ("sans-serif", 18))?;
-    let (left, right) = root.split_horizontally(SIZE.0 / 2);
-    decode_panel(r, &left)?;
-    prefill_panel(r, &right)?;
-    Ok(())
+struct RunPanels<'a>(&'a BenchResult);
+
+impl Panels for RunPanels<'_> {
+    fn draw_on<DB: DrawingBackend>(&self, root: &Area<'_, DB>) -> Result<(), DrawError>
+    where
+        DB::ErrorType: 'static,
+    {
+        let r = self.0;
+        root.fill(&WHITE)?;
+        let title = title(r);
+        let root = root.titled(&title, ("sans-serif", 18))?;
+        let (left, right) = root.split_horizontally(SIZE.0 / 2);
+        decode_panel(r, &left)?;
+        prefill_panel(r, &right)?;
+        Ok(())
+    }
 }
 
 /// The plot's title: model, kit, client host, versions and start time.
@@ -164,6 +184,25 @@ fn upper(values: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
+/// Pixels between a point and its label: right of and above the marker (radius 4), so the text
+/// never covers the point it labels.
+pub const LABEL_OFFSET: (i32, i32) = (7, -18);
+
+/// The font of point labels.
+fn label_font() -> FontDesc<'static> {
+    ("sans-serif", 12).into_font()
+}
+
+/// A log axis range around the values: half the smallest to twice the largest (positive).
+#[must_use]
+pub fn log_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.filter(|v| *v > 0.0).fold((f64::MAX, 0.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if hi <= 0.0 {
+        return (1.0, 10.0);
+    }
+    (lo / 2.0, hi * 2.0)
+}
+
 fn empty<DB: DrawingBackend>(area: &Area<'_, DB>, text: &str) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let (w, h) = area.dim_in_pixel();
     area.draw(&Text::new(
@@ -180,7 +219,14 @@ fn decode_panel<DB: DrawingBackend>(
     let ls = levels(&r.decode);
     let per: Vec<(f64, f64)> =
         ls.iter().filter_map(|w| Some((f64::from(w.concurrency), w.decode_tok_s.as_ref()?.median))).collect();
-    let per_n: Vec<u64> = ls.iter().filter_map(|w| Some(w.decode_tok_s.as_ref()?.n)).collect();
+    // Impossible rates (bench::plausible) are not plotted; the label says how many were left out.
+    let per_n: Vec<String> = ls
+        .iter()
+        .filter_map(|w| {
+            let n = w.decode_tok_s.as_ref()?.n;
+            Some(if w.flagged.is_empty() { format!("n={n}") } else { format!("n={n}, {} flagged", w.flagged.len()) })
+        })
+        .collect();
     let agg: Vec<(f64, f64)> = ls.iter().filter_map(|w| Some((f64::from(w.concurrency), w.aggregate_tok_s?))).collect();
     if per.is_empty() && agg.is_empty() {
         return empty(area, "no decode measurements");
@@ -208,7 +254,7 @@ fn decode_panel<DB: DrawingBackend>(
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
     }
     chart.draw_series(
-        per.iter().zip(&per_n).map(|(&p, n)| Text::new(format!("n={n}"), p, ("sans-serif", 12).into_font())),
+        per.iter().zip(&per_n).map(|(&p, n)| EmptyElement::at(p) + Text::new(n.clone(), LABEL_OFFSET, label_font())),
     )?;
     chart
         .configure_series_labels()
@@ -237,14 +283,14 @@ fn prefill_panel<DB: DrawingBackend>(
     if points.is_empty() {
         return empty(area, "no prefill measurements");
     }
-    let hi = points.iter().map(|p| p.0).fold(0.0, f64::max) * 1.1;
+    let (lo, hi) = log_range(points.iter().map(|p| p.0));
     let ymax = upper(points.iter().map(|p| p.1));
     let mut chart = ChartBuilder::on(area)
         .caption(format!("Prefill ({} per length)", r.settings.prefill_repeats), ("sans-serif", 18))
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..hi, 0.0..ymax)?;
+        .build_cartesian_2d((lo..hi).log_scale(), 0.0..ymax)?;
     chart
         .configure_mesh()
         .x_desc("prompt tokens")
@@ -264,7 +310,7 @@ fn prefill_panel<DB: DrawingBackend>(
     )?;
     chart.draw_series(steps.iter().map(|s| {
         let label = format!("n={}/{}{}", s.2, s.3, if s.4 { " within noise" } else { "" });
-        Text::new(label, (s.0, s.1), ("sans-serif", 12).into_font())
+        EmptyElement::at((s.0, s.1)) + Text::new(label, LABEL_OFFSET, label_font())
     }))?;
     Ok(())
 }

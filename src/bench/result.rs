@@ -4,7 +4,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use super::audit::Audit;
 use super::metrics::Summary;
+use super::spec::SpecCounts;
 
 /// Value of the `format` field.
 pub const FORMAT: &str = "spark-kit-bench";
@@ -34,6 +36,10 @@ pub struct BenchResult {
     pub prefill: Vec<PrefillStep>,
     /// Requests that failed, across all phases (empty for a clean run).
     pub failures: Vec<Failure>,
+    /// `bench --audit TABLE`: a published table replayed row by row (docs/bench.md); absent
+    /// for an ordinary run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Audit>,
 }
 
 /// Provenance, so a third party can compare their numbers with these.
@@ -44,6 +50,9 @@ pub struct Receipt {
     pub spark_kit_version: String,
     /// The kit the endpoint came from (`--kit`), if any.
     pub kit: Option<KitReceipt>,
+    /// What the kit's `spark-kit.lock` pins (checkpoint files, engine image), with `--kit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock: Option<LockReceipt>,
     /// Base URL measured (without `/v1`).
     pub endpoint: String,
     /// `version` from the server's `GET /version` (vLLM), if it answers.
@@ -75,6 +84,39 @@ impl KitReceipt {
         let bytes = serde_json::to_vec(kit)?;
         Ok(Self { name: kit.name.clone(), sha256: crate::hex::encode(&Sha256::digest(&bytes)) })
     }
+}
+
+/// The kit's `spark-kit.lock` as read at the start of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockReceipt {
+    /// The lock file's path.
+    pub path: String,
+    /// Why it could not be read (e.g. nothing downloaded yet: a locally made checkpoint); then
+    /// `files` and `images` are empty.
+    pub error: Option<String>,
+    /// The checkpoint's files as `download` verified them.
+    pub files: Vec<LockedFile>,
+    /// Engine images as first seen on every node (docker kits): `{image, id}` (id = sha256 digest).
+    pub images: Vec<LockedImage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockedFile {
+    pub repo: String,
+    pub commit: String,
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LockedImage {
+    pub image: String,
+    pub id: String,
+    pub vllm_version: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -138,6 +180,11 @@ pub struct Settings {
     pub tokenize: bool,
     /// Timeout of one decode request in seconds (prefill: min(2700, 60 + 0.008 × tokens)).
     pub request_timeout_s: f64,
+    /// Whether the server's `/metrics` had vLLM's spec-decode counters: true = the engine
+    /// speculates and each wave has `spec_decode`; false = `/metrics` answered without them (no
+    /// speculation: one token per step); absent = `/metrics` did not answer (unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_decode_counters: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -183,6 +230,10 @@ pub struct Wave {
     pub ttft_s: Option<Summary>,
     pub requests: Vec<Request>,
     pub failed: u32,
+    /// Change of vLLM's spec-decode counters over the wave (`/metrics`, docs/bench.md); absent
+    /// when the engine exposes none (it does not speculate, or `/metrics` did not answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_decode: Option<SpecCounts>,
 }
 
 /// Requests of one prompt length, run one at a time.

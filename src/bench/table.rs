@@ -6,6 +6,7 @@ use super::levels::levels;
 use super::noise::{overhead_spread_s, step_trust};
 use super::result::BenchResult;
 use super::sizes::length_label;
+use super::spec::SpecCounts;
 
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "-".to_string(), |x| format!("{x:.digits$}"))
@@ -15,9 +16,38 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |x| format!("{:.0}", x * 1000.0))
 }
 
+/// What the `ms/step` and `accept` columns come from.
+fn spec_line(counters: Option<bool>) -> &'static str {
+    match counters {
+        Some(true) => {
+            "speculation on (vLLM's spec-decode counters over each level's waves): accept = mean acceptance length \
+             (1 + accepted/drafts) and rate (accepted/draft tokens); ms/step = 1000 × tokens per step / tok/s/stream"
+        }
+        Some(false) => {
+            "speculation off (the server's /metrics has no spec-decode counters): ms/step = 1000 / tok/s/stream"
+        }
+        None => "speculation unknown (the server's /metrics did not answer): no ms/step, no acceptance",
+    }
+}
+
+/// The acceptance cell: `1.33 (11%)`, `off` without speculation, `-` when unknown.
+fn accept(spec: Option<SpecCounts>, counters: Option<bool>) -> String {
+    match (spec, counters) {
+        (Some(c), _) => match (c.acceptance_length(), c.acceptance_rate()) {
+            (Some(len), Some(rate)) => format!("{len:.2} ({:.0}%)", rate * 100.0),
+            _ => "no drafts".into(),
+        },
+        (None, Some(false)) => "off".into(),
+        (None, _) => "-".into(),
+    }
+}
+
 /// Render the result as a human-readable table.
 #[must_use]
 pub fn render(r: &BenchResult) -> String {
+    if let Some(a) = &r.audit {
+        return super::audit::text::render(r, a);
+    }
     let mut s = String::new();
     let rc = &r.receipt;
     let _ = writeln!(
@@ -62,26 +92,51 @@ pub fn render(r: &BenchResult) -> String {
             "tok/s/stream = (completion tokens − 1) / (last − first token) of one stream; aggregate tok/s = \
              Σ (completion tokens − 1) / (last token − first token of the wave); n = streams measured"
         );
+        let _ = writeln!(s, "{}", spec_line(st.spec_decode_counters));
         let _ = writeln!(
             s,
-            "{:>7}  {:>4}  {:>14}  {:>10}  {:>10}  {:>16}  {:>11}  {:>8}  {:>6}",
-            "streams", "n", "tok/s/stream", "min", "max", "aggregate tok/s", "TTFT ms", "p90 ms", "failed"
+            "{:>7}  {:>4}  {:>14}  {:>10}  {:>10}  {:>16}  {:>8}  {:>12}  {:>11}  {:>8}  {:>6}",
+            "streams",
+            "n",
+            "tok/s/stream",
+            "min",
+            "max",
+            "aggregate tok/s",
+            "ms/step",
+            "accept",
+            "TTFT ms",
+            "p90 ms",
+            "failed"
         );
         for w in &levels(&r.decode) {
             let d = w.decode_tok_s.as_ref();
             let t = w.ttft_s.as_ref();
             let _ = writeln!(
                 s,
-                "{:>7}  {:>4}  {:>14}  {:>10}  {:>10}  {:>16}  {:>11}  {:>8}  {:>6}",
+                "{:>7}  {:>4}  {:>14}  {:>10}  {:>10}  {:>16}  {:>8}  {:>12}  {:>11}  {:>8}  {:>6}",
                 w.concurrency,
                 d.map_or(0, |x| x.n),
                 opt(d.map(|x| x.median), 1),
                 opt(d.map(|x| x.min), 1),
                 opt(d.map(|x| x.max), 1),
                 opt(w.aggregate_tok_s, 1),
+                opt(w.ms_per_step(st.spec_decode_counters), 1),
+                accept(w.spec, st.spec_decode_counters),
                 ms(t.map(|x| x.median)),
                 ms(t.map(|x| x.p90)),
                 w.failed
+            );
+        }
+        for w in levels(&r.decode).iter().filter(|w| !w.flagged.is_empty()) {
+            let streams: usize =
+                r.decode.iter().filter(|x| x.concurrency == w.concurrency).map(|x| x.requests.len()).sum();
+            let _ = writeln!(
+                s,
+                "  decode x{}: {} of {streams} stream rate(s) impossible, left out of n, median, min, max and the plot \
+                 (first: {})",
+                w.concurrency,
+                w.flagged.len(),
+                w.flagged[0].describe()
             );
         }
     }

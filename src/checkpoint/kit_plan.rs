@@ -59,6 +59,13 @@ pub fn kit_plan(
     p.warnings.extend(nccl_note.1);
     if is_dsv41_flash_exl3(kit) {
         p.long_context = one_million(kit, &input);
+        if let Some(why) = refused_here(kit.engine.kv_cache_dtype) {
+            p.warnings.push(Warning {
+                node: None,
+                message: format!("engine.kv_cache_dtype {}: {why}", kit.engine.kv_cache_dtype.name()),
+                fix: "`--set engine.kv_cache_dtype=fp8_ds_mla` (the record GB10 runs)".into(),
+            });
+        }
     }
     for c in &dense.classes {
         p.assumptions.push(Assumption {

@@ -9,11 +9,12 @@ use crate::bench::key::{api_key, KeyFrom};
 use crate::bench::lines::Lines;
 use crate::bench::options::{self, Levels};
 use crate::bench::result::{self, BenchResult, KitReceipt};
-use crate::bench::run::{self, Lengths, Plan};
-use crate::bench::{compare, plot, table};
+use crate::bench::run::{self, Lengths, Plan, Provenance};
+use crate::bench::{audit, compare, plot, provenance, table};
 use crate::cli::values::FlagError;
-use crate::cli::{BenchArgs, BenchCommand, BenchRunArgs};
+use crate::cli::{AuditTable, BenchArgs, BenchCommand, BenchRunArgs};
 use crate::error::Failure;
+use crate::kit::schema::SpecMethod;
 
 pub fn run(args: &BenchArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     match &args.command {
@@ -78,7 +79,16 @@ fn bench(args: &BenchRunArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         let _ = writeln!(ctx.err, "==> bench: {}/v1", endpoint.base);
     }
     let mut rep = Lines { out: &mut *ctx.err, quiet: args.quiet };
-    let result = run::run_blocking(&endpoint, &plan, kit_receipt, &mut rep).map_err(|e| bench_failure(&e))?;
+    let provenance =
+        Provenance { kit: kit_receipt, lock: resolved.as_ref().map(|s| provenance::lock_receipt(&s.deploy.lock_file)) };
+    let result = match args.audit {
+        Some(AuditTable::Reference) => {
+            let speculates = kit.map(|k| k.engine.speculative.method != SpecMethod::None);
+            audit::run::run_blocking(&endpoint, &plan, provenance, speculates, &mut rep)
+        }
+        None => run::run_blocking(&endpoint, &plan, provenance, &mut rep),
+    }
+    .map_err(|e| bench_failure(&e))?;
     write_outputs(args, &result, ctx)?;
     if result.failures.is_empty() {
         Ok(())

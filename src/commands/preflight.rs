@@ -14,7 +14,7 @@ use crate::supervisor::preflight::gather_facts;
 pub fn run(args: &PreflightArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let settings = load::settings(&args.kit, &ctx.env)?;
     let kit = &settings.kit;
-    let input = PreflightInput { running: running(&settings), ..input(&settings) };
+    let input = PreflightInput { running: running(&settings), all_reduce: true, ..input(&settings) };
     let _ =
         writeln!(ctx.err, "preflight: {} node(s) of kit {}; engine: {}", kit.nodes.len(), kit.name, kit.engine_line());
     if let Some(r) = &input.running {

@@ -63,6 +63,7 @@ pub fn input(s: &Settings) -> PreflightInput {
         image_vllm_cache: Some(d.cache().join("image-vllm").display().to_string()),
         recorded_image: super::image_lock::recorded(s),
         running: None,
+        all_reduce: false,
     }
 }
 

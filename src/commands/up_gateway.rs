@@ -40,12 +40,29 @@ pub(super) fn config(s: &Settings) -> Result<(GatewayConfig, Option<String>), Fa
     let port = s.deploy.ports.internal;
     let (p, note) = plan_of(s);
     let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port)?;
+    key_policies(s, &mut cfg)?;
     // The served checkpoint's tokenizer, for counting completion prompts in process; a missing
     // file (a model made on the first start) is tried again once the engine is ready.
     cfg.tokenizer =
         crate::engine::model::served_dir(kit, &s.deploy, &crate::engine::overlay::tag()).map(|d| Counter::file_in(&d));
     cfg.counter = cfg.tokenizer.as_deref().map(|t| Counter::load(t).map(Arc::new));
     Ok((cfg, note))
+}
+
+/// Each key's limits from its line in `engine.api_keys.file` (`KEY priority=N max_in_flight=N`).
+fn key_policies(s: &Settings, cfg: &mut GatewayConfig) -> Result<(), Failure> {
+    for (line, key, options) in crate::deploy::keys::key_file_options(&s.kit, &s.deploy.dirs) {
+        let policy = crate::gateway::keys::parse_policy(&options).map_err(|why| {
+            let file = s.kit.engine.api_keys.file.as_deref().unwrap_or_default();
+            Failure::usage(format!(
+                "engine.api_keys.file {file} line {line}: {why}: write `KEY priority=N max_in_flight=N` (both optional)"
+            ))
+        })?;
+        if let Some(k) = cfg.keys.iter_mut().find(|k| k.opens(&key)) {
+            k.policy = policy;
+        }
+    }
+    Ok(())
 }
 
 /// How admission counts prompt tokens, for the summary line.
@@ -119,6 +136,24 @@ mod tests {
         let line = summary(&cfg, note.as_deref());
         assert!(line.contains("no prefill budget (the weights are unknown"), "{line}");
         assert!(line.contains("KV pool 65536 tokens") && line.contains("no API keys"), "{line}");
+    }
+
+    #[test]
+    fn key_file_options_become_each_keys_policy_and_a_bad_one_names_the_line() {
+        use crate::gateway::keys::KeyPolicy;
+        let d = tempfile::tempdir().unwrap();
+        let env = vec![("HOME".to_string(), d.path().display().to_string())];
+        let file = d.path().join("keys");
+        std::fs::write(&file, "sk-a priority=3 max_in_flight=2\nsk-b\n").unwrap();
+        let mut k = kit("tiny-cpu");
+        k.engine.api_keys.file = Some(file.display().to_string());
+        let (cfg, _) = config(&k, &env).unwrap();
+        let policies: Vec<KeyPolicy> = cfg.keys.iter().map(|k| k.policy).collect();
+        assert_eq!(policies, [KeyPolicy { priority: Some(3), max_in_flight: Some(2) }, KeyPolicy::default()]);
+        assert!(cfg.keys[0].opens("sk-a") && cfg.keys[1].opens("sk-b"));
+        std::fs::write(&file, "sk-a\nsk-b prio=1\n").unwrap();
+        let e = config(&k, &env).unwrap_err().to_string();
+        assert!(e.contains("line 2: unknown option \"prio=1\"") && e.contains("KEY priority=N max_in_flight=N"), "{e}");
     }
 
     #[test]

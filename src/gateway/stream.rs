@@ -10,9 +10,9 @@ use axum::body::{Body, Bytes};
 use futures_util::{Stream, StreamExt};
 use tokio::sync::watch;
 
-use super::framing::{terminal_error, Aligner};
+use super::framing::terminal_error;
 use super::state::{Gateway, InFlight};
-use crate::bench::sse::{parse_event, Event, SseParser};
+use crate::sse::{parse_event, Aligner, Event, SseParser};
 
 type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 

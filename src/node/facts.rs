@@ -37,6 +37,9 @@ pub struct FabricFacts {
     pub gid_error: Option<String>,
     /// `ports/<n>/state` of each port, e.g. `4: ACTIVE`.
     pub port_states: Vec<(u32, String)>,
+    /// The cross-node all-reduce's output on this node (src/fabric), when preflight ran it.
+    #[serde(default)]
+    pub all_reduce: Option<Probed>,
 }
 
 /// Everything preflight looks at on one node (sent by a node agent as JSON).
@@ -128,6 +131,9 @@ pub struct FactRequest {
     /// Docker runtime kits.
     #[serde(default)]
     pub docker: Option<DockerRequest>,
+    /// This node's rank of the cross-node all-reduce (`spark-kit preflight` on multi-node kits).
+    #[serde(default)]
+    pub all_reduce: Option<Box<crate::fabric::AllReduceRequest>>,
 }
 
 /// Gather a node's facts.
@@ -158,7 +164,15 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
         disk_free: p.free_bytes(&req.disk_path),
         disk_path: req.disk_path.clone(),
         weights_present,
-        fabric: fabric(p, req),
+        fabric: {
+            let mut f = fabric(p, req);
+            f.all_reduce = req.all_reduce.as_ref().map(|r| {
+                let argv = r.argv();
+                let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+                p.run_long("all-reduce", &argv, r.timeout_s)
+            });
+            f
+        },
         ports: req.ports.iter().map(|(host, port, what)| (*port, what.clone(), p.port_free(host, *port))).collect(),
         ssh: req
             .ssh

@@ -42,6 +42,8 @@ pub struct PreflightInput {
     /// here (supervisor pid 42, ready)`): its ports, engine processes and loaded weights are its
     /// own, so they are reported as such rather than checked free.
     pub running: Option<String>,
+    /// Run the cross-node all-reduce (src/fabric): `spark-kit preflight` only, not `up`'s gate.
+    pub all_reduce: bool,
 }
 
 /// The preflight report (`spark-kit preflight --json`).
@@ -169,6 +171,7 @@ pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactReques
         disk_path: input.disk_path.clone(),
         ports,
         ssh,
+        all_reduce: all_reduce_for(kit, node, input),
         docker: (kit.engine.runtime == Runtime::Docker).then(|| DockerRequest {
             image: kit.engine.docker_image.clone().unwrap_or_default(),
             kit: kit.name.clone(),
@@ -176,6 +179,66 @@ pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactReques
             version_cache: input.image_vllm_cache.clone(),
         }),
     }
+}
+
+/// This node's all-reduce rank, when preflight runs one (not while the kit's deployment runs).
+fn all_reduce_for(kit: &Kit, node: &Node, input: &PreflightInput) -> Option<Box<crate::fabric::AllReduceRequest>> {
+    if !input.all_reduce || input.running.is_some() {
+        return None;
+    }
+    let index = kit.nodes.iter().position(|n| n.name == node.name)?;
+    let env = crate::engine::argv::build(kit, index, "", "").env;
+    let rank = crate::engine::argv::node_ranks(kit)[index];
+    crate::fabric::request_for(kit, index, rank, input.vllm_python.as_deref(), &env).map(Box::new)
+}
+
+/// The all-reduce line of a node: its rank's verdict, or why it did not run.
+fn all_reduce_check(kit: &Kit, node: &Node, input: &PreflightInput, f: &NodeFacts) -> Option<Check> {
+    use crate::fabric::verdict::{judge, parse, Level, Link};
+    if !input.all_reduce {
+        return None;
+    }
+    let check = |verdict, message: String, fix: Option<String>| Check {
+        node: node.name.clone(),
+        id: "all-reduce",
+        verdict,
+        message,
+        fix,
+    };
+    if let Some(why) = crate::fabric::skip_reason(kit, input.vllm_python.as_deref()) {
+        return (kit.nodes.len() > 1).then(|| check(Verdict::Skip, format!("fabric all-reduce: not run: {why}"), None));
+    }
+    let Some(out) = &f.fabric.all_reduce else {
+        let why = input.running.as_deref().unwrap_or("not requested");
+        return Some(check(Verdict::Skip, format!("fabric all-reduce: not run: {why}"), None));
+    };
+    let link = Link {
+        interface: node.fabric.interface.clone(),
+        mtu: f.fabric.mtu.as_ref().and_then(|m| m.as_ref().ok()).and_then(|m| m.trim().parse().ok()),
+        hca: env_of(kit, node, "NCCL_IB_HCA").cloned().or_else(|| node.fabric.hca.clone()),
+    };
+    let j = match out.as_ref().map_err(ToString::to_string).and_then(|o| parse(o)) {
+        Ok(r) => judge(&r, &link),
+        Err(e) => judge(
+            &crate::fabric::verdict::RankResult {
+                rank: 0,
+                world: kit.nodes.len(),
+                backend: if kit.needs_gpu() { "nccl" } else { "gloo" }.into(),
+                torch: None,
+                latency_us: std::collections::BTreeMap::new(),
+                busbw_gbps: None,
+                correct: None,
+                error: Some(e),
+            },
+            &link,
+        ),
+    };
+    let verdict = match j.level {
+        Level::Pass => Verdict::Pass,
+        Level::Warn => Verdict::Warn,
+        Level::Fail => Verdict::Fail,
+    };
+    Some(check(verdict, j.message, j.fix))
 }
 
 /// `(node name, argv of a batch-mode ssh call into `n` that runs `true`)`. A node without
@@ -226,6 +289,7 @@ pub fn run(kit: &Kit, input: &PreflightInput, facts_of: &dyn Fn(&Node, &FactRequ
         match facts_of(node, &request_for(kit, node, input)) {
             Ok(f) => {
                 checks.extend(node_checks(&spec_for(kit, node, input), &f));
+                checks.extend(all_reduce_check(kit, node, input, &f));
                 if let Some(d) = &f.docker {
                     // Images are made on the head; a worker gets the head's (`image sync`).
                     let fix = if node.role == Role::Head {

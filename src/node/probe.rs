@@ -26,6 +26,10 @@ pub trait ProbeSource {
     fn list(&self, path: &str) -> Result<Vec<String>, ProbeError>;
     /// Run a command; `name` identifies it in recordings (`nvidia-smi-gpu`). Its stdout.
     fn run(&self, name: &str, argv: &[&str]) -> Result<String, ProbeError>;
+    /// [`ProbeSource::run`] for a command that may take up to `timeout_s` (the fabric all-reduce).
+    fn run_long(&self, name: &str, argv: &[&str], _timeout_s: u64) -> Result<String, ProbeError> {
+        self.run(name, argv)
+    }
     /// Free bytes for an unprivileged user on the filesystem holding `path` (its nearest existing ancestor).
     fn free_bytes(&self, path: &str) -> Result<u64, ProbeError>;
     /// Whether a TCP listener can bind `host:port` now.
@@ -90,6 +94,10 @@ impl ProbeSource for LocalProbe {
             let first = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
             Err(ProbeError::Failed { what: argv.join(" "), why: format!("{}: {first}", out.status) })
         }
+    }
+
+    fn run_long(&self, name: &str, argv: &[&str], timeout_s: u64) -> Result<String, ProbeError> {
+        LocalProbe { timeout_s }.run(name, argv)
     }
 
     fn free_bytes(&self, path: &str) -> Result<u64, ProbeError> {

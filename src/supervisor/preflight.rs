@@ -19,10 +19,44 @@ use crate::node::probe::LocalProbe;
 /// started for the purpose (over the node's transport, the binary pushed when it differs).
 pub fn gather_facts(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Facts> {
     let local = |i: usize| kit.nodes[i].transport == Transport::Local;
-    let mut facts: Vec<Option<Facts>> = (0..kit.nodes.len())
-        .map(|i| local(i).then(|| Ok(gather(&LocalProbe { timeout_s: 10 }, &request_for(kit, &kit.nodes[i], input)))))
+    // Local nodes are probed on a thread of their own while the agents answer: the fabric
+    // all-reduce needs every node's rank running at once.
+    std::thread::scope(|scope| {
+        let here = scope.spawn(|| {
+            (0..kit.nodes.len())
+                .filter(|i| local(*i))
+                .map(|i| (i, gather(&LocalProbe { timeout_s: 10 }, &request_for(kit, &kit.nodes[i], input))))
+                .collect::<Vec<_>>()
+        });
+        let mut facts = remote_facts(kit, input, logs);
+        match here.join() {
+            Ok(done) => {
+                for (i, f) in done {
+                    facts[i] = Ok(f);
+                }
+            }
+            Err(_) => {
+                for i in (0..kit.nodes.len()).filter(|i| local(*i)) {
+                    facts[i] = Err(FactsError::Unreachable {
+                        node: kit.nodes[i].name.clone(),
+                        why: "probing this machine panicked".into(),
+                    });
+                }
+            }
+        }
+        facts
+    })
+}
+
+/// The facts of the nodes not on this machine, through node agents: every agent is asked as
+/// soon as it has said hello, all of them at once. Local nodes are left [`FactsError::NotAsked`].
+fn remote_facts(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Facts> {
+    let mut facts: Vec<Option<Facts>> = kit
+        .nodes
+        .iter()
+        .map(|n| (n.transport == Transport::Local).then(|| Err(FactsError::NotAsked { node: n.name.clone() })))
         .collect();
-    let remote: Vec<usize> = (0..kit.nodes.len()).filter(|i| !local(*i)).collect();
+    let remote: Vec<usize> = (0..kit.nodes.len()).filter(|i| facts[*i].is_none()).collect();
     if remote.is_empty() {
         return facts.into_iter().flatten().collect();
     }
@@ -45,7 +79,6 @@ pub fn gather_facts(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Facts
             facts[i] = unreachable(i, e.to_string());
         }
     }
-    // Each agent is asked once it has said hello; its facts answer.
     let deadline = Instant::now() + Duration::from_secs(60 + FACTS_TIMEOUT_S);
     while facts.iter().any(Option::is_none) && Instant::now() < deadline {
         let Some(Note::Agent(msg)) = agents.hear(Duration::from_millis(200)) else { continue };
@@ -63,6 +96,7 @@ pub fn gather_facts(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Facts
         }
     }
     agents.close(Duration::from_secs(15));
+    let secs = 60 + FACTS_TIMEOUT_S;
     facts
         .into_iter()
         .enumerate()
@@ -70,7 +104,7 @@ pub fn gather_facts(kit: &Kit, input: &PreflightInput, logs: &Path) -> Vec<Facts
             f.unwrap_or_else(|| {
                 Err(FactsError::Unreachable {
                     node: kit.nodes[i].name.clone(),
-                    why: format!("no answer within {} s", 60 + FACTS_TIMEOUT_S),
+                    why: format!("no answer within {secs} s"),
                 })
             })
         })

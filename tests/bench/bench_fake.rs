@@ -33,7 +33,7 @@ fn bench(args: &[&str], env: &[(&str, &str)]) -> Out {
     }
 }
 
-fn schema_errors(v: &Value) -> Vec<String> {
+pub(crate) fn schema_errors(v: &Value) -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bench-result.schema.json");
     let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
@@ -225,7 +225,7 @@ fn decode_repeats_run_waves_back_to_back_and_the_table_pools_them() {
     // The table pools each level's waves into one line.
     assert!(o.stdout.contains("3 waves per level"), "{}", o.stdout);
     let rows: Vec<&str> =
-        o.stdout.lines().skip_while(|l| !l.starts_with("DECODE")).skip(3).take_while(|l| !l.is_empty()).collect();
+        o.stdout.lines().skip_while(|l| !l.starts_with("DECODE")).skip(4).take_while(|l| !l.is_empty()).collect();
     assert_eq!(rows.len(), 2, "one row per level: {rows:?}");
     assert!(rows[1].trim_start().starts_with('2'), "{rows:?}");
 

@@ -7,5 +7,7 @@ mod common;
 #[path = "../fake_sse/mod.rs"]
 mod fake_sse;
 
+mod bench_audit;
 mod bench_fake;
+mod bench_plot;
 mod bench_schema;

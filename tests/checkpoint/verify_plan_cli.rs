@@ -112,11 +112,14 @@ fn plan_for_the_default_kit_uses_the_virtual_checkpoint() {
     // The printed pool fix, run as printed, leaves no prefill warning.
     let o = spark(&["plan", "--set", "engine.kv_cache_bytes=3.5GiB"]);
     let out = text(&o.stdout);
-    let fix = out.lines().find(|l| l.contains("`--set engine.kv_cache_bytes=")).unwrap_or_else(|| panic!("{out}"));
+    let fix = out
+        .lines()
+        .find(|l| l.contains("fix: shrink engine.kv_cache_bytes") && l.contains("`--set engine.kv_cache_bytes="))
+        .unwrap_or_else(|| panic!("{out}"));
     let set = fix.split("`--set ").nth(1).unwrap().split('`').next().unwrap().to_string();
     let o = spark(&["plan", "--set", &set]);
     let out = text(&o.stdout);
-    assert!(o.status.success(), "{out}");
+    assert!(o.status.success(), "{set}: {out}{}", text(&o.stderr));
     assert!(!out.contains("-token prefill is predicted"), "{set}: {out}");
     // tiny-cpu's model is made by `up` on its first start: before that, `plan` says so (#28).
     let home = tempfile::tempdir().unwrap();

@@ -47,6 +47,9 @@ fn the_kv_record_is_the_kits_and_nvfp4_is_refused_on_gb10() {
     assert_eq!(v["kv"]["bytes_per_token"], 1728.0);
     let a = v["assumptions"].as_array().unwrap();
     assert!(a.iter().any(|x| x["name"] == "KV record on GB10"), "{a:?}");
+    let w = v["warnings"].as_array().unwrap();
+    let refused = w.iter().find(|x| x["message"].as_str().unwrap().starts_with("engine.kv_cache_dtype nvfp4_ds_mla"));
+    assert!(refused.unwrap()["fix"].as_str().unwrap().contains("--set engine.kv_cache_dtype=fp8_ds_mla"), "{w:?}");
     let (code, _, err) = plan(&["--virtual", "--set", "engine.kv_cache_dtype=fp4"]);
     assert_ne!(code, 0);
     assert!(err.contains("engine.kv_cache_dtype"), "{err}");

@@ -37,6 +37,7 @@ fn input() -> PreflightInput {
         image_vllm_cache: None,
         recorded_image: None,
         running: None,
+        all_reduce: false,
     }
 }
 

@@ -1,5 +1,8 @@
 //! End to end: `spark-kit bench` against a real `spark-kit up --kit tiny-cpu` endpoint (vLLM on
-//! the CPU). The JSON validates against docs/bench-result.schema.json and the PNG plot opens.
+//! the CPU) that speculates (ngram prompt lookup): the JSON validates against
+//! docs/bench-result.schema.json, the waves carry vLLM's spec-decode counters (acceptance and
+//! ms/step in the table), the PNG plot opens; then `bench --audit reference` replays the
+//! reference kit's table scaled to the kit, rows that cannot run (speculation off) left empty.
 //!
 //! Gated on SPARK_KIT_TEST_E2E=1 (`tests/run-all.sh` sets it after building the engine venv);
 //! without it the test prints why and skips. The load is tiny: a few short requests.
@@ -20,7 +23,8 @@ fn bench_measures_the_tiny_cpu_endpoint() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let server = up_tiny_cpu(&[], dir.path(), port, Duration::from_secs(600));
+    let spec = ["--set", "engine.speculative.method=ngram", "--set", "engine.speculative.tokens=3"];
+    let server = up_tiny_cpu(&spec, dir.path(), port, Duration::from_secs(600));
     let json = dir.path().join("bench.json");
     let png = dir.path().join("bench.png");
     let t = Instant::now();
@@ -61,6 +65,14 @@ fn bench_measures_the_tiny_cpu_endpoint() {
             assert!(q["decode_tok_s"].as_f64().unwrap() > 0.0);
         }
     }
+    // Speculation measured, not assumed: vLLM's counters over every wave, acceptance in the table.
+    assert_eq!(r["settings"]["spec_decode_counters"], true, "{}", r["settings"]);
+    for w in r["decode"].as_array().unwrap() {
+        let s = &w["spec_decode"];
+        assert!(s["drafts"].as_u64().is_some() && s["accepted_tokens"].as_u64().is_some(), "{w}");
+    }
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("speculation on (vLLM's spec-decode counters"), "{stdout}");
     let pre = &r["prefill"][0];
     assert_eq!(pre["target_tokens"], 128);
     assert!(pre["requests"][0]["prompt_tokens"].as_u64().unwrap().abs_diff(128) <= 2);
@@ -70,5 +82,51 @@ fn bench_measures_the_tiny_cpu_endpoint() {
     let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
     let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
     assert_eq!((w, h), (1200, 500));
+
+    audit(port, dir.path(), &validator);
     server.interrupt();
+}
+
+/// `bench --audit reference` on the same endpoint: every row answered (a figure or why not).
+fn audit(port: u16, dir: &std::path::Path, validator: &jsonschema::Validator) {
+    let json = dir.join("audit.json");
+    let svg = dir.join("audit.svg");
+    let t = Instant::now();
+    let o = spark_kit()
+        .args(["bench", "--kit", "tiny-cpu", "--port", &port.to_string(), "--audit", "reference"])
+        .args(["--prefill-repeats", "1", "--quiet", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    eprintln!("audit took {:.1} s\n{stderr}{stdout}", t.elapsed().as_secs_f64());
+    assert!(o.status.success(), "audit failed: {stderr}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let errors: Vec<String> = validator.iter_errors(&r).map(|e| format!("{}: {e}", e.instance_path())).collect();
+    assert!(errors.is_empty(), "schema: {errors:?}");
+    assert_eq!(r["receipt"]["kit"]["name"], "tiny-cpu");
+    assert!(r["receipt"]["lock"]["path"].as_str().is_some_and(|p| p.ends_with("spark-kit.lock")), "{}", r["receipt"]);
+    let a = &r["audit"];
+    assert_eq!((a["table"].as_str(), a["speculation"].as_bool()), (Some("reference"), Some(true)));
+    let rows = a["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 20);
+    for row in rows {
+        let (ours, skipped) = (&row["ours"], &row["skipped"]);
+        assert!(ours.is_number() != skipped.is_string(), "a figure or a reason, never both or neither: {row}");
+        let id = row["id"].as_str().unwrap();
+        if id.contains("spec-off") {
+            assert!(skipped.as_str().unwrap().contains("speculates") && row["waves"] == serde_json::json!([]), "{row}");
+        }
+    }
+    for id in ["decode-x1-spec-on", "decode-x2-spec-on", "decode-x4-spec-on"] {
+        let row = rows.iter().find(|x| x["id"] == id).unwrap();
+        assert!(row["ours"].as_f64().unwrap() > 0.0 && row["ms_per_step"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["spec_decode"]["drafts"].as_u64().is_some(), "{row}");
+    }
+    assert!(stdout.starts_with("AUDIT  reference kit"), "{stdout}");
+    assert!(stdout.contains("not run: the engine in use speculates"), "{stdout}");
+    let doc = std::fs::read_to_string(&svg).unwrap();
+    assert!(roxmltree::Document::parse(&doc).is_ok() && doc.contains("Prefill ladder"));
 }

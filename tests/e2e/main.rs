@@ -10,6 +10,7 @@ mod e2e_bench_tiny_cpu;
 mod e2e_docker;
 mod e2e_docker_two_node;
 mod e2e_exl3;
+mod e2e_fabric;
 mod e2e_gateway;
 mod e2e_hints;
 mod e2e_tiny_cpu;

@@ -1,9 +1,12 @@
-//! Server-sent events from an OpenAI-compatible streaming response: framing and chunk decoding.
+//! Server-sent events of an OpenAI-compatible streaming response: the one SSE parser of the crate,
+//! shared by `bench` (which times the events) and `gateway` (which passes them on and times them).
 //!
-//! Pure functions, no I/O. [`SseParser`] turns arbitrary byte slices (as they arrive from the
-//! socket) into complete event payloads; [`parse_event`] decodes one payload into what the
-//! metrics need: whether it carried generated text (content or reasoning), the usage block, and
-//! a server error if the stream reports one.
+//! A leaf: pure functions, no I/O, no import from the crate (tests/rules/import_rules.rs).
+//! [`SseParser`] turns arbitrary byte slices (as they arrive from the socket) into complete event
+//! payloads; [`Aligner`] cuts the raw bytes at event boundaries for a pass-through that never
+//! forwards half an event; [`parse_event`] decodes one payload into what the metrics need: whether
+//! it carried generated text (content or reasoning), the usage block, and a server error if the
+//! stream reports one.
 
 /// Splits a byte stream into SSE event payloads (the `data:` lines of one event, joined by `\n`).
 ///
@@ -73,6 +76,58 @@ impl SseParser {
             return None;
         }
         Some(std::mem::take(&mut self.data).join("\n"))
+    }
+}
+
+/// Held bytes of one unfinished event beyond which they are passed on anyway (a stream that is
+/// not SSE-conformant must not grow the gateway's memory without bound).
+pub const MAX_PENDING: usize = 1 << 20;
+
+/// Splits arriving bytes at SSE event boundaries.
+#[derive(Debug, Default)]
+pub struct Aligner {
+    pending: Vec<u8>,
+    /// Length of the current line so far, `\r` not counted.
+    line_len: usize,
+}
+
+impl Aligner {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feed bytes; returns the complete events they finish (possibly empty), in one slice.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut cut = None;
+        let base = self.pending.len();
+        for (i, &b) in bytes.iter().enumerate() {
+            match b {
+                b'\n' => {
+                    if self.line_len == 0 {
+                        cut = Some(base + i + 1);
+                    }
+                    self.line_len = 0;
+                }
+                b'\r' => {}
+                _ => self.line_len += 1,
+            }
+        }
+        self.pending.extend_from_slice(bytes);
+        match cut {
+            Some(n) => {
+                let rest = self.pending.split_off(n);
+                std::mem::replace(&mut self.pending, rest)
+            }
+            None if self.pending.len() > MAX_PENDING => std::mem::take(&mut self.pending),
+            None => Vec::new(),
+        }
+    }
+
+    /// Bytes of an event that has not been completed (dropped when the stream is cut).
+    #[must_use]
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
     }
 }
 
@@ -249,5 +304,38 @@ mod tests {
         assert!(parse_event("not json").unwrap_err().to_string().contains("not JSON"));
         assert!(parse_event("[1,2]").unwrap_err().to_string().contains("not a JSON object"));
         assert!(parse_event(r#"{"usage":{"total_tokens":3}}"#).unwrap_err().to_string().contains("usage block"));
+    }
+
+    #[test]
+    fn whole_events_pass_at_once() {
+        let mut a = Aligner::new();
+        assert_eq!(a.feed(b"data: 1\n\ndata: 2\n\n"), b"data: 1\n\ndata: 2\n\n");
+        assert!(a.pending().is_empty());
+    }
+
+    #[test]
+    fn split_events_are_held_until_complete() {
+        let mut a = Aligner::new();
+        assert_eq!(a.feed(b"data: {\"a\""), b"");
+        assert_eq!(a.feed(b":1}\n"), b"");
+        assert_eq!(a.feed(b"\ndata: 2"), b"data: {\"a\":1}\n\n");
+        assert_eq!(a.pending(), b"data: 2");
+        assert_eq!(a.feed(b"\r\n\r\n"), b"data: 2\r\n\r\n");
+    }
+
+    #[test]
+    fn an_endless_event_is_passed_on_past_the_cap() {
+        let mut a = Aligner::new();
+        let big = vec![b'x'; MAX_PENDING];
+        assert!(a.feed(&big).is_empty());
+        assert_eq!(a.feed(b"y").len(), MAX_PENDING + 1);
+        assert!(a.pending().is_empty());
+    }
+
+    #[test]
+    fn multi_line_events_stay_whole() {
+        let mut a = Aligner::new();
+        assert_eq!(a.feed(b"event: x\ndata: 1\n"), b"");
+        assert_eq!(a.feed(b"\n"), b"event: x\ndata: 1\n\n");
     }
 }
