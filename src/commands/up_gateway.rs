@@ -65,39 +65,30 @@ fn key_policies(s: &Settings, cfg: &mut GatewayConfig) -> Result<(), Failure> {
     Ok(())
 }
 
-/// How admission counts prompt tokens, for the summary line.
-fn counting(cfg: &GatewayConfig) -> String {
-    match &cfg.counter {
-        Some(Ok(c)) => format!("completion prompts counted in process with {}", c.path().display()),
-        Some(Err(LoadError::Missing(t))) => {
-            format!("completion prompts counted in process with {} once it exists", t.display())
-        }
-        Some(Err(e)) => format!("prompts counted by the engine's /tokenize: {e}"),
-        None => "prompts counted by the engine's /tokenize (the checkpoint's directory is unknown)".into(),
-    }
-}
-
-/// One line on what the gateway admits, for `up`'s output.
+/// One line (under 160 characters) on what the gateway admits, for `up`'s output. How prompts
+/// are counted shows only when the engine counts them (a `/tokenize` round trip per request).
 pub(super) fn summary(cfg: &GatewayConfig, note: Option<&str>) -> String {
     let l = &cfg.limits;
     let mut parts = vec![format!("max_model_len {}", l.max_model_len)];
     if let Some(t) = l.kv_pool_tokens {
-        parts.push(format!("KV pool {t} tokens"));
+        parts.push(format!("KV pool {t}"));
     }
     match (l.safe_max_prompt, note) {
-        (Some(b), _) => parts.push(format!("prefill budget {b} tokens")),
-        (None, Some(n)) => parts.push(n.to_string()),
-        (None, None) => parts.push("no prefill budget (node memory unknown)".into()),
+        (Some(b), _) => parts.push(format!("prefill budget {b}")),
+        (None, Some(_)) => parts.push("no prefill budget yet".into()),
+        (None, None) => parts.push("no prefill budget: node memory unknown".into()),
     }
-    let keyed = if cfg.keys.is_empty() { "no API keys" } else { "API keys required" };
+    if !matches!(&cfg.counter, Some(Ok(_) | Err(LoadError::Missing(_)))) {
+        parts.push("prompts counted by the engine".into());
+    }
+    let keyed = if cfg.keys.is_empty() { "no API keys" } else { "keyed" };
+    let engine = cfg.upstream.strip_prefix("http://").unwrap_or(&cfg.upstream);
     format!(
-        "==> gateway on {} → engine on {} ({keyed}; {} slots, queue {}; admits {}; {})",
+        "==> gateway {} → engine {engine} ({keyed}; {} slots, queue {}; {})",
         cfg.bind,
-        cfg.upstream,
         cfg.max_in_flight,
         cfg.queue_len,
-        parts.join(", "),
-        counting(cfg)
+        parts.join(", ")
     )
 }
 
@@ -134,8 +125,11 @@ mod tests {
         assert_eq!(cfg.limits.safe_max_prompt, None);
         assert_eq!(cfg.limits.max_model_len, 512);
         let line = summary(&cfg, note.as_deref());
-        assert!(line.contains("no prefill budget (the weights are unknown"), "{line}");
-        assert!(line.contains("KV pool 65536 tokens") && line.contains("no API keys"), "{line}");
+        assert!(line.contains("no prefill budget yet"), "{line}");
+        assert!(line.contains("KV pool 65536") && line.contains("no API keys"), "{line}");
+        // One line, no cache path: the was 420 characters.
+        assert!(line.chars().count() < 160, "{} characters: {line}", line.chars().count());
+        assert!(!line.contains(".cache") && !line.contains("tokenizer.json"), "{line}");
     }
 
     #[test]
