@@ -44,6 +44,10 @@ CPU_PATCHES = (
      "vllm/models/deepseek_v41/common/engram.py:1002 (ParallelEngramEmbedding.__init__ asks the device index)"),
     ("torch.cuda", "get_device_properties", lambda *a, **k: SimpleNamespace(multi_processor_count=2),
      "vllm/models/deepseek_v41/common/engram.py:1002 (stores multi_processor_count as _num_sms)"),
+    ("vllm.models.deepseek_v4.nvidia.ops.o_proj", "fused_inv_rope_fp8_quant", lambda o, positions, cos_sin_cache,
+     *, n_groups, heads_per_group, nope_dim, rope_dim, quantize, **k: (o.reshape(o.shape[0], n_groups, -1), None),
+     "vllm/models/deepseek_v4/nvidia/ops/o_proj.py:66 (0.32.0): the o-projection's inverse RoPE is a Triton kernel; "
+     "the stand-in hands the heads on unrotated, grouped (EXL3 model and dense twin alike: the check is of wo_a/wo_b)"),
 )
 # Not patches, but what construction needs on a CPU, with the line each answers:
 # * vllm.v1.worker.cpu_model_runner._torch_cuda_wrapper() around construction: nvidia/model.py:694
@@ -161,9 +165,9 @@ def draft_result(ckpt: Path, vc, linears: list[str] | None = None) -> dict:
         report["not_consumed"] = [n for n in report["not_consumed"] if classes.DRAFT.match(n)]
         report["methods"] = classes.method_map(draft)
         modules = dict(draft.named_modules())
-        report["dense"] = {f"dense:{n}": modules[n].weight.detach().float().clone()
-                           for n in modules if n.endswith(".attn.wo_a")}
-        process_weights_after_loading(draft, dvc.model_config, torch.device("cpu"))
+        with dense_wo_a_kept(draft):
+            process_weights_after_loading(draft, dvc.model_config, torch.device("cpu"))
+        report["packed"] = packed_params(draft)
         g = torch.Generator().manual_seed(2)
         if linears is None:
             linears = [n for n, m in sorted(modules.items())
@@ -177,6 +181,7 @@ def draft_result(ckpt: Path, vc, linears: list[str] | None = None) -> dict:
             for i, layer in enumerate(draft.model.layers):
                 x = (torch.randn(7, layer.ffn_norm.weight.shape[0], generator=g) * 0.5).to(torch.bfloat16)
                 out[f"moe:{i}"] = layer.ffn(x, torch.randint(0, 2048, (7,), generator=g)).float()
+            out.update(o_proj_outputs(draft.model.layers, 1, 0, g))
     report["outputs"] = out
     return report
 
@@ -195,7 +200,9 @@ def load(model, vc, ckpt: Path) -> dict:
         report = tracker.report(names, ckpt / "model.safetensors")
         report["methods"] = classes.method_map(model)
         report["dense"] = dense_weights(model)
-        process_weights_after_loading(model, vc.model_config, torch.device("cpu"))
+        with dense_wo_a_kept(model):
+            process_weights_after_loading(model, vc.model_config, torch.device("cpu"))
+        report["packed"] = packed_params(model)
     return report
 
 
@@ -220,6 +227,10 @@ def layer_outputs(model, vc, tp: int, rank: int, names: list[str]) -> dict[str, 
             out[f"linear:{name}"] = (y[0] if isinstance(y, tuple) else y).float()
         tc = getattr(model.config, "text_config", model.config)
         hidden = lm.layers[0].ffn_norm.weight.shape[0]
+        logits = model.compute_logits(torch.randn(5, hidden, generator=g).to(torch.bfloat16))
+        if logits is not None:  # TP>1: gathered on rank 0
+            out["logits"] = logits.float()
+        out.update(o_proj_outputs(lm.layers, tp, rank, g))
         ids = torch.randint(0, tc.vocab_size, (7,), generator=g)
         for i, layer in enumerate(lm.layers):
             x = (torch.randn(7, hidden, generator=g) * 0.5).to(torch.bfloat16)
@@ -236,6 +247,38 @@ def layer_outputs(model, vc, tp: int, rank: int, names: list[str]) -> dict[str, 
             out[f"engram_rows:{i}"] = got.float()
             out[f"engram_ids:{i}"] = rows
     return out
+
+
+def o_proj_outputs(layers, tp: int, rank: int, g: torch.Generator, tokens: int = 6) -> dict[str, torch.Tensor]:
+    """vLLM's own o-projection (`_o_proj`: wo_a through the overlay's hook, then wo_b) of each attention layer
+    on fixed attention outputs; at TP>1 each rank takes its heads of the full input (wo_b all-reduces)."""
+    out = {}
+    for i, layer in enumerate(layers):
+        attn = layer.attn
+        full = torch.randn(tokens, attn.n_heads, attn.head_dim, generator=g).to(torch.bfloat16)
+        n = attn.n_local_heads
+        y = attn._o_proj(full[:, rank * n : (rank + 1) * n].contiguous(), torch.arange(tokens))
+        out[f"o_proj:{i}"] = y.float()
+    return out
+
+
+@contextlib.contextmanager
+def dense_wo_a_kept(model):
+    """A dense wo_a (the twin's) keeps its bf16 weight through PWAL: vLLM's CPU unquantized method packs it
+    away for its own GEMM (model_executor/layers/utils.py dispatch_cpu_unquantized_gemm, remove_weight), but
+    the o-projection's bmm (deepseek_v4/nvidia/ops/o_proj.py:97 in 0.32.0) reads wo_a.weight directly."""
+    kept = {n: m.weight.data for n, m in model.named_modules()
+            if n.endswith(".attn.wo_a") and type(m.quant_method).__name__ == "UnquantizedLinearMethod"}
+    yield
+    modules = dict(model.named_modules())
+    for name, weight in kept.items():
+        modules[name].weight.data = weight
+
+
+def packed_params(model) -> dict[str, dict[str, tuple[str, list[int], int]]]:
+    """lm_head and every wo_a: each parameter vLLM holds for it (dtype, shape, bytes)."""
+    return {n: {p: (str(t.dtype), list(t.shape), t.numel() * t.element_size()) for p, t in m.named_parameters()}
+            for n, m in model.named_modules() if n.endswith(("lm_head", ".attn.wo_a"))}
 
 
 def dense_weights(model) -> dict[str, torch.Tensor]:
@@ -255,19 +298,17 @@ def _load_error(ckpt: Path, tp: int) -> str | None:
 
 def negatives(ckpt: Path, tp: int) -> dict[str, str | None]:
     """The real load with one class's method taken away: the error each gives (None: it loaded)."""
-    import re
-
-    from spark_overlay.exl3.vllm import dsv41
+    import vllm.models.deepseek_v41.nvidia.model as model_module
     from spark_overlay.exl3.vllm.config import Exl3Config
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
     out = {}
-    kept = dsv41.DENSE
-    dsv41.DENSE = re.compile(kept.pattern.replace("head|", ""))  # the head no longer decoded at load
+    hooked = model_module.ParallelLMHead
+    model_module.ParallelLMHead = hooked.__wrapped__  # the head built without the hook: no EXL3 method
     try:
         out["head"] = _load_error(ckpt, tp)
     finally:
-        dsv41.DENSE = kept
+        model_module.ParallelLMHead = hooked
     original = Exl3Config.get_quant_method
 
     def without_wq_b(self, layer, prefix):

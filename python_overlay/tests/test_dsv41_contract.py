@@ -10,15 +10,20 @@ VLLM_DIST_IDENT, OMP_NUM_THREADS=1), with the exl3 quantization config from its 
   parameter left unloaded, process_weights_after_loading;
 * the quant-method map: every class of the K map lands in a layer with an EXL3 method or one the
   overlay decodes to dense at load; a class whose method is stripped fails that check, and two classes
-  (a linear and the head) losing their method fail the real load, naming the tensor;
-* every EXL3 linear, each MoE block and Engram's WKV inside the real model equal the dense twin's;
-  the dense-at-load classes equal the decoded twin's weights; Engram rows come from the table file
-  through the hook into the real ParallelEngramEmbedding;
+  (a linear, and the head built without the overlay's hook) losing their method fail the real load,
+  naming the tensor;
+* every EXL3 linear, each MoE block, Engram's WKV, the logits (the EXL3 head through vLLM's
+  compute_logits) and the o-projection (vLLM's own `_o_proj`: the EXL3 wo_a groups through the hooked
+  deep_gemm_fp8_o_proj, then wo_b) inside the real model equal the dense twin's; lm_head and every wo_a
+  hold only packed EXL3 tensors (bytes asserted, vocab / groups split at TP=2); the dense-at-load
+  classes (indexer.wk, the compressor) equal the decoded twin's weights; Engram rows come from the
+  table file through the hook into the real ParallelEngramEmbedding;
 * TP=2 equals TP=1 (sharded outputs reassembled); a full-width input to a row-parallel EXL3 layer at
   TP=2 raises instead of corrupting memory.
 
 Not run on a CPU (no CPU kernels in vLLM for DeepSeek V4.1): the attention (FlashMLA / FlashInfer sparse
-MLA, the compressor and indexer kernels, the o-projection's bmm), Engram's n-gram hashing (Triton) and
+MLA, the compressor and indexer kernels, the o-projection's inverse RoPE: a CPU stand-in passes the heads
+on unrotated, dsv41_harness.CPU_PATCHES), Engram's n-gram hashing (Triton) and
 so a whole-model forward or `vllm.LLM`. The DSpark draft model (`dspark`, which loads `mtp.*`) is built
 from the target's config with a speculative-config stand-in (dsv41_harness.draft_config: a CPU cannot
 validate a dspark config) and checked the same way.
@@ -128,7 +133,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, rel: float = 0.0) -
 
 def test_built_with_the_exl3_config_and_the_named_cpu_patches(tp1):
     assert tp1["quant_method"] == "Exl3Config"
-    assert len(tp1["patches"]) == 3 and all(".py" in p for p in tp1["patches"]), tp1["patches"]
+    assert len(tp1["patches"]) == 4 and all(".py" in p for p in tp1["patches"]), tp1["patches"]
 
 
 def test_every_checkpoint_tensor_is_consumed_and_no_parameter_is_missing(tp1, tiny):
@@ -160,13 +165,13 @@ def test_losing_a_method_fails_the_real_load_naming_the_tensor(tp1):
     assert set(errors) == {"attn.wq_b", "head"}
     for name, message in errors.items():
         assert message and "EXL3 tensor reached a vLLM layer with no EXL3 method" in message, (name, message)
-    assert "wq_b" in errors["attn.wq_b"] and "head" in errors["head"]
+    assert "wq_b" in errors["attn.wq_b"] and errors["head"].split(":")[1].strip().startswith("head."), errors["head"]
 
 
 def test_exl3_layers_inside_the_real_model_equal_the_dense_twin(tp1):
     outs, twin = tp1["outputs"], tp1["twin"]
     kinds = {k.split(":")[0] for k in outs}
-    assert {"linear", "moe", "engram_rows"} <= kinds, kinds
+    assert {"linear", "moe", "engram_rows", "logits", "o_proj"} <= kinds, kinds
     assert any("engram.wkv" in k for k in outs) and sum(k.startswith("moe:") for k in outs) == 3
     for key, want in twin.items():
         _close(outs[key], want, key, rel=1e-3)
@@ -174,9 +179,39 @@ def test_exl3_layers_inside_the_real_model_equal_the_dense_twin(tp1):
 
 def test_dense_at_load_classes_equal_the_decoded_twin(tp1):
     dense, twin = tp1["load"]["dense"], tp1["twin_load"]["dense"]
-    assert {k.rsplit(".", 1)[-1] for k in dense} >= {"lm_head", "wo_a", "wk", "fused_wkv_wgate"}
+    assert {k.rsplit(".", 1)[-1] for k in dense} == {"wk", "fused_wkv_wgate"}
     for key, want in twin.items():
         _close(dense[key], want, key)
+
+
+def _check_packed(packed: dict, what: str) -> None:
+    """Every parameter vLLM holds for lm_head / wo_a is an EXL3 tensor: the trellis at K/8 bytes per weight of
+    the rank's padded matrix, fp16 sign vectors, markers; no dense weight."""
+    assert any(n.endswith("lm_head") for n in packed) and sum(n.endswith(".attn.wo_a") for n in packed) >= 3, packed
+    for name, params in packed.items():
+        assert set(params) >= {"trellis", "suh", "svh"} and "weight" not in params, (what, name, params)
+        dtype, shape, nbytes = params["trellis"]
+        assert dtype == "torch.int16", (what, name, dtype)
+        *tiles, k16 = shape  # [G_local,] in/16, out/16, 16·K
+        groups = tiles[0] if len(tiles) == 3 else 1
+        weights = groups * tiles[-2] * 16 * tiles[-1] * 16
+        assert nbytes == weights * (k16 // 16) // 8, (what, name, shape, nbytes)
+        for kind in ("suh", "svh"):
+            assert params[kind][0] == "torch.float16", (what, name, kind, params[kind])
+        total = sum(b for _, _, b in params.values())
+        assert total < weights * 2 * 0.8, f"{what} {name}: {total} bytes held, a bf16 weight would be {weights * 2}"
+
+
+def test_head_and_wo_a_are_held_as_packed_exl3_tensors(tp1, tp2):
+    _check_packed(tp1["load"]["packed"], "TP=1")
+    for r, rank in enumerate(tp2):
+        _check_packed(rank["load"]["packed"], f"TP=2 rank {r}")
+    head = tp1["load"]["packed"]["language_model.lm_head"]["trellis"][2]
+    halves = [rank["load"]["packed"]["language_model.lm_head"]["trellis"][2] for rank in tp2]
+    assert sum(halves) == head and halves[0] == halves[1], (head, halves)  # vocab-sharded, not replicated
+    wo_a = tp1["load"]["packed"]["language_model.model.layers.0.attn.wo_a"]["trellis"][1][0]
+    assert [rank["load"]["packed"]["language_model.model.layers.0.attn.wo_a"]["trellis"][1][0] for rank in tp2] \
+        == [wo_a // 2] * 2  # each rank holds its half of the groups
 
 
 def test_engram_rows_come_from_the_table_file_through_the_hook(tp1, tiny):
@@ -214,8 +249,14 @@ def _reassemble(name: str, ranks: list[torch.Tensor]) -> torch.Tensor:
 def test_tp2_equals_tp1(tp1, tp2):
     one = tp1["outputs"]
     for key, want in one.items():
+        if key == "logits":  # gathered on rank 0
+            _close(tp2[0]["outputs"][key], want, f"TP=2 {key}", rel=2e-2)
+            continue
         ranks = [r["outputs"][key] for r in tp2]
-        if key.startswith("linear:"):
+        if key.startswith("o_proj:"):  # wo_b all-reduces: every rank has the whole output
+            _close(ranks[0], ranks[1], f"TP=2 {key} ranks", rel=1e-6)
+            _close(ranks[0], want, f"TP=2 {key}", rel=2e-2)
+        elif key.startswith("linear:"):
             _close(_reassemble(key, ranks), want, f"TP=2 {key}", rel=2e-2)
         elif key.startswith("moe:"):
             _close(ranks[0], ranks[1], f"TP=2 {key} ranks", rel=1e-6)
@@ -239,7 +280,7 @@ def test_a_full_width_input_to_a_row_parallel_layer_raises_at_tp2(tp2):
 def test_the_dspark_stage_loads_into_the_draft_model_with_exl3(tp1):
     """vLLM's VL wrapper drops `mtp.*`; its `dspark` draft model (DSparkDeepseekV4ForCausalLM) loads them:
     built with the target's exl3 config, it consumes every `mtp.*` tensor, its linears and MoE get EXL3
-    methods (wo_a decoded to dense at load) and match the dense twin's draft."""
+    methods (wo_a the grouped one, held packed) and match the dense twin's draft (o-projection included)."""
     draft, twin = tp1["draft"], tp1["draft_twin"]
     assert draft["not_consumed"] == [] and draft["never_loaded"] == [], (draft["not_consumed"], draft["never_loaded"])
     methods = draft["methods"]
@@ -251,9 +292,8 @@ def test_the_dspark_stage_loads_into_the_draft_model_with_exl3(tp1):
                      "ffn.shared_experts.down_proj"):
             assert methods[f"{layer}.{leaf}"] == "Exl3LinearMethod", (layer, leaf)
         assert methods[f"{layer}.ffn.experts.routed_experts"] == "Exl3MoEMethod"
-        assert methods[f"{layer}.attn.wo_a"] == "UnquantizedLinearMethod"
-    assert any(k.startswith("moe:") for k in draft["outputs"]) and len(draft["outputs"]) >= 7
+        assert methods[f"{layer}.attn.wo_a"] == "Exl3GroupedMethod"
+        assert draft["packed"][f"{layer}.attn.wo_a"]["trellis"][0] == "torch.int16"
+    assert any(k.startswith("o_proj:") for k in draft["outputs"]) and len(draft["outputs"]) >= 8
     for key, want in twin["outputs"].items():
         _close(draft["outputs"][key], want, f"draft {key}", rel=1e-3)
-    for key, want in twin["dense"].items():
-        _close(draft["dense"][key], want, f"draft {key}")

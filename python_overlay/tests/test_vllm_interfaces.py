@@ -18,7 +18,7 @@ import torch
 from spark_overlay import plugin, source
 from spark_overlay.engram import hook
 from spark_overlay.exl3.format.errors import Exl3FormatError
-from spark_overlay.exl3.vllm import dsv41
+from spark_overlay.exl3.vllm import dsv41, dsv41_hooks
 
 VERSION = plugin.installed_vllm_version()
 
@@ -79,6 +79,7 @@ def test_the_classes_decoded_at_load_are_the_ones_the_release_builds_unquantized
     compressor = release_file("vllm.models.deepseek_v41.compressor")
     model = release_file("vllm.models.deepseek_v41.nvidia.model")
     assert "wk" in quant_none_prefixes(attention), "indexer.wk now has a quant_config: serve it through EXL3"
+    # lm_head: built without a quant config; dsv41_hooks passes the EXL3 one (re-check the hook if this moves).
     assert "fused_wkv_wgate" in quant_none_prefixes(compressor), "the compressor now has a quant_config"
     heads = [n for n in ast.walk(ast.parse(Path(model).read_text()))
              if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("ParallelLMHead")
@@ -87,8 +88,8 @@ def test_the_classes_decoded_at_load_are_the_ones_the_release_builds_unquantized
     for call in heads:
         kw = {k.arg: k.value for k in call.keywords}
         assert "quant_config" not in kw or (isinstance(kw["quant_config"], ast.Constant) and kw["quant_config"].value
-                                            is None), f"{model}: lm_head now has a quant_config: serve it through EXL3"
-    # The dense head reaches lm_head through the release's own name mapping.
+                                            is None), f"{model}: lm_head now has a quant_config: re-check dsv41_hooks"
+    # The head's EXL3 tensors are renamed to what the release's own name mapping gives head.weight.
     assert '"head.weight"' in Path(release_file(dsv41.TARGETS[0][0])).read_text()
 
 
@@ -97,11 +98,62 @@ def test_the_reconciled_models_match_the_release_source():
     assert modules == [m for m, _, _ in dsv41.TARGETS]
 
 
-def test_wo_a_is_served_dense_and_everything_else_of_the_k_map_keeps_exl3():
-    assert dsv41.dense_layer("language_model.model.layers.3.attn.wo_a")
-    assert dsv41.dense_layer("model.layers.0.attn.wo_a")
+def test_wo_a_gets_the_grouped_exl3_method_and_nothing_else_does():
+    assert dsv41.grouped_layer("language_model.model.layers.3.attn.wo_a")
+    assert dsv41.grouped_layer("model.layers.0.attn.wo_a")
     for prefix in ("model.layers.0.attn.wo_b", "model.layers.0.attn.wq_b", "model.layers.1.engram.wkv"):
-        assert not dsv41.dense_layer(prefix)
+        assert not dsv41.grouped_layer(prefix)
+
+
+# --- lm_head and wo_a served packed: the hooks on the release's ParallelLMHead and o-projection -----------
+
+
+def test_the_head_and_o_projection_hooks_match_the_release_source():
+    hooked = dsv41_hooks.register(VERSION)
+    assert hooked[:2] == [dsv41_hooks.HEAD_MODULE, dsv41_hooks.O_PROJ_MODULE], hooked
+    o_proj = Path(release_file(dsv41_hooks.O_PROJ_MODULE)).read_text()
+    assert "wo_a.weight.view(n_groups, o_lora_rank, -1)" in o_proj  # the bmm path the hook stands in for
+
+
+def _changed_copy(tmp_path: Path, module: str, old: str, new: str) -> Path:
+    text = Path(release_file(module)).read_text()
+    assert old in text, f"{module}: {old!r} not found (the negative test needs re-pointing)"
+    path = tmp_path / (module.rsplit(".", 1)[-1] + ".py")
+    head, _, tail = text.rpartition(old)  # the last one: ParallelLMHead follows VocabParallelEmbedding
+    path.write_text(head + new + tail)
+    return path
+
+
+@pytest.mark.parametrize("module,old,new,named", [
+    (dsv41_hooks.O_PROJ_MODULE, "    wo_a: nn.Module,", "    wo_a_layer: nn.Module,", "deep_gemm_fp8_o_proj"),
+    (dsv41_hooks.HEAD_CLASS_MODULE, "        quant_config: QuantizationConfig | None = None,\n        prefix",
+     "        quant_cfg: QuantizationConfig | None = None,\n        prefix", "ParallelLMHead.__init__"),
+])
+def test_a_changed_signature_fails_registration_closed_naming_the_version(tmp_path, monkeypatch, module, old, new,
+                                                                          named):
+    changed = _changed_copy(tmp_path, module, old, new)
+    real = source.module_file
+    monkeypatch.setattr(source, "module_file", lambda m: str(changed) if m == module else real(m))
+    with pytest.raises(Exl3FormatError, match=rf"vLLM {VERSION}: .*{named}.* differs from"):
+        dsv41_hooks.register(VERSION)
+
+
+def test_a_changed_live_class_fails_the_patch_closed_naming_the_version():
+    """The patch at import re-checks the live objects: a ParallelLMHead / o-projection of another shape."""
+
+    class ParallelLMHead:
+        def __init__(self, num_embeddings, embedding_dim, bias=False, params_dtype=None, prefix=""):
+            pass
+
+    def deep_gemm_fp8_o_proj(o, positions, cos_sin_cache, wo_a, wo_b, *, n_groups):
+        return o
+
+    with pytest.raises(Exl3FormatError, match=rf"vLLM {VERSION}: .*ParallelLMHead.__init__.* differs from"):
+        dsv41_hooks._patch_head(SimpleNamespace(ParallelLMHead=ParallelLMHead), VERSION)
+    module = SimpleNamespace(deep_gemm_fp8_o_proj=deep_gemm_fp8_o_proj, fused_inv_rope_fp8_quant=lambda o: o)
+    with pytest.raises(Exl3FormatError, match=rf"vLLM {VERSION}: .*deep_gemm_fp8_o_proj.* differs from"):
+        dsv41_hooks._patch_o_proj(module, VERSION)
+    assert module.deep_gemm_fp8_o_proj is deep_gemm_fp8_o_proj  # nothing patched
 
 
 def test_exl3_moe_is_never_monolithic():

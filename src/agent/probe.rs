@@ -17,9 +17,11 @@ pub fn status_code(status_line: &str) -> Option<u16> {
 }
 
 /// A small HTTP/1.0 GET with short timeouts: (status, body). Used on the node itself only.
+/// The engine's key, when it has one, opens every route but `/health`.
 #[must_use]
-pub fn http_get(host: &str, port: u16, path: &str) -> Option<(u16, String)> {
-    http(host, port, &format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n"), Duration::from_secs(3))
+pub fn http_get(host: &str, port: u16, path: &str, api_key: Option<&str>) -> Option<(u16, String)> {
+    let auth = api_key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    http(host, port, &format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n{auth}\r\n"), Duration::from_secs(3))
 }
 
 /// One-token completion: the engine really generates (readiness is more than `/health`).

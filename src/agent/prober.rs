@@ -46,9 +46,9 @@ impl Prober {
         std::thread::spawn(move || {
             let mut ready_at = None;
             while !halt.load(Ordering::Relaxed) {
-                let healthy = http_get(t.host, t.port, "/health").is_some_and(|(c, _)| c == 200);
+                let healthy = http_get(t.host, t.port, "/health", None).is_some_and(|(c, _)| c == 200);
                 let progress = healthy
-                    .then(|| http_get(t.host, t.port, "/metrics"))
+                    .then(|| http_get(t.host, t.port, "/metrics", t.key.as_deref()))
                     .flatten()
                     .and_then(|(c, body)| (c == 200).then(|| parse_progress(&body)).flatten());
                 if healthy && ready_at.is_none() && one_token(t.host, t.port, &t.model, t.key.as_deref()) {

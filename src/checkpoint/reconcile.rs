@@ -1,11 +1,10 @@
 //! What the overlay's reconciliation with released vLLM costs per rank (docs/exl3-overlay.md,
 //! "DeepSeek V4.1: how each class is served"). vLLM's `DeepseekV41ForCausalLM` builds `lm_head`,
 //! `indexer.wk` and the compressor's `wkv`/`wgate` without a quantization method, and its CUDA
-//! o-projection reads `wo_a.weight` itself; the overlay decodes those EXL3 matrices to dense bf16
-//! at load (the eight `attn.wo_a.slice.{g}` stacked into vLLM's one `wo_a`). Each such matrix
-//! then holds `in × out × 2` bytes instead of its EXL3 bytes, split the way vLLM splits the layer:
-//! `lm_head` by vocabulary and `wo_a` by output (column-parallel) over the ranks, `indexer.wk` and
-//! the compressor replicated on each. Pure, over the checkpoint's shapes.
+//! o-projection reads `wo_a.weight` itself. The overlay serves `lm_head` and `wo_a` packed in
+//! EXL3 (version-checked hooks), and decodes the two small ones, `indexer.wk` and the compressor,
+//! to dense bf16 at load: each such matrix then holds `in × out × 2` bytes instead of its EXL3
+//! bytes, replicated on each rank. Pure, over the checkpoint's shapes.
 
 use std::collections::BTreeMap;
 
@@ -15,17 +14,17 @@ use super::budget::{rank_share, share};
 use super::exl3_audit::{packed_prefixes, split_name};
 use super::Checkpoint;
 
-/// The classes vLLM builds without an EXL3 method, and how vLLM splits each.
-const DENSE_AT_LOAD: [(&str, &str, Split); 4] = [
-    ("head", "lm_head (ParallelLMHead, quant_config=None)", Split::Out),
-    ("attn.wo_a", "wo_a (ColumnParallelLinear, is_bmm; read by the o-projection)", Split::Out),
+/// The classes still decoded to dense at load, and how vLLM splits each (`lm_head` and `wo_a`
+/// are served packed: docs/exl3-overlay.md).
+const DENSE_AT_LOAD: [(&str, &str, Split); 2] = [
     ("attn.indexer.wk", "indexer.wk (ReplicatedLinear, quant_config=None)", Split::Replicated),
     ("attn.compressor", "compressor fused_wkv_wgate (disable_tp, quant_config=None)", Split::Replicated),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Split {
-    /// Split along the output dimension over the ranks (vocabulary for the head).
+    /// Split along the output dimension over the ranks (none of today's classes).
+    #[allow(dead_code)]
     Out,
     Replicated,
 }
@@ -33,11 +32,7 @@ enum Split {
 /// Which dense-at-load class a packed matrix belongs to (`None`: it keeps its EXL3 method).
 fn class_of(prefix: &str) -> Option<usize> {
     let module = prefix.split_once(".attn.").map_or(prefix, |(_, m)| m);
-    let key = if prefix == "head" {
-        "head"
-    } else if module.starts_with("wo_a.slice.") {
-        "attn.wo_a"
-    } else if module == "indexer.wk" {
+    let key = if module == "indexer.wk" {
         "attn.indexer.wk"
     } else if module == "compressor.wkv" || module == "compressor.wgate" {
         "attn.compressor"
@@ -56,7 +51,7 @@ pub fn is_dense_at_load(prefix: &str) -> bool {
 /// One class decoded to dense bf16 at load.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DenseClass {
-    /// The checkpoint's class (`head`, `attn.wo_a`, `attn.indexer.wk`, `attn.compressor`).
+    /// The checkpoint's class (`attn.indexer.wk`, `attn.compressor`).
     pub class: &'static str,
     /// The vLLM layer that holds it.
     pub vllm_layer: &'static str,
@@ -146,14 +141,9 @@ mod tests {
     #[test]
     fn the_virtual_flash_at_tp2_costs_what_the_overlay_table_says() {
         let d = at(2);
-        // lm_head: V 129,280 × H 5120 bf16, vocabulary-split over 2 ranks = 631.25 MiB.
-        let head = class(&d, "head");
-        assert_eq!((head.matrices, head.dense_per_rank), (1, 129_280 * 5120 * 2 / 2));
-        assert_eq!(head.dense_per_rank / MIB, 631);
-        // wo_a: 43 layers (40 + 3 DSpark) × 8 slices of 4096 × 1024, column-split: 32 MiB a layer.
-        let wo_a = class(&d, "attn.wo_a");
-        assert_eq!((wo_a.matrices, wo_a.dense_per_rank), (43 * 8, 43 * 8 * 4096 * 1024 * 2 / 2));
-        assert_eq!(wo_a.dense_per_rank / MIB, 1376);
+        // lm_head and wo_a are served packed (EXL3): not dense at load.
+        let names: Vec<&str> = d.classes.iter().map(|c| c.class).collect();
+        assert_eq!(names, ["attn.indexer.wk", "attn.compressor"]);
         // indexer.wk (512 → 128) and the compressor (5120 → 512, wgate at ratio 2): replicated.
         let wk = class(&d, "attn.indexer.wk");
         assert_eq!(wk.dense_per_rank, wk.matrices * 512 * 128 * 2);
@@ -165,16 +155,15 @@ mod tests {
             assert_eq!(c.extra_per_rank, c.dense_per_rank - c.exl3_per_rank);
         }
         assert_eq!(d.extra_per_rank, d.classes.iter().map(|c| c.extra_per_rank).sum::<u64>());
-        // The overlay's table: about +1.34 GiB per rank at T = 2 (wo_a +952, head +394 MiB, …).
-        let gib = d.extra_per_rank as f64 / (1u64 << 30) as f64;
-        assert!((1.30..1.40).contains(&gib), "{gib}");
+        // The overlay's table: about +24 MiB per rank at T = 2 (compressor +24 MiB, indexer.wk +0.25 MiB).
+        let mib = d.extra_per_rank as f64 / MIB as f64;
+        assert!((20.0..30.0).contains(&mib), "{mib}");
     }
 
     #[test]
-    fn split_classes_halve_with_the_ranks_and_replicated_ones_do_not() {
+    fn replicated_classes_do_not_shrink_with_the_ranks() {
         let (one, two) = (at(1), at(2));
-        assert_eq!(class(&one, "head").dense_per_rank, 2 * class(&two, "head").dense_per_rank);
-        assert_eq!(class(&one, "attn.wo_a").dense_per_rank, 2 * class(&two, "attn.wo_a").dense_per_rank);
         assert_eq!(class(&one, "attn.compressor").dense_per_rank, class(&two, "attn.compressor").dense_per_rank);
+        assert_eq!(class(&one, "attn.indexer.wk").dense_per_rank, class(&two, "attn.indexer.wk").dense_per_rank);
     }
 }

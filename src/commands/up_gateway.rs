@@ -40,6 +40,7 @@ pub(super) fn config(s: &Settings) -> Result<(GatewayConfig, Option<String>), Fa
     let port = s.deploy.ports.internal;
     let (p, note) = plan_of(s);
     let mut cfg = GatewayConfig::from_kit(kit, &p, keys, port)?;
+    key_policies(s, &mut cfg)?;
     // The served checkpoint's tokenizer, for counting completion prompts in process; a missing
     // file (a model made on the first start) is tried again once the engine is ready.
     cfg.tokenizer =
@@ -48,39 +49,46 @@ pub(super) fn config(s: &Settings) -> Result<(GatewayConfig, Option<String>), Fa
     Ok((cfg, note))
 }
 
-/// How admission counts prompt tokens, for the summary line.
-fn counting(cfg: &GatewayConfig) -> String {
-    match &cfg.counter {
-        Some(Ok(c)) => format!("completion prompts counted in process with {}", c.path().display()),
-        Some(Err(LoadError::Missing(t))) => {
-            format!("completion prompts counted in process with {} once it exists", t.display())
+/// Each key's limits from its line in `engine.api_keys.file` (`KEY priority=N max_in_flight=N`).
+fn key_policies(s: &Settings, cfg: &mut GatewayConfig) -> Result<(), Failure> {
+    for (line, key, options) in crate::deploy::keys::key_file_options(&s.kit, &s.deploy.dirs) {
+        let policy = crate::gateway::keys::parse_policy(&options).map_err(|why| {
+            let file = s.kit.engine.api_keys.file.as_deref().unwrap_or_default();
+            Failure::usage(format!(
+                "engine.api_keys.file {file} line {line}: {why}: write `KEY priority=N max_in_flight=N` (both optional)"
+            ))
+        })?;
+        if let Some(k) = cfg.keys.iter_mut().find(|k| k.opens(&key)) {
+            k.policy = policy;
         }
-        Some(Err(e)) => format!("prompts counted by the engine's /tokenize: {e}"),
-        None => "prompts counted by the engine's /tokenize (the checkpoint's directory is unknown)".into(),
     }
+    Ok(())
 }
 
-/// One line on what the gateway admits, for `up`'s output.
+/// One line (under 160 characters) on what the gateway admits, for `up`'s output. How prompts
+/// are counted shows only when the engine counts them (a `/tokenize` round trip per request).
 pub(super) fn summary(cfg: &GatewayConfig, note: Option<&str>) -> String {
     let l = &cfg.limits;
     let mut parts = vec![format!("max_model_len {}", l.max_model_len)];
     if let Some(t) = l.kv_pool_tokens {
-        parts.push(format!("KV pool {t} tokens"));
+        parts.push(format!("KV pool {t}"));
     }
     match (l.safe_max_prompt, note) {
-        (Some(b), _) => parts.push(format!("prefill budget {b} tokens")),
-        (None, Some(n)) => parts.push(n.to_string()),
-        (None, None) => parts.push("no prefill budget (node memory unknown)".into()),
+        (Some(b), _) => parts.push(format!("prefill budget {b}")),
+        (None, Some(_)) => parts.push("no prefill budget yet".into()),
+        (None, None) => parts.push("no prefill budget: node memory unknown".into()),
     }
-    let keyed = if cfg.keys.is_empty() { "no API keys" } else { "API keys required" };
+    if !matches!(&cfg.counter, Some(Ok(_) | Err(LoadError::Missing(_)))) {
+        parts.push("prompts counted by the engine".into());
+    }
+    let keyed = if cfg.keys.is_empty() { "no API keys" } else { "keyed" };
+    let engine = cfg.upstream.strip_prefix("http://").unwrap_or(&cfg.upstream);
     format!(
-        "==> gateway on {} → engine on {} ({keyed}; {} slots, queue {}; admits {}; {})",
+        "==> gateway {} → engine {engine} ({keyed}; {} slots, queue {}; {})",
         cfg.bind,
-        cfg.upstream,
         cfg.max_in_flight,
         cfg.queue_len,
-        parts.join(", "),
-        counting(cfg)
+        parts.join(", ")
     )
 }
 
@@ -117,8 +125,29 @@ mod tests {
         assert_eq!(cfg.limits.safe_max_prompt, None);
         assert_eq!(cfg.limits.max_model_len, 512);
         let line = summary(&cfg, note.as_deref());
-        assert!(line.contains("no prefill budget (the weights are unknown"), "{line}");
-        assert!(line.contains("KV pool 65536 tokens") && line.contains("no API keys"), "{line}");
+        assert!(line.contains("no prefill budget yet"), "{line}");
+        assert!(line.contains("KV pool 65536") && line.contains("no API keys"), "{line}");
+        // One line, no cache path: the was 420 characters.
+        assert!(line.chars().count() < 160, "{} characters: {line}", line.chars().count());
+        assert!(!line.contains(".cache") && !line.contains("tokenizer.json"), "{line}");
+    }
+
+    #[test]
+    fn key_file_options_become_each_keys_policy_and_a_bad_one_names_the_line() {
+        use crate::gateway::keys::KeyPolicy;
+        let d = tempfile::tempdir().unwrap();
+        let env = vec![("HOME".to_string(), d.path().display().to_string())];
+        let file = d.path().join("keys");
+        std::fs::write(&file, "sk-a priority=3 max_in_flight=2\nsk-b\n").unwrap();
+        let mut k = kit("tiny-cpu");
+        k.engine.api_keys.file = Some(file.display().to_string());
+        let (cfg, _) = config(&k, &env).unwrap();
+        let policies: Vec<KeyPolicy> = cfg.keys.iter().map(|k| k.policy).collect();
+        assert_eq!(policies, [KeyPolicy { priority: Some(3), max_in_flight: Some(2) }, KeyPolicy::default()]);
+        assert!(cfg.keys[0].opens("sk-a") && cfg.keys[1].opens("sk-b"));
+        std::fs::write(&file, "sk-a\nsk-b prio=1\n").unwrap();
+        let e = config(&k, &env).unwrap_err().to_string();
+        assert!(e.contains("line 2: unknown option \"prio=1\"") && e.contains("KEY priority=N max_in_flight=N"), "{e}");
     }
 
     #[test]

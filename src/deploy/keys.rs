@@ -59,6 +59,22 @@ pub fn api_keys(kit: &Kit, env: &[(String, String)], dirs: &Dirs) -> Result<Vec<
     Ok(keys)
 }
 
+/// The options after the key on each line of `engine.api_keys.file` that has any
+/// (`KEY priority=N max_in_flight=N`, read by the gateway): (line number, key, options).
+/// Empty when the kit names no file or the file cannot be read ([`api_keys`] says why).
+#[must_use]
+pub fn key_file_options(kit: &Kit, dirs: &Dirs) -> Vec<(usize, String, String)> {
+    let Some(f) = &kit.engine.api_keys.file else { return Vec::new() };
+    let text = std::fs::read_to_string(dirs.expand(f)).unwrap_or_default();
+    text.lines()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let (key, rest) = l.trim().split_once(char::is_whitespace)?;
+            Some((i + 1, key.to_string(), rest.trim().to_string()))
+        })
+        .collect()
+}
+
 /// The keys in the variable `name`: its comma-separated values; none is an error.
 fn env_keys(name: &str, env: &[(String, String)]) -> Result<Vec<String>, KeysError> {
     let value = env.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());

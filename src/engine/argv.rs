@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::kit::schema::{Kit, KvCacheDtype, Role, SpecMethod};
+use crate::kit::schema::{Kit, KvCacheDtype, Role, SchedulingPolicy, SpecMethod};
 
 /// Everything the engine process of one node is started with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,9 +51,15 @@ pub fn build(kit: &Kit, node: usize, model_dir: &str, overlay_dir: &str) -> Engi
     let (host, port) = crate::deploy::ports::Ports::of(kit).internal_addr();
     push("--host", host.to_string());
     push("--port", port.to_string());
+    // vLLM's own key guards `/v1` only; this guards every route but `/health` (a loopback port
+    // every local user can reach: python_overlay/spark_overlay/engine_key.py).
+    push("--middleware", "spark_overlay.engine_key.KeyOnEveryRoute".into());
     push("--max-model-len", e.max_model_len.to_string());
     push("--max-num-seqs", e.max_num_seqs.to_string());
     push("--max-num-batched-tokens", e.max_num_batched_tokens.to_string());
+    if e.scheduling_policy == SchedulingPolicy::Priority {
+        push("--scheduling-policy", "priority".into());
+    }
     // Always explicit: without it vLLM sizes the pool from free memory (a lottery on GB10).
     push("--kv-cache-memory-bytes", e.kv_cache_bytes.bytes().to_string());
     push("--block-size", e.block_size.to_string());
@@ -155,7 +161,12 @@ mod tests {
         assert_eq!(s.env["HF_HUB_OFFLINE"], "1");
         // vLLM behind the gateway: loopback, the internal port.
         assert_eq!(value(&s.vllm_args, "--host"), Some("127.0.0.1"));
+        assert_eq!(value(&s.vllm_args, "--middleware"), Some("spark_overlay.engine_key.KeyOnEveryRoute"));
         assert_eq!(value(&s.vllm_args, "--port"), Some("18000"));
+        assert_eq!(value(&s.vllm_args, "--scheduling-policy"), None);
+        let mut k = load("tiny-cpu");
+        k.engine.scheduling_policy = SchedulingPolicy::Priority;
+        assert_eq!(value(&build(&k, 0, "/m", "/o").vllm_args, "--scheduling-policy"), Some("priority"));
     }
 
     #[test]

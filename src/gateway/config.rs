@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::admission::Limits;
 use super::count::{Counter, LoadError};
-use crate::kit::schema::Kit;
+use super::keys::ApiKey;
+use crate::kit::schema::{Kit, SchedulingPolicy};
 use crate::plan::Plan;
 
 /// Everything the gateway needs to run. Its `Debug` shows how many keys there are, never a key.
@@ -17,8 +18,8 @@ pub struct GatewayConfig {
     pub bind: SocketAddr,
     /// The engine's base URL on loopback, e.g. `http://127.0.0.1:18000`.
     pub upstream: String,
-    /// Accepted API keys (empty = no key required). Never logged.
-    pub keys: Vec<String>,
+    /// Accepted API keys, as digests with their limits (empty = no key required).
+    pub keys: Vec<ApiKey>,
     /// The key the gateway sends to the engine (`Authorization: Bearer`), when the engine
     /// itself is keyed (`VLLM_API_KEY`, the first of `engine.api_keys`). Never logged.
     pub upstream_key: Option<String>,
@@ -28,8 +29,12 @@ pub struct GatewayConfig {
     pub max_in_flight: usize,
     /// Requests that may wait for a slot; one more gets 429.
     pub queue_len: usize,
-    /// Longest wait in the queue before 429.
+    /// Longest wait in the queue: then 503 + Retry-After (`queue_timeout`).
     pub queue_wait: Duration,
+    /// The engine runs with `--scheduling-policy priority` (`engine.scheduling_policy`): each
+    /// request's `priority` is passed on, raised to its key's; otherwise a `priority` other
+    /// than 0 is refused with the fix.
+    pub priority: bool,
     /// `Retry-After` seconds on 429 and 503.
     pub retry_after_s: u64,
     /// Longest wait for in-flight requests when draining.
@@ -54,6 +59,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("bind", &self.bind)
             .field("upstream", &self.upstream)
             .field("keys", &format_args!("<{} key(s), not shown>", self.keys.len()))
+            .field("key_policies", &self.keys.iter().map(|k| k.policy).collect::<Vec<_>>())
             .field(
                 "upstream_key",
                 &format_args!("{}", if self.upstream_key.is_some() { "<set, not shown>" } else { "None" }),
@@ -62,6 +68,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("queue_len", &self.queue_len)
             .field("queue_wait", &self.queue_wait)
+            .field("priority", &self.priority)
             .field("retry_after_s", &self.retry_after_s)
             .field("drain_timeout", &self.drain_timeout)
             .field("header_timeout", &self.header_timeout)
@@ -105,11 +112,12 @@ impl GatewayConfig {
             bind,
             upstream,
             upstream_key: keys.first().cloned(),
-            keys,
+            keys: keys.iter().map(|k| ApiKey::from(k.as_str())).collect(),
             max_body_bytes: 8 << 20,
             max_in_flight,
             queue_len: max_in_flight.saturating_mul(4),
             queue_wait: Duration::from_secs(30),
+            priority: false,
             retry_after_s: 5,
             drain_timeout: Duration::from_secs(30),
             header_timeout: Duration::from_secs(15),
@@ -129,6 +137,7 @@ impl GatewayConfig {
         let slots = usize::try_from(kit.engine.max_num_seqs).unwrap_or(usize::MAX);
         let mut cfg = Self::new(bind, format!("http://127.0.0.1:{engine_port}"), keys, slots, Limits::from_plan(plan));
         cfg.drain_timeout = Duration::from_secs(u64::from(kit.engine.drain_timeout_s));
+        cfg.priority = kit.engine.scheduling_policy == SchedulingPolicy::Priority;
         cfg.validate()?;
         Ok(cfg)
     }

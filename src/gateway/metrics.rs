@@ -109,7 +109,7 @@ fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
 #[must_use]
 pub fn render(s: &Snapshot) -> String {
     let mut out = String::new();
-    out.push_str("# HELP spark_gateway_requests_total Responses sent by the gateway, by HTTP status.\n");
+    out.push_str("# HELP spark_gateway_requests_total Responses sent by the gateway, by HTTP status (499: the client went away first).\n");
     out.push_str("# TYPE spark_gateway_requests_total counter\n");
     for (code, n) in &s.requests {
         let _ = writeln!(out, "spark_gateway_requests_total{{status=\"{code}\"}} {n}");

@@ -12,6 +12,7 @@ pub mod framing;
 mod front;
 pub mod keys;
 pub mod metrics;
+pub mod priority;
 mod proxy;
 pub mod restart;
 mod serve;

@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use super::admission::{admit, requested_max_tokens};
 use super::body::request_object;
 use super::framing::error_body;
-use super::keys::authorized;
-use super::state::{EngineState, Gateway, InFlight, SlotRefusal};
+use super::keys::caller;
+use super::state::{EngineState, Gateway, InFlight, KeyHold, SlotRefusal};
 use super::stream::{plain_body, sse_body};
 use super::upstream::{classify, Verdict, MAX_ERROR_BODY};
 
@@ -102,9 +102,27 @@ fn route(method: &Method, path: &str) -> Option<Route> {
     })
 }
 
+/// Counts a request whose client went away before its answer (its future dropped: hyper ends a
+/// connection whose client closed it) as `499`, nginx's "client closed request". A request
+/// queued for a slot then never reaches the engine.
+struct Answer<'a> {
+    gw: &'a Gateway,
+    given: bool,
+}
+
+impl Drop for Answer<'_> {
+    fn drop(&mut self) {
+        if !self.given {
+            self.gw.metrics.status(499);
+        }
+    }
+}
+
 /// Entry point for every request.
 pub(crate) async fn handle(gw: Arc<Gateway>, req: Request) -> Response {
+    let mut answer = Answer { gw: &gw, given: false };
     let resp = dispatch(&gw, req).await;
+    answer.given = true;
     gw.metrics.status(resp.status().as_u16());
     resp
 }
@@ -114,9 +132,12 @@ async fn dispatch(gw: &Arc<Gateway>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let route = route(req.method(), &path);
     // Keys before routes: a keyless caller learns nothing, not even which paths exist.
+    let mut key = None;
     if route != Some(Route::Health) {
         let auth = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        if !authorized(&gw.cfg.keys, auth) {
+        let who = caller(&gw.cfg.keys, auth);
+        key = who.flatten();
+        if who.is_none() {
             gw.metrics.refused("unauthorized");
             let msg =
                 "Unauthorized: missing or wrong API key: send the header Authorization: Bearer <key> with a key from \
@@ -138,24 +159,37 @@ async fn dispatch(gw: &Arc<Gateway>, req: Request) -> Response {
         }
     }
     let (parts, body) = req.into_parts();
-    let body = match read_capped(gw, &parts.headers, body).await {
+    let mut body = match read_capped(gw, &parts.headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    if matches!(route, Route::Generate { .. } | Route::Embed | Route::Passthrough) && gw.saturated() {
+    let takes_slot = matches!(route, Route::Generate { .. } | Route::Embed | Route::Passthrough);
+    if takes_slot && gw.saturated() {
         return queue_full(gw, SlotRefusal::QueueFull);
     }
+    // The key's own limit, counted from here until the answer is done.
+    let hold = match key.filter(|_| takes_slot) {
+        Some(i) => match gw.hold_key(i) {
+            Some(h) => Some(h),
+            None => return key_busy(gw, i),
+        },
+        None => None,
+    };
     let slot = match route {
         Route::Generate { chat } => {
+            body = match with_priority(gw, key, body) {
+                Ok(b) => b,
+                Err((msg, code)) => return bad_request(&msg, code),
+            };
             if let Err(r) = admission(gw, chat, &body).await {
                 return r;
             }
-            match take_slot(gw).await {
+            match take_slot(gw, hold).await {
                 Ok(s) => Some(s),
                 Err(r) => return r,
             }
         }
-        Route::Embed | Route::Passthrough => match take_slot(gw).await {
+        Route::Embed | Route::Passthrough => match take_slot(gw, hold).await {
             Ok(s) => Some(s),
             Err(r) => return r,
         },
@@ -283,21 +317,53 @@ async fn tokenize(gw: &Gateway, req: &Value) -> Result<u64, Response> {
         .ok_or_else(|| unavailable(gw, "its /tokenize answer has no count"))
 }
 
-/// 429 + Retry-After: every slot busy and the queue full, or the queue's wait ran out.
+/// Every slot busy and the queue full: 429 + Retry-After. The queue's wait ran out: 503 +
+/// Retry-After (`queue_timeout`; the request never reached the engine).
 fn queue_full(gw: &Gateway, why: SlotRefusal) -> Response {
-    gw.metrics.refused("queue_full");
     let n = gw.cfg.max_in_flight;
-    let how = match why {
-        SlotRefusal::QueueFull => format!("all {n} engine slots are busy and the queue is full"),
-        SlotRefusal::QueueTimeout => format!("all {n} engine slots stayed busy for the queue's wait"),
-    };
-    let msg = format!("{how}: retry after the Retry-After seconds");
-    error(StatusCode::TOO_MANY_REQUESTS, &msg, "rate_limit_error", "queue_full", Some(gw.cfg.retry_after_s))
+    let retry = Some(gw.cfg.retry_after_s);
+    if why == SlotRefusal::QueueTimeout {
+        gw.metrics.refused("queue_timeout");
+        let msg = format!(
+            "all {n} engine slots stayed busy for the queue's wait ({} s); the request never reached the engine: \
+             retry after the Retry-After seconds",
+            gw.cfg.queue_wait.as_secs_f64()
+        );
+        return error(StatusCode::SERVICE_UNAVAILABLE, &msg, "service_unavailable", "queue_timeout", retry);
+    }
+    gw.metrics.refused("queue_full");
+    let msg = format!("all {n} engine slots are busy and the queue is full: retry after the Retry-After seconds");
+    error(StatusCode::TOO_MANY_REQUESTS, &msg, "rate_limit_error", "queue_full", retry)
 }
 
-/// A slot, or 429; a request that got its slot from the queue after the drain began gets 503.
-async fn take_slot(gw: &Arc<Gateway>) -> Result<InFlight, Response> {
-    let slot = gw.slot().await.map_err(|why| queue_full(gw, why))?;
+/// 429 + Retry-After: the key's own `max_in_flight` is reached.
+fn key_busy(gw: &Gateway, key: usize) -> Response {
+    gw.metrics.refused("key_max_in_flight");
+    let n = gw.cfg.keys.get(key).and_then(|k| k.policy.max_in_flight).unwrap_or(0);
+    let msg = format!(
+        "this API key already has {n} requests in the gateway, its max_in_flight in engine.api_keys.file: \
+         retry after the Retry-After seconds, or send fewer at once"
+    );
+    error(StatusCode::TOO_MANY_REQUESTS, &msg, "rate_limit_error", "key_max_in_flight", Some(gw.cfg.retry_after_s))
+}
+
+/// The body with its `priority` raised to the key's (`priority::apply`), or a 400.
+fn with_priority(gw: &Gateway, key: Option<usize>, body: Bytes) -> Result<Bytes, (String, &'static str)> {
+    let floor = key.and_then(|i| gw.cfg.keys.get(i)).and_then(|k| k.policy.priority);
+    if !gw.cfg.priority && floor.is_none() && !body.windows(10).any(|w| w == b"\"priority\"") {
+        return Ok(body);
+    }
+    let mut v = request_object(&body)?;
+    match super::priority::apply(&mut v, gw.cfg.priority, floor) {
+        Ok(false) => Ok(body),
+        Ok(true) => Ok(Bytes::from(Value::Object(v).to_string())),
+        Err(msg) => Err((msg, "priority")),
+    }
+}
+
+/// A slot, or 429/503; a request that got its slot from the queue after the drain began gets 503.
+async fn take_slot(gw: &Arc<Gateway>, key: Option<KeyHold>) -> Result<InFlight, Response> {
+    let slot = gw.slot(key).await.map_err(|why| queue_full(gw, why))?;
     if gw.engine_state() != EngineState::Ready {
         drop(slot);
         return Err(unavailable(gw, "it stopped while the request was queued"));

@@ -56,10 +56,27 @@ pub(crate) enum SlotRefusal {
     QueueTimeout,
 }
 
-/// One request's hold on the engine: a slot and the in-flight count, released on drop.
+/// One request's place in its key's count (`max_in_flight=N` in the key file), released on drop.
+#[derive(Debug)]
+pub(crate) struct KeyHold {
+    gw: Arc<Gateway>,
+    key: usize,
+}
+
+impl Drop for KeyHold {
+    fn drop(&mut self) {
+        if let Some(n) = self.gw.per_key.get(self.key) {
+            n.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// One request's hold on the engine: a slot and the in-flight count (and its key's), released
+/// on drop.
 #[derive(Debug)]
 pub(crate) struct InFlight {
     _permit: OwnedSemaphorePermit,
+    _key: Option<KeyHold>,
     gw: Arc<Gateway>,
 }
 
@@ -99,6 +116,8 @@ pub struct Gateway {
     slots: Arc<Semaphore>,
     queued: AtomicUsize,
     in_flight: AtomicUsize,
+    /// Requests of each key (index into `cfg.keys`) queued or in flight.
+    per_key: Vec<AtomicUsize>,
     idle: Notify,
     /// Set when the drain timed out: open streams end with the error event.
     pub(crate) cut: watch::Sender<bool>,
@@ -129,6 +148,7 @@ impl Gateway {
             .build()?;
         let gw = Arc::new(Self {
             slots: Arc::new(Semaphore::new(cfg.max_in_flight)),
+            per_key: cfg.keys.iter().map(|_| AtomicUsize::new(0)).collect(),
             cfg,
             client,
             metrics: Metrics::default(),
@@ -260,8 +280,17 @@ impl Gateway {
         self.slots.available_permits() == 0 && self.queued() >= self.cfg.queue_len
     }
 
-    /// Take a slot, waiting in the bounded queue when all are busy.
-    pub(crate) async fn slot(self: &Arc<Self>) -> Result<InFlight, SlotRefusal> {
+    /// Count one more request of key `key` (index into `cfg.keys`), or None when its
+    /// `max_in_flight` is reached.
+    pub(crate) fn hold_key(self: &Arc<Self>, key: usize) -> Option<KeyHold> {
+        let limit = self.cfg.keys.get(key)?.policy.max_in_flight.unwrap_or(usize::MAX);
+        let n = self.per_key.get(key)?;
+        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| (c < limit).then_some(c + 1)).ok()?;
+        Some(KeyHold { gw: self.clone(), key })
+    }
+
+    /// Take a slot, waiting in the bounded queue when all are busy; `key` travels with it.
+    pub(crate) async fn slot(self: &Arc<Self>, key: Option<KeyHold>) -> Result<InFlight, SlotRefusal> {
         let permit = match self.slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
@@ -281,7 +310,7 @@ impl Gateway {
             }
         };
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        Ok(InFlight { _permit: permit, gw: self.clone() })
+        Ok(InFlight { _permit: permit, _key: key, gw: self.clone() })
     }
 
     /// Stop admitting (503 from now on) and wait up to the drain timeout for in-flight requests.

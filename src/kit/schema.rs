@@ -256,6 +256,18 @@ pub enum Runtime {
     Docker,
 }
 
+/// How vLLM orders waiting requests (`--scheduling-policy`; docs/gateway.md, "Priority").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedulingPolicy {
+    /// First come, first served (vLLM's default; a request's `priority` other than 0 is refused).
+    #[default]
+    Fcfs,
+    /// Lower `priority` values first (`--scheduling-policy priority`); the gateway passes each
+    /// request's `priority`, raised to its key's `priority=N`.
+    Priority,
+}
+
 /// The KV cache record vLLM stores (`--kv-cache-dtype`; docs/plan.md, "KV cache dtype").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "snake_case")]
@@ -313,7 +325,7 @@ pub struct Speculative {
 pub struct ApiKeys {
     /// Name of an environment variable holding the key(s), comma-separated.
     pub env: Option<String>,
-    /// File holding one key per line.
+    /// File holding one key per line, optionally followed by `priority=N max_in_flight=N` (docs/gateway.md).
     pub file: Option<String>,
 }
 
@@ -355,6 +367,8 @@ pub struct Engine {
     pub max_num_seqs: u32,
     /// Token budget of one scheduler step.
     pub max_num_batched_tokens: u32,
+    /// How vLLM orders waiting requests: `fcfs` or `priority` (`--scheduling-policy`).
+    pub scheduling_policy: SchedulingPolicy,
     /// Prompts longer than this are prefilled in chunks alongside decodes (0 = vLLM default).
     pub long_prefill_token_threshold: u32,
     /// KV cache pool per rank, always passed explicitly (`--kv-cache-memory-bytes`).
@@ -414,6 +428,7 @@ impl Default for Engine {
             max_model_len: 4096,
             max_num_seqs: 16,
             max_num_batched_tokens: 2048,
+            scheduling_policy: SchedulingPolicy::Fcfs,
             long_prefill_token_threshold: 0,
             kv_cache_bytes: ByteSize::gib(1),
             kv_bytes_per_token: 0.0,

@@ -76,6 +76,11 @@ pub struct NodeSpec {
     pub vllm_source: VllmSource,
     /// What to do when that vLLM is missing or the wrong one, for this runtime.
     pub vllm_fix: String,
+    /// The kit's model is made on this machine on the first start (the tiny kits): its weights
+    /// are unknown before and a few MB after, so no download fix applies.
+    pub made_locally: bool,
+    /// The kit has one node: no other clock to agree with.
+    pub single_node: bool,
 }
 
 pub(super) struct Out<'a> {
@@ -206,6 +211,13 @@ fn memory(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
         return;
     }
     match spec.weights_per_rank {
+        None if spec.made_locally => o.skip(
+            "memory",
+            format!(
+                "MemAvailable {}; the kit's tiny model is made on the first start (a few MB): boot margin not checked",
+                gib(m.mem_available)
+            ),
+        ),
         None => o.warn(
             "memory",
             format!(
@@ -510,11 +522,15 @@ fn clock_and_firewall(o: &mut Out<'_>, spec: &NodeSpec, f: &NodeFacts) {
                 Err(e) => e.to_string(),
                 Ok(_) => "empty answer".to_string(),
             };
-            o.warn(
-                "clock",
-                format!("cannot tell whether the clock is synchronised ({why})"),
-                "check NTP/chrony is running (`chronyc tracking`)",
-            );
+            if spec.single_node {
+                o.skip("clock", format!("not checked ({why}): one node, no other clock to agree with"));
+            } else {
+                o.warn(
+                    "clock",
+                    format!("cannot tell whether the clock is synchronised ({why})"),
+                    "check NTP/chrony is running (`chronyc tracking`)",
+                );
+            }
         }
     }
     let Some(iface) = &f.fabric.interface else {

@@ -10,7 +10,7 @@ use super::checks::{node_checks, Check, NodeSpec, Verdict, VllmSource};
 use super::docker_checks;
 use super::facts::{DockerRequest, FactRequest, NodeFacts};
 use super::parity::cross_checks;
-use crate::kit::schema::{Kit, Node, Role, Runtime, Transport};
+use crate::kit::schema::{Kit, ModelSource, Node, Role, Runtime, Transport};
 
 /// What preflight knows besides the kit.
 #[derive(Debug, Clone, Default)]
@@ -107,6 +107,8 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
         vllm_source: vllm_source(kit),
         vllm_fix: vllm_fix(kit, input),
         running: input.running.clone(),
+        made_locally: matches!(kit.model.source, ModelSource::TinyDense | ModelSource::TinyExl3),
+        single_node: kit.nodes.len() == 1,
     }
 }
 

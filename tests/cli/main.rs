@@ -19,3 +19,4 @@ mod plan_single;
 mod plan_table;
 mod preflight_cli;
 mod preflight_fixtures;
+mod readme_path;

@@ -223,59 +223,45 @@ fn rsync_copies_resumes_and_caps_the_page_cache() {
     assert!(report[0].1 <= 192 * MIB, "the capped copy kept {} MiB cached (cap 64 MiB)", report[0].1 / MIB);
 }
 
-/// A real node agent on the sshd node (spawned over ssh as `up` does) and the bring-up weight
-/// step (`bringup::weights`, the code `up` runs) driven through it.
+/// The supervisor's own bring-up (`supervisor::run`, the code `up` runs) through its agent gate
+/// and its weights gate only: a real node agent on the sshd node, spawned over ssh as `up` does.
 struct Bringup {
-    agent: spark_kit::cluster::client::AgentProc,
-    rx: std::sync::mpsc::Receiver<spark_kit::cluster::client::Msg>,
-    held: Vec<spark_kit::cluster::client::Msg>,
-    exe: PathBuf,
-    sha: String,
     /// The head's home: trees under it are sent home-relative (the node reads its own home).
     home: PathBuf,
 }
 
+struct Lines(std::sync::Mutex<Vec<String>>);
+
+impl spark_kit::supervisor::ClusterReporter for Lines {
+    fn line(&self, text: &str) {
+        self.0.lock().unwrap().push(text.to_string());
+    }
+}
+
 impl Bringup {
-    fn start(node: &Node, home: &Path) -> Self {
-        use spark_kit::cluster::client;
-        use spark_kit::cluster::protocol::Event;
-        let exe = PathBuf::from(env!("CARGO_BIN_EXE_spark-kit"));
-        let sha = spark_kit::cluster::push::sha256_file(&exe).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let mut agent = client::spawn(node, 1, 1, &exe, &sha, &home.join("agent.log"), tx).unwrap();
-        let mut held = Vec::new();
-        let hello = client::wait_for(&rx, 1, Duration::from_secs(60), &mut held, |ev| {
-            matches!(ev, Event::Hello { .. }).then_some(())
-        });
-        if let Err(e) = hello {
-            agent.hang_up();
-            panic!("the agent did not say hello: {e}");
-        }
-        Self { agent, rx, held, exe, sha, home: home.to_path_buf() }
+    fn start(_node: &Node, home: &Path) -> Self {
+        Self { home: home.to_path_buf() }
     }
 
-    /// `bringup::weights` for `root` under `kit`: its result and the lines it printed.
+    /// The weights gate for `root` under `kit`: its result and the lines it printed.
     fn weights(
         &mut self,
         kit: &spark_kit::kit::schema::Kit,
         root: &Path,
-    ) -> (Result<(), spark_kit::supervisor::bringup::GateError>, Vec<String>) {
-        use spark_kit::supervisor::bringup::{self, WeightsCtx};
-        let roots = vec![listing::WeightTree { what: "model", path: root.to_path_buf() }];
-        let w = WeightsCtx { kit, roots, home: self.home.clone(), exe: &self.exe, sha: &self.sha };
-        let lines = std::sync::Mutex::new(Vec::new());
-        let agent = &mut self.agent;
-        let r = bringup::weights(&w, &self.rx, &mut |_, cmd| agent.send(cmd), &mut self.held, &|l| {
-            lines.lock().unwrap().push(l.to_string());
-        });
-        (r, lines.into_inner().unwrap())
-    }
-}
-
-impl Drop for Bringup {
-    fn drop(&mut self) {
-        self.agent.hang_up();
-        self.agent.reap(Instant::now() + Duration::from_secs(10));
+    ) -> (Result<(), spark_kit::supervisor::ClusterError>, Vec<String>) {
+        use spark_kit::supervisor::{self, state::Policy, Gates, Handles};
+        let gates = Gates {
+            exe: PathBuf::from(env!("CARGO_BIN_EXE_spark-kit")),
+            preflight: None,
+            weight_trees: vec![listing::WeightTree { what: "model", path: root.to_path_buf() }],
+            home: self.home.clone(),
+            replace: false,
+            limits: supervisor::GateLimits::default(),
+            engines: false,
+        };
+        let lines = Lines(std::sync::Mutex::new(Vec::new()));
+        let r = supervisor::run(kit, &self.home, Policy::default(), &lines, Handles::new(kit), &gates);
+        (r.map(|code| assert_eq!(code, 0)), lines.0.into_inner().unwrap())
     }
 }
 
@@ -412,4 +398,49 @@ fn a_cache_written_by_hf_with_shared_blobs_ships_real_bytes_and_a_dangling_link_
     assert!(err.hint().is_some_and(|h| h.starts_with("run `spark-kit download`")), "{err:?}");
     assert!(!lines.iter().any(|l| l.contains("rsync")), "{lines:#?}");
     assert!(!node_copy.0.exists(), "something was copied to {}", node_copy.0.display());
+}
+
+/// `spark-kit up` itself on a two-node kit (this head, the sshd node as worker) whose local
+/// model directory holds a dangling link: it stops at the weight step, before any copy or
+/// engine, with exit 2 naming the link and the fix.
+#[test]
+fn up_refuses_a_dangling_link_in_the_head_weights_with_exit_2() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let sshd = Sshd::start();
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let model = work.path().join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("config.json"), "{}").unwrap();
+    std::os::unix::fs::symlink("../store/gone.safetensors", model.join("model.safetensors")).unwrap();
+    let opts = sshd.node().ssh_options.join(", ");
+    let set = |kv: String| ["--set".to_string(), kv];
+    let args: Vec<String> = [
+        "nodes.1.ssh_host=127.0.0.1".into(),
+        format!("nodes.1.ssh_port={}", sshd.port),
+        format!("nodes.1.ssh_options=[{opts}]"),
+        "model.source=local".into(),
+        format!("model.path={}", model.display()),
+        "model.sync=rsync".into(),
+        format!("engine.port={}", common::free_port()),
+        format!("paths.logs={}", work.path().join("logs").display()),
+    ]
+    .into_iter()
+    .flat_map(set)
+    .collect();
+    let out =
+        common::spark_kit().args(["up", "--kit", "tiny-cpu-2node", "--skip-preflight"]).args(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let link = model.join("model.safetensors");
+    assert!(
+        err.contains(&format!(
+            "error: the head's weights: {} is a symlink to ../store/gone.safetensors, which does not exist; nothing was copied",
+            link.display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("hint: point that link at an existing file or remove it (under model.path)"), "{err}");
 }

@@ -172,8 +172,17 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
     let out = Command::new("sh").args(["-c", &curl]).output().unwrap();
     let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert!(answer["choices"][0]["message"].is_object(), "the printed curl failed: {curl}\n{answer}");
-    // vLLM itself is on loopback on the internal port, keyed with the first key.
+    // vLLM itself is on loopback on the internal port, keyed with the first key on every route
+    // but /health: a local client that is not the gateway (no key, or another key) reads nothing.
     assert!(common::up::http_ok(internal, "/health"));
+    for path in ["/metrics", "/version", "/v1/models"] {
+        assert_eq!(get(internal, path, None).0, 401, "the engine's {path} without a key");
+        assert_eq!(get(internal, path, Some(FILE_KEY)).0, 401, "the engine's {path} with a gateway-only key");
+        assert_eq!(get(internal, path, Some(ENV_KEY)).0, 200, "the engine's {path} with its key");
+    }
+    let tok = serde_json::json!({"model": "tiny-llama", "prompt": "hi"});
+    assert_eq!(post_json(internal, "/tokenize", "not-a-key", &tok).0, 401, "the engine's /tokenize without its key");
+    assert_eq!(post_json(internal, "/tokenize", ENV_KEY, &tok).0, 200, "the engine's /tokenize with its key");
 
     // 1. The openai client: chat, stream, completion, with the file's key; a wrong key is 401.
     let r = client(&base, &["basic", FILE_KEY, "not-a-key"], Duration::from_secs(180));

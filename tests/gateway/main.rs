@@ -11,3 +11,4 @@ mod gateway_count;
 mod gateway_front;
 mod gateway_plan;
 mod gateway_proxy;
+mod gateway_queue;

@@ -115,7 +115,10 @@ pub async fn plain(State(seen): State<Arc<Seen>>, body: Bytes) -> Response {
     let guard = DropGuard(seen, false);
     tokio::time::sleep(Duration::from_millis(v["delay_ms"].as_u64().unwrap_or(0))).await;
     guard.ended();
-    json_resp(&json!({"object": "list", "data": [{"embedding": [0.5, 0.25]}], "answered": true}))
+    // The `priority` as it arrived (the gateway raises it to the key's).
+    json_resp(
+        &json!({"object": "list", "data": [{"embedding": [0.5, 0.25]}], "answered": true, "priority": v["priority"]}),
+    )
 }
 
 /// vLLM's own error answers, by the request's `fail`: `engine_dead` (500, `EngineDeadError`;

@@ -33,13 +33,13 @@ CLASSES = (
     Class("attn.wq_a+wkv", r"^layers\.(\d+)\.attn\.(?:wq_a|wkv)$", LM + "layers.{0}.attn.fused_wqa_wkv", "exl3"),
     Class("attn.wq_b", r"^layers\.(\d+)\.attn\.wq_b$", LM + "layers.{0}.attn.wq_b", "exl3"),
     Class("attn.wo_b", r"^layers\.(\d+)\.attn\.wo_b$", LM + "layers.{0}.attn.wo_b", "exl3"),
-    Class("attn.wo_a", r"^layers\.(\d+)\.attn\.wo_a\.slice\.\d+$", LM + "layers.{0}.attn.wo_a", "dense"),
+    Class("attn.wo_a", r"^layers\.(\d+)\.attn\.wo_a\.slice\.\d+$", LM + "layers.{0}.attn.wo_a", "exl3"),
     Class("indexer.wq_b", r"^layers\.(\d+)\.attn\.indexer\.wq_b$", LM + "layers.{0}.attn.indexer.wq_b", "exl3"),
     Class("indexer.wk", r"^layers\.(\d+)\.attn\.indexer\.wk$", LM + "layers.{0}.attn.indexer.wk", "dense"),
     Class("compressor", r"^layers\.(\d+)\.attn\.compressor\.(?:wkv|wgate)$",
           LM + "layers.{0}.attn.compressor.fused_wkv_wgate", "dense"),
     Class("engram.wkv", r"^layers\.(\d+)\.engram\.wkv$", LM + "layers.{0}.engram.wkv", "exl3"),
-    Class("head", r"^(head)$", "language_model.lm_head", "dense"),
+    Class("head", r"^(head)$", "language_model.lm_head", "exl3"),
 )
 # The DSpark stage (mtp.*): vLLM's VL wrapper drops these names (nvidia/vl_model.py ~L103); its
 # `dspark` draft model loads them. Checked separately (test_dsv41_contract.py).
@@ -90,9 +90,11 @@ def strip(methods: dict[str, str], name: str) -> dict[str, str]:
 
 
 def linear_layers(model):
-    """(name, module) of every EXL3 linear of the language model, in a stable order."""
+    """(name, module) of every EXL3 linear of the language model (the head aside: its logits are checked), in a
+    stable order."""
     return [(n, m) for n, m in model.named_modules()
-            if n.startswith("language_model.") and type(getattr(m, "quant_method", None)).__name__ == "Exl3LinearMethod"]
+            if n.startswith("language_model.") and not n.endswith("lm_head")
+            and type(getattr(m, "quant_method", None)).__name__ == "Exl3LinearMethod"]
 
 
 def dense_layers(model):

@@ -5,7 +5,9 @@
 Rank 0 of the reference layer (384 experts, 5120 / 1152, top-6, MUL1, K 3, random trellis
 words) built straight from tensors: accuracy at 1/4/8 rows (8 experts routed) against the float32
 CPU reference (fp16 within 2e-3; bf16 output adds one bf16 rounding), every launch's time alone (stage mask) and the register-batch depth (unroll 2/4/8)
-at 1/4/8 rows, each over 8 routings in turn, beside the cold-read floor of the same bytes.
+at 1/4/8 rows, each over 8 routings in turn, beside the cold-read floor of the same bytes; a sweep of the
+launch options (PDL, streaming depth, gate/up k-split, 6-blocks-per-SM variant, inputs staged in shared memory) against the previous defaults.
+`--profile ROWS` only calls the kernel 3 times (for ncu).
 Writes DIR/results-decode-own.json.
 """
 
@@ -40,6 +42,9 @@ def log(*a):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--profile", type=int, default=0,
+                        help="only call the kernel eagerly 3 times at this many rows (for ncu) and exit")
+    parser.add_argument("--config", default="", help="pdl,unroll,parts_a,parts_b,occ6,xs for --profile")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -48,8 +53,19 @@ def main() -> int:
     tables = {f"{sid}_{kind}": torch.tensor([e[sid][kind].data_ptr() for e in experts], dtype=torch.int64).cuda()
               for sid in ("w1", "w3", "w2") for kind in ("trellis", "suh", "svh")}
     own = OwnDecodeMoE(tables, K, HIDDEN, INTER, EXPERTS, TOP_K, torch.device("cuda"))
+    DEFAULTS = (own.pdl, own.unroll, own.parts_a, own.parts_b, own.occ6, own.xs)  # what the served path runs
     per_expert = sum(t.numel() * t.element_size() for e in experts[:1] for p in e.values()
                      for k, t in p.items() if k != "mul1")
+    if args.profile:
+        if args.config:
+            pdl, unroll, pa, pb, occ, xs = (int(v) for v in args.config.split(","))
+            own.pdl, own.unroll, own.parts_a, own.parts_b = bool(pdl), unroll, pa, pb
+            own.occ6, own.xs = bool(occ), bool(xs)
+        x, w, ids = routing(args.profile, gen, experts=EXPERTS)
+        for _ in range(3):
+            own(x, w, ids)
+        torch.cuda.synchronize()
+        return 0
     cap = torch.cuda.get_device_capability()
     floor = Floor(loader.load(f"sm_{cap[0]}{cap[1]}"), per_expert * 64)
     results = {"gpu": torch.cuda.get_device_name(), "expert_bytes": per_expert, "accuracy": [], "timing": []}
@@ -85,20 +101,29 @@ def main() -> int:
             del graph
             return round(us, 2)
 
-        for unroll in (2, 4, 8):
-            own.unroll = unroll
-            row[f"all_unroll{unroll}_us"] = g()
-        own.unroll = min((2, 4, 8), key=lambda u: row[f"all_unroll{u}_us"])
+        sweep = {}
+        combos = [(False, 4, 2, 1, False, False)]  # the previous version's defaults, without PDL
+        combos += [(True, u, pa, 1, occ, False) for u in (4, 8, 16) for pa in (2, 3) for occ in (False, True)]
+        combos += [(True, 4, pa, 1, occ, True) for pa in (2, 3, 4) for occ in (False, True)]
+        for pdl, unroll, parts_a, parts_b, occ, xs in combos:
+            own.pdl, own.unroll, own.parts_a, own.parts_b, own.occ6, own.xs = pdl, unroll, parts_a, parts_b, occ, xs
+            sweep[f"pdl{int(pdl)}_u{unroll}_a{parts_a}_b{parts_b}_o{int(occ)}_x{int(xs)}"] = g()
+        own.pdl, own.unroll, own.parts_a, own.parts_b, own.occ6, own.xs = DEFAULTS
+        sweep["served_defaults"] = g()
+        row["sweep_us"] = sweep
+        row["old_default_us"] = sweep["pdl0_u4_a2_b1_o0_x0"]
+        row["served_defaults_us"] = sweep.pop("served_defaults")
+        best_key = min(sweep, key=sweep.get)
+        row["best_config"] = best_key
+        cfg = dict(part[:1] == "p" and ("pdl", part[3:]) or (part[0], part[1:]) for part in best_key.split("_"))
+        own.pdl, own.unroll, own.parts_a, own.parts_b = cfg["pdl"] == "1", int(cfg["u"]), int(cfg["a"]), int(cfg["b"])
+        own.occ6, own.xs = cfg["o"] == "1", cfg["x"] == "1"
         for name, mask in STAGES.items():
             own.stages = mask
             row[f"{name}_us"] = g()
         own.stages = 31
-        if tokens == 1:
-            for parts in (1, 2, 4):
-                own.parts_a = parts
-                row[f"parts{parts}_us"] = g()
-            own.parts_a = 0
-        best = min(row[f"all_unroll{u}_us"] for u in (2, 4, 8))
+        own.pdl, own.unroll, own.parts_a, own.parts_b, own.occ6, own.xs = DEFAULTS
+        best = sweep[best_key]
         row["best_us"], row["best_x_floor"] = best, round(best / row["floor_us"], 2)
         row["best_pct_hbm"] = round(100 * nbytes / (best * 1e-6) / 4.8e12, 1)
         results["timing"].append(row)

@@ -34,6 +34,7 @@ from ..format.codebook import CODEBOOK_MCG, CODEBOOK_MUL1
 from ..format.errors import Exl3FormatError
 from . import moe_schedule, select
 from .cuda_backend import MOE_SHARDS, Exl3CudaMoE
+from .cuda_decode import loader as decode_loader
 from .cuda_decode import own as own_kernel
 from .cuda_decode.coop_rows import CoopRows
 
@@ -171,7 +172,19 @@ class Exl3FusedMoE:
             return None
         return CoopRows(self.ext, self.tables, (float(kg), float(ku), float(kd)), cb == CODEBOOK_MCG,
                         cb == CODEBOOK_MUL1, self.hidden, self.inter, self.top_k,
-                        moe_schedule.decode_chunk(self.top_k), self.device, self.prefix)
+                        moe_schedule.decode_chunk(self.top_k), self.device, self.prefix, self._decode_lib())
+
+    def _decode_lib(self):
+        """spark-kit's decode library (one-launch input/output conversions), or None: torch's conversions."""
+        if self.device.type != "cuda":
+            return None
+        cap = torch.cuda.get_device_capability(self.device)
+        try:
+            return decode_loader.load(f"sm_{cap[0]}{cap[1]}")
+        except (Exl3FormatError, OSError) as err:  # no nvcc, a failed build, a library that does not load
+            logger.warning("exl3: %s: decode library not built (%s); torch converts the decode kernel's inputs",
+                           self.prefix, err)
+            return None
 
     def _own(self) -> own_kernel.OwnDecodeMoE | None:
         """spark-kit's own decode kernel for 1..8 rows when the switch asks for it and it can take the layer."""
@@ -247,6 +260,8 @@ class Exl3FusedMoE:
         decode = expert_map is None and top_k <= self.top_k and 0 < tokens <= moe_schedule.DECODE_MAX_ROWS
         if decode and self.own is not None and tokens <= own_kernel.SERVE_ROWS and not weight_on_input:
             return self.own(x, topk_weights, topk_ids)  # reads and writes x's dtype: no conversion kernels
+        if decode and self.coop is not None and not weight_on_input:
+            return self.coop(x, topk_weights, topk_ids, x.dtype)  # one conversion launch at most each side
         x16 = x.reshape(tokens, self.hidden).to(torch.float16)
         if weight_on_input:
             if top_k != 1:

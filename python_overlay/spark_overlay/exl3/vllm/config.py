@@ -110,7 +110,7 @@ class Exl3Config(_quantization_config_base()):
         from vllm.model_executor.layers.fused_moe import RoutedExperts
         from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 
-        from .dsv41 import dense_layer
+        from .dsv41 import grouped_layer
         from .linear import Exl3LinearMethod, supported_layer
 
         if isinstance(layer, RoutedExperts):
@@ -119,8 +119,10 @@ class Exl3Config(_quantization_config_base()):
             return Exl3MoEMethod(layer.moe_config, self, prefix)
         if isinstance(layer, LinearBase) and prefix.rsplit(".", 1)[-1] in UNQUANTIZED_LEAVES:
             return UnquantizedLinearMethod()
-        if isinstance(layer, LinearBase) and dense_layer(prefix):
-            return UnquantizedLinearMethod()  # decoded to dense at load (dsv41.py)
+        if isinstance(layer, LinearBase) and grouped_layer(prefix):
+            from .grouped import Exl3GroupedMethod
+
+            return Exl3GroupedMethod(self, prefix)  # DeepSeek V4.1's wo_a: one EXL3 linear per group
         if supported_layer(layer):
             return Exl3LinearMethod(self, prefix)
         if isinstance(layer, LinearBase):
@@ -161,9 +163,10 @@ def register() -> None:
 
     from spark_overlay.plugin import installed_vllm_version
 
-    from . import dsv41
+    from . import dsv41, dsv41_hooks
 
     dsv41.register(installed_vllm_version())
+    dsv41_hooks.register(installed_vllm_version())
     if QUANT_METHOD in QUANTIZATION_METHODS and get_quantization_config(QUANT_METHOD) is Exl3Config:
         return
     register_quantization_config(QUANT_METHOD)(Exl3Config)

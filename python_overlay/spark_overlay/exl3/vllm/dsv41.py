@@ -4,18 +4,18 @@ vLLM's `DeepseekV41ForCausalLM` (0.32.0-0.34.0) builds `lm_head`, the indexer's
 `wk` and the compressor's `fused_wkv_wgate` with `quant_config=None`, and its
 CUDA o-projection reads `wo_a.weight` directly (bf16 for a bmm, or fp8 with a
 scale). The EXL3 checkpoint packs all four (`head` at K=6, `attn.indexer.wk`,
-`attn.compressor.wkv/wgate`, `attn.wo_a.slice.0..G-1`). The overlay decodes
-them to dense weights at load (docs/exl3-overlay.md has the cost per rank):
+`attn.compressor.wkv/wgate`, `attn.wo_a.slice.0..G-1`). How each is served
+(docs/exl3-overlay.md has the cost per rank):
 
-* `wrap_load_weights` wraps the model's `load_weights`: the EXL3 tensors of
-  those classes are held back from the stream, checked (`format.load_linear`),
-  decoded (`full_weight`, the reference decoder) into the model's dtype and
-  handed to vLLM as `<prefix>.weight`; the `wo_a` slices of a layer are
-  stacked in group order into one `<layer>.attn.wo_a.weight`
-  [G·R, heads·head_dim/G]. vLLM's own loaders then place them (vocab /
-  group sharding) as for a dense checkpoint.
-* `dense_layer(prefix)`: `Exl3Config` gives `wo_a` vLLM's unquantized method,
-  so its dense weight is what the o-projection reads.
+* `head` and `wo_a` stay packed (`dsv41_hooks`: the head gets the EXL3 linear
+  method, `wo_a` the grouped one, `grouped.py`). `wrap_load_weights` renames
+  `head.<kind>` to the name vLLM maps `head.weight` to, and stacks the `wo_a`
+  slices of a layer in group order into `<layer>.attn.wo_a.<kind>` [G, ...].
+* `indexer.wk` and the compressor (5 MiB per layer at most, 35 MiB in all)
+  are decoded to dense at load: their EXL3 tensors are held back from the
+  stream, checked (`format.load_linear`), decoded (`full_weight`, the
+  reference decoder) into the model's dtype and handed to vLLM as
+  `<prefix>.weight`.
 * Every other EXL3 tensor passes through; one that reaches a layer without an
   EXL3 method fails the load naming vLLM's parameter (never a silent dense
   fallback).
@@ -48,28 +48,24 @@ LOAD_WEIGHTS = (("self", source.MISSING), ("weights", source.MISSING))
 # EXL3 tensor kinds (format doc §1.4) of a decoded-at-load linear.
 KINDS = ("trellis", "suh", "svh", "su", "sv", "mcg", "mul1")
 _BLOCK = r"(?:layers|mtp)\.\d+"
-DENSE = re.compile(rf"^(head|{_BLOCK}\.attn\.indexer\.wk|{_BLOCK}\.attn\.compressor\.(?:wkv|wgate))$")
+DENSE = re.compile(rf"^({_BLOCK}\.attn\.indexer\.wk|{_BLOCK}\.attn\.compressor\.(?:wkv|wgate))$")
 WO_A = re.compile(rf"^({_BLOCK}\.attn\.wo_a)\.slice\.(\d+)$")
-DENSE_LAYER = re.compile(r"\.attn\.wo_a$")
+HEAD = "head"
+GROUPED_LAYER = re.compile(r"\.attn\.wo_a$")
 
 
-def dense_layer(prefix: str) -> bool:
-    """Whether the vLLM layer at `prefix` is served dense (its EXL3 tensors are decoded at load)."""
-    return bool(DENSE_LAYER.search(prefix))
+def grouped_layer(prefix: str) -> bool:
+    """Whether the vLLM layer at `prefix` is `wo_a`, served by the grouped EXL3 method (grouped.py)."""
+    return bool(GROUPED_LAYER.search(prefix))
 
 
 def _shape(config, prefix: str) -> tuple[int, int]:
     """(in, out) of a decoded-at-load checkpoint linear, from the model's text config."""
     c = getattr(config, "text_config", config)
-    leaf = prefix.rsplit(".", 1)[-1]
-    if prefix == "head":
-        return c.hidden_size, c.vocab_size
     if prefix.endswith("indexer.wk"):
         return c.head_dim, c.index_head_dim
-    if leaf in ("wkv", "wgate"):
+    if prefix.rsplit(".", 1)[-1] in ("wkv", "wgate"):
         return c.hidden_size, c.head_dim
-    if leaf == "wo_a":
-        return c.num_attention_heads * c.head_dim // c.o_groups, c.o_lora_rank
     raise Exl3FormatError(f"{prefix}: not a class the overlay decodes at load")
 
 
@@ -92,12 +88,15 @@ def reconcile(
     dtype: torch.dtype,
     scope: str | None = None,
     passed: set[str] | None = None,
+    head_as: str | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint stream with the decoded-at-load classes replaced by dense `<prefix>.weight` tensors.
+    """The checkpoint stream as vLLM's layers take it (module docstring).
 
-    Names outside `scope` (a prefix; None = all) pass through untouched. The
-    dense tensors follow the rest of the stream (their parts may arrive in
-    any order). EXL3 tensors handed on to vLLM are added to `passed`.
+    Names outside `scope` (a prefix; None = all) pass through untouched.
+    `head_as`: the name vLLM maps `head.weight` to; the head's EXL3 tensors
+    are renamed to it (`<kind>` for `weight`). The decoded and stacked tensors
+    follow the rest of the stream (their parts may arrive in any order). EXL3
+    tensors handed on to vLLM are added to `passed` (under their checkpoint names).
     """
     held: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
@@ -107,17 +106,16 @@ def reconcile(
             continue
         if kind in KINDS and passed is not None:
             passed.add(name)
+        if kind in KINDS and prefix == HEAD and head_as is not None and scope is None:
+            name = f"{head_as.rpartition('.')[0]}.{kind}"
         yield name, tensor
-    slices: dict[str, dict[int, torch.Tensor]] = {}
-    sources: dict[str, list[str]] = {}
+    slices: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
     for prefix, parts in sorted(held.items()):
         wo_a = WO_A.match(prefix)
         if wo_a is None:
             yield f"{prefix}.weight", _sourced(_decode(parts, prefix, _shape(config, prefix), dtype), parts)
             continue
-        layer, group = wo_a.group(1), int(wo_a.group(2))
-        slices.setdefault(layer, {})[group] = _decode(parts, prefix, _shape(config, layer), dtype)
-        sources.setdefault(layer, []).extend(parts)
+        slices.setdefault(wo_a.group(1), {})[int(wo_a.group(2))] = parts
     groups = getattr(getattr(config, "text_config", config), "o_groups", 0)
     for layer, got in sorted(slices.items()):
         missing = [g for g in range(groups) if g not in got]
@@ -128,7 +126,24 @@ def reconcile(
                 f"{layer}.slice.{bad}.trellis: {'missing' if missing else 'not a group'}; the checkpoint stores "
                 f"wo_a as o_groups={groups} slices {layer}.slice.0..{groups - 1}"
             )
-        yield f"{layer}.weight", _sourced(torch.cat([got[g] for g in range(groups)], 0), sources[layer])
+        yield from _stacked(layer, [got[g] for g in range(groups)])
+
+
+def _stacked(layer: str, groups: list[dict[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """`<layer>.<kind>` = the groups' `<layer>.slice.<g>.<kind>` stacked in group order (same kinds, same K)."""
+    kinds = [sorted(n.rpartition(".")[2] for n in parts) for parts in groups]
+    for g, have in enumerate(kinds):
+        if have != kinds[0]:
+            raise Exl3FormatError(f"{layer}.slice.{g}: has tensors {have}, {layer}.slice.0 has {kinds[0]}; every "
+                                  "wo_a slice of a layer must be quantized alike (one K, one codebook)")
+    for kind in kinds[0]:
+        names = [f"{layer}.slice.{g}.{kind}" for g in range(len(groups))]
+        tensors = [parts[n] for parts, n in zip(groups, names)]
+        shapes = {tuple(t.shape) for t in tensors}
+        if len(shapes) != 1:
+            raise Exl3FormatError(f"{names[0]}: the wo_a slices of {layer} differ in shape ({sorted(shapes)}); every "
+                                  "slice of a layer must be quantized at the same K")
+        yield f"{layer}.{kind}", _sourced(torch.stack(tensors), names)
 
 
 def _sourced(tensor: torch.Tensor, names) -> torch.Tensor:
@@ -138,10 +153,13 @@ def _sourced(tensor: torch.Tensor, names) -> torch.Tensor:
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype dense weights load in: that of the model's (unquantized) LM head, else bf16."""
+    """The dtype dense weights load in: that of the model's LM head (EXL3 or not), else bf16."""
     for name, module in model.named_modules():
-        if name.endswith("lm_head") and isinstance(getattr(module, "weight", None), torch.Tensor):
-            return module.weight.dtype
+        if name.endswith("lm_head"):
+            if isinstance(getattr(module, "exl3_params_dtype", None), torch.dtype):
+                return module.exl3_params_dtype
+            if isinstance(getattr(module, "weight", None), torch.Tensor):
+                return module.weight.dtype
     return torch.bfloat16
 
 
@@ -153,7 +171,9 @@ def wrap_load_weights(cls, scope: str | None) -> None:
 
     def load_weights(self, weights):
         passed: set[str] = set()
-        stream = reconcile(weights, self.config, _model_dtype(self), scope, passed)
+        mapper = getattr(self, "hf_to_vllm_mapper", None)
+        head_as = mapper.map_name("head.weight") if scope is None and mapper is not None else None
+        stream = reconcile(weights, self.config, _model_dtype(self), scope, passed, head_as)
         try:
             return original(self, stream)
         except (KeyError, ValueError) as err:

@@ -15,7 +15,8 @@ fails naming it). Back ends:
 
 * CPU: each shard is decoded once into the compute dtype and the layer runs
   vLLM's own unquantized GEMM on it (bit-identical to serving the decoded
-  weights as a dense model).
+  weights as a dense model). The LM head (the largest linear) stays packed
+  on the CPU too: its shard is decoded per call.
 * CUDA: exllamav3's extension (`exllamav3_ext`) must be importable; the layer
   keeps its trellis tiles on the GPU and runs `exl3_gemm`. Without the
   extension the load fails with the install hint.
@@ -299,13 +300,30 @@ class Exl3LinearMethod(_linear_method_base()):
 
         parts = [(s.spec, layer.exl3_parts[s.key], s.pad_rows) for s in shards]
         weight = cpu.dense_linear(parts, expected, layer.exl3_params_dtype)
-        want = (sum(layer.exl3_output_partition_sizes), layer.exl3_input_size_per_partition)
-        if tuple(weight.shape) != want:
-            raise Exl3FormatError(f"{self.prefix}: decoded weight {list(weight.shape)} != vLLM's {list(want)}")
+        if type(layer) is ParallelLMHead:  # kept packed: what vLLM holds are the EXL3 tensors
+            self._check_shape(layer, weight)
+            (spec, held, pad), = parts
+            for kind, tensor in held.items():
+                layer.register_parameter(kind, torch.nn.Parameter(tensor, requires_grad=False))
+            layer.exl3_packed = (spec, tuple(held), pad)
+            self.backend = select.CPU
+            return
+        self._check_shape(layer, weight)
         layer.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
         self._dense = UnquantizedEmbeddingMethod() if type(layer) is ParallelLMHead else UnquantizedLinearMethod()
         self._dense.process_weights_after_loading(layer)
         self.backend = select.CPU
+
+    def _check_shape(self, layer: torch.nn.Module, weight: torch.Tensor) -> None:
+        want = (sum(layer.exl3_output_partition_sizes), layer.exl3_input_size_per_partition)
+        if tuple(weight.shape) != want:
+            raise Exl3FormatError(f"{self.prefix}: decoded weight {list(weight.shape)} != vLLM's {list(want)}")
+
+    def _packed_weight(self, layer: torch.nn.Module) -> torch.Tensor:
+        """The CPU LM head's weight, decoded from its packed parameters for this call."""
+        spec, kinds, pad = layer.exl3_packed
+        parts = {kind: getattr(layer, kind) for kind in kinds}
+        return cpu.dense_linear([(spec, parts, pad)], self.config.codebook, layer.exl3_params_dtype)
 
     def _process_cuda(self, layer: torch.nn.Module, shards: list[OutputShard], expected: str | None) -> None:
         from ..backends.cuda_backend import prepare_cuda_layer
@@ -319,6 +337,8 @@ class Exl3LinearMethod(_linear_method_base()):
         common.first_use(self.prefix, self.backend or "unprocessed", x)
         if self.backend is not None:
             cpu.check_width(self.prefix, x, layer.exl3_input_size_per_partition)
+        if self.backend == select.CPU and self._dense is None:
+            return torch.nn.functional.linear(x, self._packed_weight(layer), bias)
         if self.backend == select.CPU:
             return self._dense.apply(layer, x, bias)
         if self.backend == select.CUDA:

@@ -5,8 +5,10 @@ exllamav3 calls its decode kernel at 1..8 rows only, but the kernel itself takes
 weight decode. Above that this class cuts the call into chunks of `chunk` rows (one launch pair
 each, graph-safe: chunk bounds come from the shape). Each chunk writes its rows of the call's
 float32 output directly (the kernel stores every row; nothing to zero), so the only kernels
-around the launches are the dtype conversions the caller's tensors need (routing weights to
-fp16, and the output back to x's dtype when that is not float32).
+around the launches are the dtype conversions the caller's tensors need. With spark-kit's decode
+library (`lib`, cuda_decode/decode_moe.cu) those are at most two tiny launches: x, ids and routing
+weights converted in one (`spark_decode_prep`), and the output cast to x's dtype in one
+(`spark_decode_cast`, none for float32); without it (no nvcc), torch's conversions.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import torch
 
 from ...format.errors import Exl3FormatError
 from .. import moe_schedule
+from . import loader
+
+DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 ACT_SILU = 0
 _scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
@@ -44,13 +49,15 @@ class CoopRows:
     """Scratch and launches of `exl3_moe_coop` for chunks of up to `chunk` rows of one layer."""
 
     def __init__(self, ext, tables: dict[str, torch.Tensor], ks: tuple[float, float, float], mcg: bool, mul1: bool,
-                 hidden: int, inter: int, top_k: int, chunk: int, device: torch.device, prefix: str) -> None:
+                 hidden: int, inter: int, top_k: int, chunk: int, device: torch.device, prefix: str,
+                 lib=None) -> None:
         if not 1 <= chunk <= moe_schedule.decode_chunk(top_k):
             raise ValueError(f"{prefix}: {chunk} rows x top-{top_k} exceed the decode kernel's "
                              f"{moe_schedule.DECODE_SLOTS} slots")
         self.ext, self.t, self.ks, self.mcg, self.mul1 = ext, tables, ks, mcg, mul1
         self.hidden, self.inter, self.top_k, self.chunk, self.prefix = hidden, inter, top_k, chunk, prefix
         self.scratch = shared_scratch(torch.device(device), chunk, top_k, hidden, inter)
+        self.lib = lib
 
     def launch(self, x16: torch.Tensor, ids64: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> None:
         """One launch pair: rows of x16 (<= chunk) into out[:rows]; out has exactly `chunk` rows (counter layout)."""
@@ -69,13 +76,44 @@ class CoopRows:
                  dtype: torch.dtype | None = None) -> torch.Tensor:
         """The layer's output for every row of x, in `dtype` (x's by default)."""
         tokens = topk_ids.shape[0]
-        x16 = x.reshape(tokens, self.hidden).to(torch.float16).contiguous()
-        ids = topk_ids.long().contiguous()
-        w16 = topk_weights.to(torch.float16).contiguous()
+        dtype = dtype or x.dtype
+        x = x.reshape(tokens, self.hidden)
+        if self.lib is not None and x.dtype in DTYPES and topk_weights.dtype in DTYPES \
+                and topk_ids.dtype in (torch.int32, torch.int64) and dtype in DTYPES:
+            x16, ids, w16 = self._prep(x, topk_weights, topk_ids)
+        else:
+            x16 = x.to(torch.float16).contiguous()
+            ids = topk_ids.long().contiguous()
+            w16 = topk_weights.to(torch.float16).contiguous()
         # `chunk` spare rows: every launch gets a `chunk`-row view (the kernel's counter layout
         # depends on the output's row count), writing only its own rows.
         out = torch.empty(tokens + self.chunk, self.hidden, dtype=torch.float32, device=x16.device)
         for start, stop in moe_schedule.chunks(tokens, self.chunk):
             if stop > start:
                 self.launch(x16[start:stop], ids[start:stop], w16[start:stop], out[start:start + self.chunk])
-        return out[:tokens].to(dtype or x.dtype)
+        if dtype == torch.float32:
+            return out[:tokens]
+        if self.lib is None or dtype not in DTYPES:
+            return out[:tokens].to(dtype)
+        y = torch.empty(tokens, self.hidden, dtype=dtype, device=out.device)
+        err = self.lib.spark_decode_cast(out.data_ptr(), y.data_ptr(), DTYPES[dtype], y.numel(), 1,
+                                         torch.cuda.current_stream(out.device).cuda_stream)
+        loader.check(err, "spark_decode_cast")
+        return y
+
+    def _prep(self, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x as fp16, ids as int64, routing weights as fp16: one launch, or none when they already are."""
+        if x.dtype == torch.float16 and w.dtype == torch.float16 and ids.dtype == torch.int64:
+            return x.contiguous(), ids.contiguous(), w.contiguous()
+        x, w, ids = x.contiguous(), w.contiguous(), ids.contiguous()
+        rows, top_k = ids.shape
+        x16 = torch.empty(rows, self.hidden, dtype=torch.float16, device=x.device)
+        ids64 = torch.empty(rows, top_k, dtype=torch.int64, device=x.device)
+        w16 = torch.empty(rows, top_k, dtype=torch.float16, device=x.device)
+        err = self.lib.spark_decode_prep(
+            x.data_ptr(), DTYPES[x.dtype], ids.data_ptr(), int(ids.dtype == torch.int64), w.data_ptr(),
+            DTYPES[w.dtype], x16.data_ptr(), ids64.data_ptr(), w16.data_ptr(), rows, top_k, self.hidden, 1,
+            torch.cuda.current_stream(x.device).cuda_stream,
+        )
+        loader.check(err, "spark_decode_prep")
+        return x16, ids64, w16

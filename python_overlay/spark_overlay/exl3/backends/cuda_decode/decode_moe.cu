@@ -1,5 +1,6 @@
-// spark-kit's own EXL3 MoE decode kernels (1-8 token rows, MUL1 codebook), plus the cold-read
-// floor kernel the GPU bench times beside them. Plain CUDA, no torch headers: the launchers are
+// spark-kit's own EXL3 MoE decode kernels (1-8 token rows, MUL1 codebook); the conversions around
+// exllamav3's decode kernel and the bench's cold-read floor are in decode_glue.cuh, the helpers all
+// share in decode_util.cuh (one translation unit). Plain CUDA, no torch headers: the launchers are
 // extern "C", take raw device pointers and a stream, and return the launch's cudaError_t, so the
 // overlay loads the library with ctypes (loader.py) and CUDA graphs capture the launches.
 //
@@ -19,10 +20,7 @@
 // Tile bitstream, element order and codebook: docs/exl3-overlay.md and the format notes
 // (W = diag(suh) H W_hat H diag(svh); 16x16 tiles, tensor-core element order; MUL1).
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
+#include "decode_util.cuh"
 
 namespace {
 
@@ -33,22 +31,6 @@ constexpr uint32_t MUL1_BIAS_BITS = 0x4B000000u + 1024u;
 // value = (1024 + b) * S + O (S = fp16 0x1EEE, O = fp16 0xC931) = f * S + (O - 2^23 * S), exact in fp32
 constexpr float MUL1_S = 0.00676727294921875f;
 constexpr float MUL1_C = -56778.3828125f;
-
-enum Dtype { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
-
-__device__ __forceinline__ float load_as_float(const void* p, int64_t i, int dt)
-{
-    if (dt == DT_F16) return __half2float(((const half*) p)[i]);
-    if (dt == DT_BF16) return __bfloat162float(((const __nv_bfloat16*) p)[i]);
-    return ((const float*) p)[i];
-}
-
-__device__ __forceinline__ void store_from_float(void* p, int64_t i, int dt, float v)
-{
-    if (dt == DT_F16) ((half*) p)[i] = __float2half_rn(v);
-    else if (dt == DT_BF16) ((__nv_bfloat16*) p)[i] = __float2bfloat16_rn(v);
-    else ((float*) p)[i] = v;
-}
 
 __device__ __forceinline__ int expert_of(const void* ids, int ids64, int slot)
 {
@@ -98,6 +80,8 @@ __device__ __forceinline__ const void* table(const MoeArgs& a, int proj, int kin
 
 __global__ void rot_in_kernel(const MoeArgs a)
 {
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int chunks = a.H >> 7;
@@ -122,7 +106,7 @@ __global__ void rot_in_kernel(const MoeArgs a)
 
 // GEMV over one projection for every row that picked the item's expert.
 // Block: 8 warps = 2 n-tiles (16 columns each) x 4 k-warps; item: (slot, proj, n-group, k-part).
-template <int K, int NR, int U, int D>
+template <int K, int NR, int U, int D, bool XS>
 __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
@@ -211,7 +195,12 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
     const size_t tile_stride = (size_t) ntiles_n * WORDS;
     const uint32_t* tp = trellis + (size_t) ntile * WORDS;
     const int batches = ke > kb ? (ke - kb + U - 1) / U : 0;
-    auto issue = [&] (int batch)
+    // XS: the rows' input slices ride in the same ring (16 floats per tile and row), so the dot products
+    // read shared memory instead of waiting on global loads; issued only after pdl_wait (the kernel
+    // before writes them), as one extra commit group for the first D - 1 stages
+    constexpr int XP = XS ? U * 4 * NR : 0;  // 16-byte x pieces per stage
+    __shared__ float4 xring[XS ? 8 : 1][XS ? D : 1][XS ? U * 4 * NR : 1];
+    auto issue_w = [&] (int batch)
     {
         if (batch < batches)
         {
@@ -226,21 +215,56 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
                 }
             }
         }
-        asm volatile("cp.async.commit_group;\n" ::);
     };
+    auto issue_x = [&] (int batch)
+    {
+        if (XS && batch < batches)
+        {
+            for (int i = lane; i < XP; i += 32)
+            {
+                const int r = i / (U * 4), u = (i / 4) % U, p = i % 4;
+                const int t = kb + batch * U + u;
+                if (t < ke && r < nr)
+                {
+                    const int s = sh_slot[r];
+                    const float* row = down ? a.ah + (size_t) s * a.I : a.xh + ((size_t) s * 2 + proj_i) * a.H;
+                    const float* src = row + t * 16 + p * 4;
+                    const unsigned dst = (unsigned) __cvta_generic_to_shared(&xring[warp][batch % D][i]);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src));
+                }
+            }
+        }
+    };
+    auto commit = [] () { asm volatile("cp.async.commit_group;\n" ::); };
     #pragma unroll
-    for (int i = 0; i < D - 1; ++i) issue(i);
+    for (int i = 0; i < D - 1; ++i)
+    {
+        issue_w(i);
+        commit();
+    }
+    // Everything above reads only the routing ids and the weights; the inputs come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+    if (XS)
+    {
+        #pragma unroll
+        for (int i = 0; i < D - 1; ++i) issue_x(i);
+        commit();
+    }
     for (int batch = 0; batch < batches; ++batch)
     {
-        issue(batch + D - 1);
-        asm volatile("cp.async.wait_group %0;\n" :: "n"(D - 1));
+        issue_w(batch + D - 1);
+        issue_x(batch + D - 1);
+        commit();
+        // groups: D - 1 weight stages, (XS) the first stages' inputs, then one per batch
+        if (XS && batch == 0) asm volatile("cp.async.wait_group 1;\n" ::);
+        else asm volatile("cp.async.wait_group %0;\n" :: "n"(D - 1));
         __syncwarp();
         const uint32_t* stage = (const uint32_t*) ring[warp][batch % D];
-        #pragma unroll
-        for (int u = 0; u < U; ++u)
+        // A full stage runs its U tiles with no bound check (the compiler interleaves them); the last may be partial
+        auto tile = [&] (int u)
         {
             const int kt = kb + batch * U + u;
-            if (kt >= ke) break;
             const uint32_t* tw = stage + u * WORDS;
             const uint32_t wa = tw[w0], wb = tw[w1], wc = tw[w2];
             const uint32_t h0 = __funnelshift_l(wb, wa, off);
@@ -264,8 +288,18 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
             for (int r = 0; r < NR; ++r)
             {
                 if (r >= nr) break;
-                const float2 xa = __ldg((const float2*) (xin[r] + k0));
-                const float2 xb = __ldg((const float2*) (xin[r] + k0 + 8));
+                float2 xa, xb;
+                if (XS)
+                {
+                    const float* xs = (const float*) xring[warp][batch % D] + (r * U + u) * 16 + 2 * q;
+                    xa = *(const float2*) xs;
+                    xb = *(const float2*) (xs + 8);
+                }
+                else
+                {
+                    xa = __ldg((const float2*) (xin[r] + k0));
+                    xb = __ldg((const float2*) (xin[r] + k0 + 8));
+                }
                 acc0[r] = fmaf(wv[0], xa.x, acc0[r]);
                 acc0[r] = fmaf(wv[1], xa.y, acc0[r]);
                 acc0[r] = fmaf(wv[2], xb.x, acc0[r]);
@@ -275,6 +309,16 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
                 acc1[r] = fmaf(wv[6], xb.x, acc1[r]);
                 acc1[r] = fmaf(wv[7], xb.y, acc1[r]);
             }
+        };
+        const int valid = ke - (kb + batch * U);
+        if (valid >= U)
+        {
+            #pragma unroll
+            for (int u = 0; u < U; ++u) tile(u);
+        }
+        else
+        {
+            for (int u = 0; u < valid; ++u) tile(u);
         }
         __syncwarp();
     }
@@ -308,14 +352,16 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
 
 // One block per item. (A persistent grid looping over items, tried to avoid the partial last
 // wave, ran gate/up 18 % slower on the H200: 64 instead of 48 registers, 4 blocks per SM instead of 5.)
-template <int K, int NR, int U, int D>
-__global__ void __launch_bounds__(256) gemv_kernel(const MoeArgs a, int down)
+template <int K, int NR, int U, int D, int MINB, bool XS = false>
+__global__ void __launch_bounds__(256, MINB) gemv_kernel(const MoeArgs a, int down)
 {
-    gemv_item<K, NR, U, D>(a, down, blockIdx.x);
+    gemv_item<K, NR, U, D, XS>(a, down, blockIdx.x);
 }
 
 __global__ void mid_kernel(const MoeArgs a)
 {
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int chunks = a.I >> 7;
@@ -358,6 +404,8 @@ constexpr int OUT_MAX_TOPK = 8;  // picks per row the out kernel takes (a warp e
 __global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
 {
     __shared__ float part[OUT_MAX_TOPK][128];
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31;
     const int k = threadIdx.x >> 5;
     const int chunks = a.H >> 7;
@@ -400,61 +448,69 @@ __global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
     }
 }
 
+constexpr int STAGE_PDL = 32;   // spark_decode_moe's stages: launch with programmatic dependent launch
+constexpr int STAGE_OCC6 = 64;  // gemv kernels built for 6 blocks per SM (fewer registers)
+constexpr int STAGE_XS = 128;   // gemv kernels stage the inputs through shared memory (1-2 rows)
+
+template <int K, int NR, int MINB>
+cudaError_t launch_gemv_b(int items, const MoeArgs& a, int down, int unroll, int pdl, int xs, cudaStream_t stream)
+{
+    // unroll: 2 -> stages of 2 tiles, 4 deep; 4 -> 4 tiles, 4 deep; 8 -> 4 tiles, 8 deep; 16 -> 8 tiles, 4 deep
+    // (the deeper rings only for K <= 5: 48 KiB of static shared memory). xs (1-2 rows): inputs staged
+    // through the ring too, 4 tiles 4 deep.
+    if constexpr (NR <= 2)
+    {
+        if (xs) return launch(gemv_kernel<K, NR, 4, 4, MINB, true>, items, 256, stream, pdl, a, down);
+    }
+    if constexpr (K <= 5)
+    {
+        if (unroll >= 16) return launch(gemv_kernel<K, NR, 8, 4, MINB>, items, 256, stream, pdl, a, down);
+        if (unroll >= 8) return launch(gemv_kernel<K, NR, 4, 8, MINB>, items, 256, stream, pdl, a, down);
+    }
+    if (unroll >= 4) return launch(gemv_kernel<K, NR, 4, 4, MINB>, items, 256, stream, pdl, a, down);
+    return launch(gemv_kernel<K, NR, 2, 4, MINB>, items, 256, stream, pdl, a, down);
+}
+
 template <int K, int NR>
-cudaError_t launch_gemv(const MoeArgs& a, int down, int unroll, cudaStream_t stream)
+cudaError_t launch_gemv(const MoeArgs& a, int down, int unroll, int pdl, int occ6, int xs, cudaStream_t stream)
 {
     const int slots = a.bsz * a.topk;
     const int nproj = down ? 1 : 2;
     const int groups = (down ? a.H : a.I) >> 5;
     const int parts = down ? a.parts_b : a.parts_a;
     const int items = slots * nproj * groups * parts;
-    // unroll: 2 -> stages of 2 tiles, 4 deep; 4 -> 4 tiles, 4 deep; 8 -> 4 tiles, 8 deep (K <= 5: shared memory)
-    constexpr int DEEP = K <= 5 ? 8 : 4;
-    if (unroll >= 8) gemv_kernel<K, NR, 4, DEEP><<<items, 256, 0, stream>>>(a, down);
-    else if (unroll >= 4) gemv_kernel<K, NR, 4, 4><<<items, 256, 0, stream>>>(a, down);
-    else gemv_kernel<K, NR, 2, 4><<<items, 256, 0, stream>>>(a, down);
-    return cudaGetLastError();
+    // Register budget from the blocks per SM asked of the compiler: 5 (48 registers) at 1-2 rows, 4 (64) at
+    // 3-4, 3 (80) at 5-8; occ6 caps 1-2 rows at 6 blocks (40 registers, a few bytes of spill)
+    constexpr int MINB = NR <= 2 ? 5 : NR <= 4 ? 4 : 3;
+    if constexpr (NR <= 2)
+    {
+        if (occ6) return launch_gemv_b<K, NR, 6>(items, a, down, unroll, pdl, xs, stream);
+    }
+    return launch_gemv_b<K, NR, MINB>(items, a, down, unroll, pdl, xs, stream);
 }
 
 template <int K>
-cudaError_t launch_gemv_k(const MoeArgs& a, int down, int nr, int unroll, cudaStream_t stream)
+cudaError_t launch_gemv_k(const MoeArgs& a, int down, int nr, int unroll, int pdl, int occ6, int xs,
+                          cudaStream_t stream)
 {
-    if (nr <= 1) return launch_gemv<K, 1>(a, down, unroll, stream);
-    if (nr <= 2) return launch_gemv<K, 2>(a, down, unroll, stream);
-    if (nr <= 4) return launch_gemv<K, 4>(a, down, unroll, stream);
-    return launch_gemv<K, 8>(a, down, unroll, stream);
+    if (nr <= 1) return launch_gemv<K, 1>(a, down, unroll, pdl, occ6, xs, stream);
+    if (nr <= 2) return launch_gemv<K, 2>(a, down, unroll, pdl, occ6, xs, stream);
+    if (nr <= 4) return launch_gemv<K, 4>(a, down, unroll, pdl, occ6, xs, stream);
+    return launch_gemv<K, 8>(a, down, unroll, pdl, occ6, xs, stream);
 }
 
-cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, int unroll, cudaStream_t stream)
+cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, int unroll, int pdl, int occ6, int xs,
+                            cudaStream_t stream)
 {
     switch (k)
     {
-        case 2: return launch_gemv_k<2>(a, down, nr, unroll, stream);
-        case 3: return launch_gemv_k<3>(a, down, nr, unroll, stream);
-        case 4: return launch_gemv_k<4>(a, down, nr, unroll, stream);
-        case 5: return launch_gemv_k<5>(a, down, nr, unroll, stream);
-        case 6: return launch_gemv_k<6>(a, down, nr, unroll, stream);
+        case 2: return launch_gemv_k<2>(a, down, nr, unroll, pdl, occ6, xs, stream);
+        case 3: return launch_gemv_k<3>(a, down, nr, unroll, pdl, occ6, xs, stream);
+        case 4: return launch_gemv_k<4>(a, down, nr, unroll, pdl, occ6, xs, stream);
+        case 5: return launch_gemv_k<5>(a, down, nr, unroll, pdl, occ6, xs, stream);
+        case 6: return launch_gemv_k<6>(a, down, nr, unroll, pdl, occ6, xs, stream);
         default: return cudaErrorInvalidValue;
     }
-}
-
-__global__ void floor_read_kernel(const uint4* p, size_t n16, unsigned* sink)
-{
-    unsigned acc = 0;
-    const size_t stride = (size_t) gridDim.x * blockDim.x;
-    size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < n16; i += 4 * stride)
-    {
-        const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
-                    d = __ldcs(p + i + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-    }
-    for (; i < n16; i += stride)
-    {
-        const uint4 a = __ldcs(p + i);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w;
-    }
-    if (acc == 0x9E3779B9u) *sink = acc;  // keeps the loads; practically never taken
 }
 
 }  // namespace
@@ -466,8 +522,10 @@ extern "C" {
 int spark_decode_supports(int k) { return k >= 2 && k <= 6; }
 
 // One MoE layer call, 1..8 rows (bsz * topk <= 64). Scratch sizes: xh slots*2*H, gu parts_a*slots*2*I,
-// ah slots*I, dd parts_b*slots*H floats. unroll: k-tiles streamed per warp (2, 4, 8: see launch_gemv); stages: bit mask
-// of the five launches to run (31 = all; fewer only to time them one by one). Returns a cudaError_t.
+// ah slots*I, dd parts_b*slots*H floats. unroll: k-tiles streamed per warp (2, 4, 8, 16: see launch_gemv_b); stages: bit mask
+// of the five launches to run (31 = all; fewer only to time them one by one), plus STAGE_PDL (32): launch
+// them with programmatic dependent launch, STAGE_OCC6 (64): the gemv variant capped for 6 blocks per SM,
+// STAGE_XS (128): the gemv variant that stages its inputs through shared memory. Returns a cudaError_t.
 int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* out,
                      int out_dt, int bsz, int topk, int H, int I, int n_local, const int64_t* tables, int k,
                      float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, int stages,
@@ -481,26 +539,24 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     a.bsz = bsz; a.topk = topk; a.H = H; a.I = I; a.n_local = n_local; a.tables = tables;
     a.xh = xh; a.gu = gu; a.ah = ah; a.dd = dd; a.parts_a = parts_a; a.parts_b = parts_b;
     const int slots = bsz * topk;
+    const int pdl = (stages & STAGE_PDL) != 0;
+    const int occ6 = (stages & STAGE_OCC6) != 0;
+    const int xs = (stages & STAGE_XS) != 0;
     const int warps_in = slots * (H / 128) * 2;
     cudaError_t err = cudaSuccess;
-    if (stages & 1) rot_in_kernel<<<(warps_in + 7) / 8, 256, 0, stream>>>(a);
-    if ((err = cudaGetLastError()) != cudaSuccess) return (int) err;
-    if (stages & 2) err = launch_gemv_any(a, k, 0, bsz, unroll, stream);
+    if (stages & 1) err = launch(rot_in_kernel, (warps_in + 7) / 8, 256, stream, pdl, a);
+    if (err != cudaSuccess) return (int) err;
+    if (stages & 2) err = launch_gemv_any(a, k, 0, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     const int warps_mid = slots * (I / 128);
-    if (stages & 4) mid_kernel<<<(warps_mid + 7) / 8, 256, 0, stream>>>(a);
-    if ((err = cudaGetLastError()) != cudaSuccess) return (int) err;
-    if (stages & 8) err = launch_gemv_any(a, k, 1, bsz, unroll, stream);
+    if (stages & 4) err = launch(mid_kernel, (warps_mid + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
-    if (stages & 16) out_kernel<<<bsz * (H / 128), 32 * topk, 0, stream>>>(a);
-    return (int) cudaGetLastError();
-}
-
-// Cold read of n16 16-byte words (the bench's floor).
-int spark_floor_read(const void* p, size_t n16, unsigned* sink, int blocks, cudaStream_t stream)
-{
-    floor_read_kernel<<<blocks, 512, 0, stream>>>((const uint4*) p, n16, sink);
-    return (int) cudaGetLastError();
+    if (stages & 8) err = launch_gemv_any(a, k, 1, bsz, unroll, pdl, occ6, xs, stream);
+    if (err != cudaSuccess) return (int) err;
+    if (stages & 16) err = launch(out_kernel, bsz * (H / 128), 32 * topk, stream, pdl, a);
+    return (int) err;
 }
 
 }  // extern "C"
+
+#include "decode_glue.cuh"

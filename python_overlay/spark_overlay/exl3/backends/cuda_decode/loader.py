@@ -1,7 +1,7 @@
 """Build and load spark-kit's own decode kernels (decode_moe.cu) as a plain shared library.
 
-The source has no torch headers: nvcc (on PATH, else under torch's CUDA_HOME) compiles it for
-the device's compute capability into ~/.cache/spark-kit/exl3-decode, keyed by the source's hash,
+The source has no torch headers: nvcc (on PATH, else under torch's CUDA_HOME) compiles it (with the
+decode_*.cuh it includes) for the device's compute capability into ~/.cache/spark-kit/exl3-decode, keyed by their hash,
 and ctypes loads it. Every launcher returns a cudaError_t; `check` turns a non-zero one into Exl3FormatError.
 """
 
@@ -36,8 +36,11 @@ def cache_dir() -> Path:
 
 
 def library_path(arch: str) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    return cache_dir() / f"decode_moe-{arch}-{digest}.so"
+    """The cached library, keyed by the source and the headers it includes (decode_*.cuh beside it)."""
+    digest = hashlib.sha256()
+    for part in [SOURCE, *sorted(SOURCE.parent.glob("*.cuh"))]:
+        digest.update(part.read_bytes())
+    return cache_dir() / f"decode_moe-{arch}-{digest.hexdigest()[:16]}.so"
 
 
 def load(arch: str) -> ctypes.CDLL:
@@ -64,6 +67,15 @@ def load(arch: str) -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
     ]
+    lib.spark_decode_prep.restype = ctypes.c_int
+    lib.spark_decode_prep.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+    lib.spark_decode_cast.restype = ctypes.c_int
+    lib.spark_decode_cast.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
+                                      ctypes.c_void_p]
     lib.spark_floor_read.restype = ctypes.c_int
     lib.spark_floor_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.spark_decode_supports.restype = ctypes.c_int
