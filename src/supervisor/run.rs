@@ -227,6 +227,10 @@ impl Sup<'_> {
                     self.close_agents();
                     return Some(*code);
                 }
+                Action::ServingAgain => {
+                    let endpoint = crate::deploy::ports::Ports::of(&self.kit).endpoint();
+                    self.rep.line(&format!("==> serving again after the restart: {endpoint}"));
+                }
                 _ => {}
             }
         }

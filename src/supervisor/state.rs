@@ -57,6 +57,8 @@ pub enum Action {
     ScheduleRestart { delay_s: f64 },
     /// End the supervisor with this exit code.
     Exit(i32),
+    /// The deployment serves again after a restart (say so).
+    ServingAgain,
 }
 
 /// Restart policy.
@@ -147,8 +149,12 @@ impl Machine {
             }
             (S::Starting, Input::HeadReady) => {
                 self.state = S::Ready;
-                self.ever_ready = true;
-                Vec::new()
+                let again = std::mem::replace(&mut self.ever_ready, true);
+                if again {
+                    vec![Action::ServingAgain]
+                } else {
+                    Vec::new()
+                }
             }
             (S::Ready, Input::Health(false)) => {
                 self.state = S::Degraded;
@@ -254,6 +260,16 @@ mod tests {
         m.step(Input::RestartDue, 6.0);
         m.step(dead(), 100.0);
         assert_eq!(m.state, State::Restarting);
+    }
+
+    #[test]
+    fn ready_after_a_restart_says_serving_again() {
+        let mut m = Machine::new(Policy::default());
+        assert!(m.step(Input::HeadReady, 0.0).is_empty(), "the first ready is up's banner, not 'again'");
+        m.step(dead(), 10.0);
+        m.step(Input::AllStopped, 11.0);
+        m.step(Input::RestartDue, 20.0);
+        assert_eq!(m.step(Input::HeadReady, 30.0), vec![Action::ServingAgain]);
     }
 
     #[test]
