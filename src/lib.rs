@@ -28,6 +28,7 @@ pub mod memguard;
 pub mod node;
 pub mod plan;
 pub mod reporter;
+pub mod runtime;
 pub mod settings;
 pub mod signals;
 pub mod sse;

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use super::guard::{self, HostedGuard};
 use super::hang;
 use super::prober::{Prober, Target};
-use super::runtime::{self, check_port, LaunchEnv, Runtime, UpReporter};
 use crate::cluster::protocol::{decode, encode, Command, Event, VERSION};
 use crate::deploy::Deployment;
 use crate::dirs::Dirs;
@@ -22,6 +21,7 @@ use crate::kit::schema::{Kit, Role};
 use crate::memguard::EngineRef;
 use crate::node::facts::gather;
 use crate::node::probe::LocalProbe;
+use crate::runtime::{self, check_port, LaunchEnv, Runtime, UpReporter};
 
 /// Where events go (stdout in production, a buffer in tests).
 pub trait Emit {

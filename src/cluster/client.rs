@@ -1,11 +1,11 @@
 //! The supervisor side of a node agent: start `spark-kit node` on a node (pushing the binary
 //! there first when needed), forward its events to a channel, send it commands, close it.
-//! Used by the supervisor and by one-shot askers (`spark-kit preflight`).
+//! Used by the supervisor's one spawn path (`supervisor::agents`), which receives what it sends.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use super::protocol::{decode, encode, Command, Event};
@@ -47,15 +47,15 @@ pub struct AgentProc {
 }
 
 /// Start the agent of `node` (index `i`, first rank `rank`); its stderr is appended to `log`,
-/// its events go to `tx`.
-pub fn spawn(
+/// its events go to `tx` (as the listener's own message type, made from [`Msg`]).
+pub fn spawn<T: From<Msg> + Send + 'static>(
     node: &Node,
     i: usize,
     rank: usize,
     exe: &Path,
     sha: &str,
     log: &Path,
-    tx: Sender<Msg>,
+    tx: Sender<T>,
 ) -> Result<AgentProc, AgentError> {
     let bin = push::ensure(node, exe, sha)?;
     let argv = vec![bin, "node".to_string(), "--rank".into(), rank.to_string()];
@@ -80,13 +80,13 @@ pub fn spawn(
         if let Some(out) = stdout {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 if let Ok(ev) = decode::<Event>(&line) {
-                    if tx.send(Msg::Event(i, ev)).is_err() {
+                    if tx.send(Msg::Event(i, ev).into()).is_err() {
                         return;
                     }
                 }
             }
         }
-        let _ = tx.send(Msg::Lost(i));
+        let _ = tx.send(Msg::Lost(i).into());
     });
     Ok(AgentProc { child, stdin })
 }
@@ -116,34 +116,5 @@ impl AgentProc {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Wait for an event of agent `i` that `want` accepts (other agents' messages are returned in
-/// `held` for the caller); `Err` says why none came.
-pub fn wait_for<T>(
-    rx: &Receiver<Msg>,
-    i: usize,
-    limit: Duration,
-    held: &mut Vec<Msg>,
-    want: impl Fn(Event) -> Option<T>,
-) -> Result<T, WaitError> {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(Msg::Event(j, ev)) if j == i => {
-                if let Event::Error { message, .. } = &ev {
-                    return Err(WaitError::Agent(message.clone()));
-                }
-                if let Some(t) = want(ev) {
-                    return Ok(t);
-                }
-            }
-            Ok(Msg::Lost(j)) if j == i => return Err(WaitError::Closed),
-            Ok(other) => held.push(other),
-            Err(RecvTimeoutError::Timeout) => return Err(WaitError::Timeout(limit.as_secs())),
-            Err(RecvTimeoutError::Disconnected) => return Err(WaitError::Closed),
-        }
     }
 }

@@ -2,7 +2,6 @@
 //! (docs/cli.md: 1 runtime, 2 usage / configuration) and its one-line fix. With these a command
 //! ends a fallible call in `?` and the failure keeps the error's whole `source()` chain.
 
-use crate::agent::runtime::UpError;
 use crate::bench::client::BenchError;
 use crate::bench::key::KeyError;
 use crate::bench::plot::PlotError;
@@ -20,6 +19,7 @@ use crate::hub::kit_files::NothingToFetch;
 use crate::hub::HubError;
 use crate::kit::KitError;
 use crate::memguard::GuardError;
+use crate::runtime::UpError;
 use crate::supervisor::control::ControlError;
 
 const fn usage_if(usage: bool) -> ExitCode {

@@ -10,16 +10,11 @@ use crate::live::LocateError;
 use crate::supervisor::control::request;
 use crate::supervisor::status_text::{not_running_json, render, running_json};
 
-/// With no deployment running, a docker kit's containers left on this node by an earlier run
-/// (found by label) are named in the error, with how to remove them.
+/// With no deployment running, what an earlier run left on this node (the kit's runtime says:
+/// docker, its containers found by label) is named in the error, with how to remove it.
 fn with_survivors(f: Failure, args: &crate::cli::KitArgs, env: &[(String, String)]) -> Failure {
     let Ok(Some(kit)) = super::target::given_kit(args, env) else { return f };
-    if kit.engine.runtime != crate::kit::schema::Runtime::Docker {
-        return f;
-    }
-    let Ok(left) = crate::engine::dockerctl::containers_labelled(crate::engine::dockerctl::LABEL_KIT, &kit.name) else {
-        return f;
-    };
+    let Ok(left) = crate::runtime::for_kit(&kit).and_then(|r| r.leftovers(&kit)) else { return f };
     if left.is_empty() {
         return f;
     }

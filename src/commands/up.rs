@@ -40,8 +40,8 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let text =
         move |snap: &_, secs| format!("{}\nCtrl-C stops the deployment.", banner(snap, secs, key.as_ref(), &kit_ref));
     let watcher = watch_ready(Arc::clone(&handles.snapshot), args.verbose, Box::new(text));
-    let result =
-        supervisor::run(&s.kit, &s.deploy.logs, Policy::default(), &UpLines, handles.clone(), &gates(&s, args));
+    let gates = gates(&s, args)?;
+    let result = supervisor::run(&s.kit, &s.deploy.logs, Policy::default(), &UpLines, handles.clone(), &gates);
     // `down` is answered with the final snapshot before the process (and its socket) goes.
     wait_answered(Duration::from_secs(5));
     registration.release();

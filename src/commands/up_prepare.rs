@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use super::load;
-use crate::agent::runtime::check_port;
 use crate::cli::UpArgs;
 use crate::error::Failure;
 use crate::kit::{Origin, Override};
 use crate::live;
+use crate::runtime::check_port;
 use crate::settings::Settings;
 use crate::supervisor::control::request;
 use crate::supervisor::Gates;
@@ -64,9 +64,9 @@ pub fn check_free(s: &Settings) -> Result<(), Failure> {
 }
 
 /// The gates the supervisor passes before the engines start.
-#[must_use]
-pub fn gates(s: &Settings, args: &UpArgs) -> Gates {
-    Gates {
+pub fn gates(s: &Settings, args: &UpArgs) -> Result<Gates, Failure> {
+    Ok(Gates {
+        exe: crate::dirs::self_exe()?,
         preflight: (!args.skip_preflight).then(|| crate::node::preflight::PreflightInput {
             gateway_holds_api_port: true,
             ..super::preflight_input::input(s)
@@ -77,7 +77,9 @@ pub fn gates(s: &Settings, args: &UpArgs) -> Gates {
             .collect(),
         home: s.deploy.dirs.home.clone(),
         replace: args.replace,
-    }
+        limits: crate::supervisor::GateLimits::default(),
+        engines: true,
+    })
 }
 
 /// The foreground supervisor's traces: its pid file and live record, removed with its socket by

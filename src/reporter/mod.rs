@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::agent::runtime::UpReporter;
 use crate::engine::boot_phase::{progress_line, Pacer, CLEAR_LINE};
 use crate::engine::venv::SetupReporter;
+use crate::runtime::UpReporter;
 use crate::supervisor::state::State;
 use crate::supervisor::{ClusterReporter, Snapshot};
 

@@ -17,9 +17,7 @@ impl Sup<'_> {
         let (i, ev) = match msg {
             Msg::Lost(i) => {
                 let name = self.kit.nodes[i].name.clone();
-                if let Some(mut a) = self.agents[i].take() {
-                    let _ = a.child.try_wait();
-                }
+                self.agents.lost(i);
                 self.with_node(i, |n| {
                     n.agent_connected = false;
                     n.engine_alive = false;

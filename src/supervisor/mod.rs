@@ -5,6 +5,7 @@
 //! Imports: the wire (`cluster`) to talk to node agents, the kit, node checks, weights, engine
 //! argv helpers. Never the agent (node side): the two meet only on the wire.
 
+pub mod agents;
 pub mod bringup;
 pub mod control;
 mod events;
@@ -14,7 +15,12 @@ pub mod run;
 pub mod snapshot;
 pub mod state;
 pub mod status_text;
+pub mod verdicts;
 pub mod watch;
 
+#[cfg(test)]
+mod tests;
+
+pub use bringup::GateLimits;
 pub use run::{run, ClusterError, ClusterReporter, Gates};
 pub use snapshot::{Handles, Snapshot};

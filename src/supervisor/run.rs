@@ -10,18 +10,16 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use super::bringup;
+use super::agents::{Agents, SpawnError};
+use super::bringup::{self, GateLimits, SyncJob, Work};
 use super::snapshot::{memory_recovered, Handles, NodeStatus};
-use super::state::{Action, Input, Machine, Policy, State};
+use super::state::{Action, Gate, Input, Machine, Policy, State};
 use super::watch::Watch;
-use crate::cluster::client::{self, AgentProc, Msg};
-use crate::cluster::protocol::{Command, Event};
-use crate::cluster::{push, transport};
-use crate::engine::argv::node_ranks;
-use crate::kit::schema::{Kit, Role};
+use crate::cluster::protocol::Command;
+use crate::cluster::transport;
+use crate::kit::schema::Kit;
 use crate::node::preflight::PreflightInput;
 use crate::weights::listing::WeightTree;
 
@@ -33,10 +31,8 @@ pub trait ClusterReporter: Send + Sync {
 /// Why the supervisor could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("cannot find the spark-kit executable")]
-    SelfExe(#[source] std::io::Error),
     #[error(transparent)]
-    Agent(#[from] client::AgentError),
+    Spawn(#[from] SpawnError),
     #[error(transparent)]
     Preflight(bringup::GateError),
     #[error(transparent)]
@@ -60,7 +56,7 @@ impl ClusterError {
     pub fn hint(&self) -> Option<String> {
         match self {
             Self::Preflight(e) | Self::Weights(e) => e.hint(),
-            Self::SelfExe(_) | Self::Agent(_) | Self::NoHello { .. } => None,
+            Self::Spawn(_) | Self::NoHello { .. } => None,
             Self::Replace(_) => {
                 Some("remove them by hand (`docker rm -f <name>` on that node), then run up again".into())
             }
@@ -70,12 +66,9 @@ impl ClusterError {
 
 pub(super) struct Sup<'a> {
     pub(super) kit: &'a Kit,
-    exe: PathBuf,
-    sha: String,
     logs: PathBuf,
     pub(super) rep: &'a dyn ClusterReporter,
-    pub(super) agents: Vec<Option<AgentProc>>,
-    tx: Sender<Msg>,
+    pub(super) agents: Agents,
     pub(super) h: Handles,
     clock: Instant,
     /// Per node: what its heartbeats showed so far.
@@ -84,11 +77,26 @@ pub(super) struct Sup<'a> {
     pub(super) baseline: Vec<Option<u64>>,
     /// Nodes told to stop, and whether they reported stopped.
     pub(super) stopping: BTreeMap<usize, bool>,
+    /// When nodes told to stop that have not answered are given up on.
+    stop_deadline: Option<Instant>,
     pub(super) engines_started: bool,
+    /// Engines were started in this run and every agent answers (closing the agents then
+    /// waits for their stop).
+    pub(super) engines_ran: bool,
+    /// The bring-up gates' inputs.
+    pub(super) gates: &'a Gates,
+    /// The gate in progress and what it waits for (`bringup.rs`).
+    pub(super) work: Work,
+    /// The weights' rsync running beside the loop.
+    pub(super) sync: Option<SyncJob>,
+    /// Why a gate failed (`run`'s error).
+    pub(super) failure: Option<ClusterError>,
 }
 
 /// What runs through the agents before any engine starts.
 pub struct Gates {
+    /// The spark-kit binary every node runs (pushed to nodes whose copy differs).
+    pub exe: PathBuf,
     /// Preflight on every node (`None`: skipped with `--skip-preflight`).
     pub preflight: Option<PreflightInput>,
     /// The head's weight trees, which every node must hold (empty: each node makes its own model).
@@ -97,9 +105,34 @@ pub struct Gates {
     pub home: PathBuf,
     /// `up --replace`: every agent first removes what an earlier run of the kit left.
     pub replace: bool,
+    /// How long each gate waits for the agents.
+    pub limits: GateLimits,
+    /// Start the engines after the gates (`false`: the run ends, exit 0, once they pass).
+    pub engines: bool,
 }
 
-/// Run the deployment until stopped; returns the exit code.
+impl Gates {
+    /// The gates of this run, in order.
+    #[must_use]
+    pub fn order(&self) -> Vec<Gate> {
+        let mut g = vec![Gate::Agents];
+        if self.replace {
+            g.push(Gate::Replace);
+        }
+        g.extend([Gate::Preflight, Gate::Weights]);
+        if self.engines {
+            g.push(Gate::Engines);
+        }
+        g
+    }
+}
+
+/// How often the loop looks at the stop request, the timers and the gates' deadlines.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Run the deployment until stopped; returns the exit code. Everything the agents (and the
+/// weights' rsync) say arrives on one channel and is received here only, between looks at the
+/// stop request: a stop is seen at every gate and state.
 pub fn run(
     kit: &Kit,
     logs: &Path,
@@ -108,104 +141,49 @@ pub fn run(
     h: Handles,
     gates: &Gates,
 ) -> Result<i32, ClusterError> {
-    let exe = crate::dirs::self_exe().map_err(ClusterError::SelfExe)?;
-    let sha = push::sha256_file(&exe).map_err(ClusterError::SelfExe)?;
-    let (tx, rx) = mpsc::channel();
     let n = kit.nodes.len();
     let mut sup = Sup {
         kit,
-        exe,
-        sha,
         logs: logs.to_path_buf(),
         rep,
-        agents: (0..n).map(|_| None).collect(),
-        tx,
+        agents: Agents::new(kit, &gates.exe, logs)?,
         h,
         clock: Instant::now(),
         watch: vec![Watch::default(); n],
         baseline: vec![None; n],
         stopping: BTreeMap::new(),
+        stop_deadline: None,
         engines_started: false,
+        engines_ran: false,
+        gates,
+        work: Work::Idle,
+        sync: None,
+        failure: None,
     };
     let mut machine = Machine::new(policy);
-    for i in 0..n {
-        sup.spawn_agent(i)?;
+    if gates.preflight.is_none() {
+        rep.line("==> preflight skipped (--skip-preflight)");
     }
-    sup.wait_hello(&rx)?;
-    if gates.replace {
-        sup.replace(&rx)?;
-    }
-    match &gates.preflight {
-        Some(input) => sup.preflight(&rx, input)?,
-        None => rep.line("==> preflight skipped (--skip-preflight)"),
-    }
-    sup.weights(&rx, gates)?;
-    sup.start_all(&rx);
+    let mut actions = machine.begin(&gates.order());
     let mut restart_at: Option<(Instant, Instant)> = None;
     loop {
         let mut inputs = Vec::new();
-        match rx.recv_timeout(Duration::from_millis(500)) {
-            Ok(msg) => inputs.extend(sup.on_msg(msg, machine.state)),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
-        }
-        // With a gateway, the stop waits for its drain (503 to new requests, in-flight finish).
-        if sup.h.stop_due() && !matches!(machine.state, State::Stopping | State::Stopped | State::Failed) {
-            inputs.push(Input::StopRequested);
-        }
-        if let Some((due, mem_deadline)) = restart_at {
-            let now = Instant::now();
-            if now >= due && (sup.memory_recovered() || now >= mem_deadline) {
-                if now >= mem_deadline && !sup.memory_recovered() {
-                    rep.line("warning: memory did not return to the idle baseline within 300 s; restarting anyway");
-                }
-                restart_at = None;
-                inputs.push(Input::RestartDue);
+        for action in std::mem::take(&mut actions) {
+            match sup.perform(action, &mut restart_at) {
+                Ok(more) => inputs.extend(more),
+                Err(code) => return sup.finish(code),
             }
+        }
+        if inputs.is_empty() {
+            inputs = sup.listen(&machine, &mut restart_at);
         }
         for input in inputs {
             let now = sup.clock.elapsed().as_secs_f64();
-            let actions = machine.step(input, now);
+            let passed = matches!(input, Input::GatePassed(_));
+            actions.extend(machine.step(input, now));
             sup.publish(&machine);
-            for action in actions {
-                match action {
-                    Action::StartAll => {
-                        sup.rep.line("==> starting the engines again");
-                        for i in 0..n {
-                            if sup.agents[i].is_none() {
-                                if let Err(e) = sup.spawn_agent(i) {
-                                    sup.rep.line(&format!("error: {e}"));
-                                }
-                            }
-                        }
-                        sup.start_all(&rx);
-                    }
-                    Action::StopAll { reason } => {
-                        sup.rep.line(&format!("==> stopping every engine: {reason}"));
-                        sup.stop_all();
-                        if sup.stopping.is_empty() {
-                            let more = machine.step(Input::AllStopped, sup.clock.elapsed().as_secs_f64());
-                            sup.publish(&machine);
-                            if let Some(code) = sup.follow(&more, &mut restart_at) {
-                                return Ok(code);
-                            }
-                        }
-                    }
-                    Action::DumpStacks => sup.dump_stacks(),
-                    other => {
-                        if let Some(code) = sup.follow(&[other], &mut restart_at) {
-                            return Ok(code);
-                        }
-                    }
-                }
-            }
-        }
-        if sup.stopping.values().all(|done| *done) && !sup.stopping.is_empty() {
-            sup.stopping.clear();
-            let now = sup.clock.elapsed().as_secs_f64();
-            let actions = machine.step(Input::AllStopped, now);
-            sup.publish(&machine);
-            if let Some(code) = sup.follow(&actions, &mut restart_at) {
-                return Ok(code);
+            if passed && !gates.engines && machine.gate.is_none() && machine.state == State::Starting {
+                return sup.finish(0);
             }
         }
         sup.publish(&machine);
@@ -213,170 +191,119 @@ pub fn run(
 }
 
 impl Sup<'_> {
-    fn follow(&mut self, actions: &[Action], restart_at: &mut Option<(Instant, Instant)>) -> Option<i32> {
-        for a in actions {
-            match a {
-                Action::ScheduleRestart { delay_s } => {
-                    self.rep.line(&format!(
-                        "==> restarting in {delay_s:.0} s (once memory is back near the idle baseline)"
-                    ));
-                    let now = Instant::now();
-                    *restart_at = Some((now + Duration::from_secs_f64(*delay_s), now + Duration::from_secs(300)));
+    /// One turn of listening: the stop request, one message (or a quiet tick), the timers.
+    fn listen(&mut self, machine: &Machine, restart_at: &mut Option<(Instant, Instant)>) -> Vec<Input> {
+        let mut inputs = Vec::new();
+        // With a gateway, the stop waits for its drain (503 to new requests, in-flight finish).
+        if self.h.stop_due() && !matches!(machine.state, State::Stopping | State::Stopped | State::Failed) {
+            return vec![Input::StopRequested];
+        }
+        if let Some(note) = self.agents.hear(TICK) {
+            let (msg, more) = self.gate_hears(note);
+            inputs.extend(more);
+            if let Some(msg) = msg {
+                inputs.extend(self.on_msg(msg, machine.state));
+            }
+        } else {
+            inputs.extend(self.gate_tick());
+        }
+        if let Some((due, mem_deadline)) = *restart_at {
+            let now = Instant::now();
+            if now >= due && (self.memory_recovered() || now >= mem_deadline) {
+                if now >= mem_deadline && !self.memory_recovered() {
+                    self.rep
+                        .line("warning: memory did not return to the idle baseline within 300 s; restarting anyway");
                 }
-                Action::Exit(code) => {
-                    self.close_agents();
-                    return Some(*code);
-                }
-                Action::ServingAgain => {
-                    let endpoint = crate::deploy::ports::Ports::of(&self.kit).endpoint();
-                    self.rep.line(&format!("==> serving again after the restart: {endpoint}"));
-                }
-                _ => {}
+                *restart_at = None;
+                inputs.push(Input::RestartDue);
             }
         }
-        None
-    }
-
-    fn agent_log(&self, i: usize) -> PathBuf {
-        self.logs.join(format!("{}-{}-agent.log", self.kit.name, self.kit.nodes[i].name))
-    }
-
-    fn spawn_agent(&mut self, i: usize) -> Result<(), ClusterError> {
-        let node = &self.kit.nodes[i];
-        let rank = node_ranks(self.kit)[i];
-        let agent = client::spawn(node, i, rank, &self.exe, &self.sha, &self.agent_log(i), self.tx.clone())?;
-        self.agents[i] = Some(agent);
-        Ok(())
-    }
-
-    fn send(&mut self, i: usize, cmd: &Command) -> bool {
-        self.agents[i].as_mut().is_some_and(|a| a.send(cmd))
-    }
-
-    fn wait_hello(&mut self, rx: &Receiver<Msg>) -> Result<(), ClusterError> {
-        let mut seen = vec![false; self.kit.nodes.len()];
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !seen.iter().all(|s| *s) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(Msg::Event(i, Event::Hello { pid, .. })) => {
-                    seen[i] = true;
-                    self.with_node(i, |n| {
-                        n.agent_pid = Some(pid);
-                        n.agent_connected = true;
-                    });
+        if self.stop_deadline.is_some_and(|d| Instant::now() >= d) {
+            self.stop_deadline = None;
+            // Only agents whose engine never reported started are given up on (an agent stuck
+            // before its engine ran); one with an engine is waited for, as it drains and kills it.
+            for (i, done) in &mut self.stopping {
+                if !*done && self.watch[*i].started_at.is_none() {
+                    self.rep.line(&format!(
+                        "error: node {} did not answer the stop (its engine never reported started); closing its agent",
+                        self.kit.nodes[*i].name
+                    ));
+                    *done = true;
                 }
-                Ok(Msg::Event(i, Event::Heartbeat { mem_available, .. })) => {
-                    if self.baseline[i].is_none() {
-                        self.baseline[i] = mem_available;
+            }
+            if self.watch.iter().all(|w| w.started_at.is_none()) {
+                // No engine runs: closing the agents need not wait for a drain.
+                self.engines_ran = false;
+            }
+        }
+        if !self.stopping.is_empty() && self.stopping.values().all(|done| *done) {
+            self.stopping.clear();
+            self.stop_deadline = None;
+            inputs.push(Input::AllStopped);
+        }
+        inputs
+    }
+
+    /// Perform one action of the machine: more inputs, or `Err(code)` to end the run.
+    fn perform(&mut self, action: Action, restart_at: &mut Option<(Instant, Instant)>) -> Result<Vec<Input>, i32> {
+        match action {
+            Action::RunGate(gate) => return Ok(self.begin_gate(gate)),
+            Action::StartAll => {
+                self.rep.line("==> starting the engines again");
+                for i in 0..self.kit.nodes.len() {
+                    if !self.agents.connected(i) {
+                        if let Err(e) = self.agents.spawn(self.kit, i) {
+                            self.rep.line(&format!("error: {e}"));
+                        }
                     }
                 }
-                Ok(Msg::Event(..)) => {}
-                Ok(Msg::Lost(i)) => return Err(self.no_hello(i, 0)),
-                Err(RecvTimeoutError::Disconnected) => return Err(self.no_hello(0, 0)),
-                Err(RecvTimeoutError::Timeout) => {
-                    let i = seen.iter().position(|s| !s).unwrap_or(0);
-                    return Err(self.no_hello(i, 60));
+                return Ok(self.begin_gate(Gate::Engines));
+            }
+            Action::StopAll { reason } => {
+                self.rep.line(&format!("==> stopping every engine: {reason}"));
+                self.cancel_gate();
+                self.stop_all();
+                if self.stopping.is_empty() {
+                    return Ok(vec![Input::AllStopped]);
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// `--replace`: every agent removes what an earlier run of the kit left on its node.
-    fn replace(&mut self, rx: &Receiver<Msg>) -> Result<(), ClusterError> {
-        self.rep.line("==> --replace: removing what an earlier run left on every node");
-        let mut pending: BTreeMap<usize, ()> = BTreeMap::new();
-        for i in 0..self.kit.nodes.len() {
-            if self.send(i, &Command::Clean { kit: Box::new(self.kit.clone()) }) {
-                pending.insert(i, ());
+            Action::DumpStacks => self.dump_stacks(),
+            Action::ScheduleRestart { delay_s } => {
+                self.rep
+                    .line(&format!("==> restarting in {delay_s:.0} s (once memory is back near the idle baseline)"));
+                let now = Instant::now();
+                *restart_at = Some((now + Duration::from_secs_f64(delay_s), now + Duration::from_secs(300)));
+            }
+            Action::Exit(code) => return Err(code),
+            Action::ServingAgain => {
+                let endpoint = crate::deploy::ports::Ports::of(self.kit).endpoint();
+                self.rep.line(&format!("==> serving again after the restart: {endpoint}"));
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut held = Vec::new();
-        let mut failed = None;
-        while !pending.is_empty() && Instant::now() < deadline {
-            match rx.recv_timeout(Duration::from_millis(500)) {
-                Ok(Msg::Event(i, Event::Cleaned { removed })) if pending.remove(&i).is_some() => {
-                    let what = if removed.is_empty() { "nothing".to_string() } else { removed.join(", ") };
-                    self.rep.line(&format!("    {}: removed {what}", self.kit.nodes[i].name));
-                }
-                Ok(Msg::Event(i, Event::Error { message, .. })) if pending.remove(&i).is_some() => {
-                    failed = Some(format!("--replace on {}: {message}", self.kit.nodes[i].name));
-                }
-                Ok(m) => held.push(m),
-                Err(_) => {}
-            }
-        }
-        for m in held {
-            let _ = self.tx.send(m);
-        }
-        if let Some(i) = pending.keys().next() {
-            failed.get_or_insert(format!("--replace: {} did not answer within 120 s", self.kit.nodes[*i].name));
-        }
-        match failed {
-            Some(why) => {
-                self.close_agents();
-                Err(ClusterError::Replace(why))
-            }
-            None => Ok(()),
-        }
+        Ok(Vec::new())
     }
 
-    /// Preflight on every node through its agent; a failure stops the bring-up.
-    fn preflight(&mut self, rx: &Receiver<Msg>, input: &PreflightInput) -> Result<(), ClusterError> {
-        self.rep.line("==> preflight on every node");
-        let mut held = Vec::new();
-        let agents = &mut self.agents;
-        let facts = bringup::gather_all(
-            self.kit,
-            input,
-            rx,
-            &mut |i, cmd| agents[i].as_mut().is_some_and(|a| a.send(cmd)),
-            &mut held,
-        );
-        for m in held {
-            let _ = self.tx.send(m);
-        }
-        let report = bringup::evaluate(self.kit, input, &facts);
-        for line in bringup::report_lines(&report) {
-            self.rep.line(&line);
-        }
-        bringup::gate(&report).map_err(|e| {
-            self.close_agents();
-            ClusterError::Preflight(e)
-        })
-    }
-
-    /// Weights on every node (rsync first when the kit says so); a difference stops the bring-up.
-    fn weights(&mut self, rx: &Receiver<Msg>, gates: &Gates) -> Result<(), ClusterError> {
-        let w = bringup::WeightsCtx {
-            kit: self.kit,
-            roots: gates.weight_trees.clone(),
-            home: gates.home.clone(),
-            exe: &self.exe,
-            sha: &self.sha,
+    /// The run ends: what runs beside the loop stops, the agents are closed; a gate's failure
+    /// is the result.
+    fn finish(&mut self, code: i32) -> Result<i32, ClusterError> {
+        self.cancel_gate();
+        // Before any engine ran the agents have nothing to stop: they exit on hang-up at once
+        // (one that does not is killed after a second).
+        let grace = if self.engines_ran {
+            Duration::from_secs(u64::from(self.kit.engine.shutdown_timeout_s) + 20)
+        } else {
+            Duration::from_secs(1)
         };
-        let mut held = Vec::new();
-        let agents = &mut self.agents;
-        let rep = self.rep;
-        let result =
-            bringup::weights(&w, rx, &mut |i, cmd| agents[i].as_mut().is_some_and(|a| a.send(cmd)), &mut held, &|l| {
-                rep.line(l)
-            });
-        for m in held {
-            let _ = self.tx.send(m);
+        self.agents.close(grace);
+        match self.failure.take() {
+            Some(e) => Err(e),
+            None => Ok(code),
         }
-        result.map_err(|e| {
-            self.close_agents();
-            ClusterError::Weights(e)
-        })
     }
 
-    fn no_hello(&mut self, i: usize, secs: u64) -> ClusterError {
-        let log = self.agent_log(i);
+    pub(super) fn no_hello(&mut self, i: usize, secs: u64) -> ClusterError {
+        let log = self.agents.log(self.kit, i);
         let tail = crate::engine::venv::tail(&log, 3).replace('\n', " | ");
-        self.close_agents();
         ClusterError::NoHello {
             node: format!("{} ({tail})", self.kit.nodes[i].name),
             secs,
@@ -384,66 +311,18 @@ impl Sup<'_> {
         }
     }
 
-    /// Workers first (each must report Started), then the head.
-    fn start_all(&mut self, rx: &Receiver<Msg>) {
-        let mut order: Vec<usize> =
-            (0..self.kit.nodes.len()).filter(|i| self.kit.nodes[*i].role != Role::Head).collect();
-        order.extend((0..self.kit.nodes.len()).filter(|i| self.kit.nodes[*i].role == Role::Head));
-        for (k, i) in order.iter().copied().enumerate() {
-            self.watch[i].restart();
-            self.rep.line(&format!("==> node {}: starting its engine", self.kit.nodes[i].name));
-            let cmd = Command::Start { kit: Box::new(self.kit.clone()), node: i };
-            if !self.send(i, &cmd) {
-                self.rep.line(&format!("error: node {} has no agent connection", self.kit.nodes[i].name));
-                continue;
-            }
-            // Wait for this node to report its engine started before starting the next one,
-            // processing (and re-queueing) other messages meanwhile.
-            if k + 1 < order.len() {
-                let deadline = Instant::now() + Duration::from_secs(u64::from(self.kit.engine.ready_timeout_s));
-                let mut held = Vec::new();
-                while Instant::now() < deadline {
-                    match rx.recv_timeout(Duration::from_millis(500)) {
-                        Ok(Msg::Event(j, ev))
-                            if j == i && matches!(ev, Event::Started { .. } | Event::Error { .. }) =>
-                        {
-                            held.push(Msg::Event(j, ev));
-                            break;
-                        }
-                        Ok(Msg::Event(j, Event::Phase { name, detail })) => {
-                            self.rep.line(&format!("    {}: {name}: {detail}", self.kit.nodes[j].name));
-                        }
-                        Ok(m) => held.push(m),
-                        Err(_) => {}
-                    }
-                }
-                for m in held {
-                    let _ = self.tx.send(m);
-                }
-            }
-        }
-        self.engines_started = true;
-    }
-
     fn stop_all(&mut self) {
         let drain = u64::from(self.kit.engine.shutdown_timeout_s) + 5;
         self.stopping.clear();
         for i in 0..self.kit.nodes.len() {
-            if self.send(i, &Command::Stop { drain_s: drain }) {
+            if self.agents.send(i, &Command::Stop { drain_s: drain }) {
                 self.stopping.insert(i, false);
             }
         }
+        // An agent answers a stop at once when its engine has not started; it reports its
+        // engine stopped after at most its drain.
+        self.stop_deadline = Some(Instant::now() + Duration::from_secs(2));
         self.engines_started = false;
-    }
-
-    fn close_agents(&mut self) {
-        for a in self.agents.iter_mut().flatten() {
-            a.hang_up();
-        }
-        let deadline = Instant::now() + Duration::from_secs(u64::from(self.kit.engine.shutdown_timeout_s) + 20);
-        for a in self.agents.iter_mut().flatten() {
-            a.reap(deadline);
-        }
     }
 
     fn memory_recovered(&self) -> bool {

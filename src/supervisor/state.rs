@@ -23,9 +23,39 @@ pub enum State {
     Failed,
 }
 
+/// A bring-up gate: while `Starting`, the machine walks through the gates the run asks for, in
+/// this order, each ended by [`Input::GatePassed`] or [`Input::GateFailed`]; a stop request at
+/// any of them ends the run at once. After [`Gate::Engines`] the deployment is booting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gate {
+    /// Start one agent per node and wait for each one's hello.
+    Agents,
+    /// `up --replace`: every agent removes what an earlier run left.
+    Replace,
+    /// Preflight on every node.
+    Preflight,
+    /// The weights on every node (the rsync included).
+    Weights,
+    /// The engines started, workers first (each reports started before the next).
+    Engines,
+}
+
+impl Gate {
+    /// Before [`Gate::Engines`] no engine runs: a stop or a failure only closes the agents.
+    #[must_use]
+    pub const fn before_engines(self) -> bool {
+        !matches!(self, Gate::Engines)
+    }
+}
+
 /// What happened.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
+    /// The current bring-up gate is done.
+    GatePassed(Gate),
+    /// The current bring-up gate (before the engines) cannot pass.
+    GateFailed { gate: Gate, why: String },
     /// The head's API answered `/health` 200 for the first time since start.
     HeadReady,
     /// A periodic health probe of the head.
@@ -47,7 +77,9 @@ pub enum Input {
 /// What the supervisor must do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// Start the engines (workers first, then the head).
+    /// Begin this bring-up gate.
+    RunGate(Gate),
+    /// Start the engines (workers first, then the head): the [`Gate::Engines`] gate again.
     StartAll,
     /// Stop every engine (drain, then kill the groups).
     StopAll { reason: String },
@@ -90,12 +122,35 @@ pub struct Machine {
     /// The deployment was Ready at least once. Failures before that are boot failures:
     /// deterministic more often than not, so they fail at once instead of restarting.
     pub ever_ready: bool,
+    /// The bring-up gate in progress (while `Starting`).
+    pub gate: Option<Gate>,
+    /// The gates still to come, in order.
+    pub upcoming: Vec<Gate>,
 }
 
 impl Machine {
     #[must_use]
     pub fn new(policy: Policy) -> Self {
-        Self { state: State::Starting, policy, restarts: Vec::new(), reason: None, ever_ready: false }
+        Self {
+            state: State::Starting,
+            policy,
+            restarts: Vec::new(),
+            reason: None,
+            ever_ready: false,
+            gate: None,
+            upcoming: Vec::new(),
+        }
+    }
+
+    /// Begin the bring-up through `gates` (in order); returns the first gate's action.
+    pub fn begin(&mut self, gates: &[Gate]) -> Vec<Action> {
+        self.upcoming = gates.iter().rev().copied().collect();
+        self.next_gate()
+    }
+
+    fn next_gate(&mut self) -> Vec<Action> {
+        self.gate = self.upcoming.pop();
+        self.gate.map(Action::RunGate).into_iter().collect()
     }
 
     /// Restarts within the window ending at `now`.
@@ -112,6 +167,7 @@ impl Machine {
 
     fn fail_or_restart(&mut self, why: String, now: f64, dump: bool) -> Vec<Action> {
         self.reason = Some(why.clone());
+        self.gate = None;
         let mut out = Vec::new();
         if dump {
             out.push(Action::DumpStacks);
@@ -135,11 +191,27 @@ impl Machine {
     /// Apply one input at time `now`; returns the actions to perform, in order.
     pub fn step(&mut self, input: Input, now: f64) -> Vec<Action> {
         use State as S;
+        let early = self.gate.is_some_and(Gate::before_engines);
         match (self.state, input) {
             (S::Stopping | S::Stopped | S::Failed, Input::StopRequested) => Vec::new(),
+            (S::Starting, Input::GatePassed(g)) if self.gate == Some(g) => self.next_gate(),
+            (S::Starting, Input::GateFailed { gate, why }) if self.gate == Some(gate) => {
+                self.state = S::Failed;
+                self.gate = None;
+                self.reason = Some(why);
+                vec![Action::Exit(1)]
+            }
+            // Before the engines nothing runs that needs stopping: the run ends at once.
+            (S::Starting, Input::StopRequested) if early => {
+                self.state = S::Stopped;
+                self.gate = None;
+                self.reason = Some("stop requested".into());
+                vec![Action::Exit(0)]
+            }
             (S::Failed, Input::AllStopped) => vec![Action::Exit(1)],
             (_, Input::StopRequested) => {
                 self.state = S::Stopping;
+                self.gate = None;
                 self.reason = Some("stop requested".into());
                 vec![Action::StopAll { reason: "stop requested".into() }]
             }
@@ -176,6 +248,7 @@ impl Machine {
             (S::Restarting, Input::AllStopped) => vec![Action::ScheduleRestart { delay_s: self.backoff(now) }],
             (S::Restarting, Input::RestartDue) => {
                 self.state = S::Starting;
+                self.gate = Some(Gate::Engines);
                 vec![Action::StartAll]
             }
             // Anything else (late health results, duplicate reports) changes nothing.
@@ -263,12 +336,55 @@ mod tests {
     }
 
     #[test]
+    fn the_gates_in_order_then_booting() {
+        let mut m = Machine::new(Policy::default());
+        let all = [Gate::Agents, Gate::Replace, Gate::Preflight, Gate::Weights, Gate::Engines];
+        assert_eq!(m.begin(&all), vec![Action::RunGate(Gate::Agents)]);
+        assert!(m.step(Input::GatePassed(Gate::Weights), 0.0).is_empty(), "not the gate in progress");
+        for w in all.windows(2) {
+            assert_eq!(m.step(Input::GatePassed(w[0]), 0.0), vec![Action::RunGate(w[1])]);
+            assert_eq!((m.state, m.gate), (State::Starting, Some(w[1])));
+        }
+        assert!(m.step(Input::GatePassed(Gate::Engines), 0.0).is_empty());
+        assert_eq!((m.state, m.gate), (State::Starting, None));
+        m.step(Input::HeadReady, 1.0);
+        assert_eq!(m.state, State::Ready);
+    }
+
+    #[test]
+    fn a_gate_that_fails_ends_the_run_and_a_stop_at_a_gate_ends_it_at_once() {
+        for gate in [Gate::Agents, Gate::Replace, Gate::Preflight, Gate::Weights] {
+            let mut m = Machine::new(Policy::default());
+            m.begin(&[gate, Gate::Engines]);
+            let a = m.step(Input::GateFailed { gate, why: "no".into() }, 0.0);
+            assert_eq!((a, m.state, m.reason.as_deref()), (vec![Action::Exit(1)], State::Failed, Some("no")));
+            let mut m = Machine::new(Policy::default());
+            m.begin(&[gate, Gate::Engines]);
+            assert_eq!(m.step(Input::StopRequested, 0.0), vec![Action::Exit(0)]);
+            assert_eq!((m.state, m.gate), (State::Stopped, None));
+        }
+        // Once engines are being started, a stop stops them first.
+        let mut m = Machine::new(Policy::default());
+        m.begin(&[Gate::Engines]);
+        assert_eq!(m.step(Input::StopRequested, 0.0), vec![Action::StopAll { reason: "stop requested".into() }]);
+        assert_eq!(m.state, State::Stopping);
+        // A failed start while the engines gate runs is a boot failure.
+        let mut m = Machine::new(Policy::default());
+        m.begin(&[Gate::Engines]);
+        m.step(Input::StartFailed { node: "w".into(), why: "x".into() }, 0.0);
+        assert_eq!((m.state, m.gate), (State::Failed, None));
+    }
+
+    #[test]
     fn ready_after_a_restart_says_serving_again() {
         let mut m = Machine::new(Policy::default());
+        m.begin(&[Gate::Engines]);
+        m.step(Input::GatePassed(Gate::Engines), 0.0);
         assert!(m.step(Input::HeadReady, 0.0).is_empty(), "the first ready is up's banner, not 'again'");
         m.step(dead(), 10.0);
         m.step(Input::AllStopped, 11.0);
         m.step(Input::RestartDue, 20.0);
+        m.step(Input::GatePassed(Gate::Engines), 21.0);
         assert_eq!(m.step(Input::HeadReady, 30.0), vec![Action::ServingAgain]);
     }
 

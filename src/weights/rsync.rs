@@ -3,13 +3,18 @@
 //! (size and mtime), and both ends run under `spark-kit __cache-capped` so the page cache the
 //! copy leaves behind stays under `model.sync_page_cache` (on GB10 page cache is GPU memory).
 //! Command construction is pure and unit-tested; running it streams rsync's per-file lines.
+//! rsync runs in a process group of its own (with the ssh client and, over an `exec` transport,
+//! the node's end), so the supervisor can stop the whole copy at once: SIGTERM makes rsync keep
+//! a partial file in `.rsync-partial/` (never under its final name).
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::cluster::transport::{shell_quote, ssh_base, ssh_target};
-use crate::kit::schema::Node;
+use crate::kit::schema::{Node, Transport};
 
 /// Why a sync failed.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +50,7 @@ pub fn argv(node: &Node, src: &Path, dst: &str, local_bin: &str, remote_bin: &st
         .map(String::from),
     );
     v.push("-e".into());
-    v.push(ssh_base(node).iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "));
+    v.push(remote_shell(node).iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "));
     v.push("--rsync-path".into());
     let mut remote = capped(remote_bin);
     remote.push("rsync".into());
@@ -53,20 +58,43 @@ pub fn argv(node: &Node, src: &Path, dst: &str, local_bin: &str, remote_bin: &st
     v.push(format!("{}/", src.display()));
     // A remote path without a leading `/` is relative to the login's home directory.
     let dst = dst.strip_prefix("~/").unwrap_or(dst).trim_end_matches('/');
-    v.push(format!("{}:{dst}/", ssh_target(node)));
+    let host = if node.transport == Transport::Ssh { ssh_target(node) } else { node.name.clone() };
+    v.push(format!("{host}:{dst}/"));
     v
+}
+
+/// The remote shell rsync starts the node's end with: ssh, or the node's `exec` prefix running
+/// `sh`, which (as ssh's login shell does) starts in the node's home and joins the command's
+/// words (`$0` is the host word rsync puts first).
+fn remote_shell(node: &Node) -> Vec<String> {
+    match node.transport {
+        Transport::Ssh => ssh_base(node),
+        Transport::Exec | Transport::Local => {
+            let mut v = node.exec_prefix.clone();
+            v.extend(["sh".into(), "-c".into(), "cd && eval \"$*\"".into()]);
+            v
+        }
+    }
 }
 
 /// Run the copy; each line rsync prints goes to `line`.
 pub fn run(node: &Node, argv: &[String], line: &dyn Fn(&str)) -> Result<(), SyncError> {
+    run_in_group(node, argv, line, &AtomicI32::new(0))
+}
+
+/// [`run`], in a process group of its own whose id is stored in `group` while it runs (0
+/// before and after): signal it with `killpg` to stop the copy and everything it started.
+pub fn run_in_group(node: &Node, argv: &[String], line: &dyn Fn(&str), group: &AtomicI32) -> Result<(), SyncError> {
     let (prog, args) = argv.split_first().ok_or_else(|| SyncError::Start(std::io::ErrorKind::InvalidInput.into()))?;
     let mut child = Command::new(prog)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .map_err(SyncError::Start)?;
+    group.store(i32::try_from(child.id()).unwrap_or(0), Ordering::SeqCst);
     let err = child.stderr.take().map(|e| {
         std::thread::spawn(move || {
             let mut lines: Vec<String> = BufReader::new(e).lines().map_while(Result::ok).collect();
@@ -79,7 +107,9 @@ pub fn run(node: &Node, argv: &[String], line: &dyn Fn(&str)) -> Result<(), Sync
             line(&l);
         }
     }
-    let status = child.wait().map_err(SyncError::Start)?;
+    let status = child.wait();
+    group.store(0, Ordering::SeqCst);
+    let status = status.map_err(SyncError::Start)?;
     let errs = err.and_then(|h| h.join().ok()).unwrap_or_default();
     for e in &errs {
         line(e);
@@ -126,5 +156,16 @@ mod tests {
         assert_eq!(v[v.len() - 1], "me@10.0.0.2:.cache/hf/models--o--n/");
         let abs = argv(&node, Path::new("/w/m"), "/models/m/", "/bin/sk", "/r/sk", 1);
         assert_eq!(abs[abs.len() - 1], "me@10.0.0.2:/models/m/");
+        // Over an exec transport: the prefix runs the node's end from the node's home.
+        let node = Node {
+            name: "b".into(),
+            transport: Transport::Exec,
+            exec_prefix: vec!["ip".into(), "netns".into(), "exec".into(), "b".into()],
+            ..Node::default()
+        };
+        let v = argv(&node, Path::new("/w/m"), "~/m", "/bin/sk", "/r/sk", 1);
+        let e = &v[v.iter().position(|a| a == "-e").unwrap() + 1];
+        assert_eq!(e, r#"ip netns exec b sh -c 'cd && eval "$*"'"#);
+        assert_eq!(v[v.len() - 1], "b:m/");
     }
 }

@@ -223,59 +223,45 @@ fn rsync_copies_resumes_and_caps_the_page_cache() {
     assert!(report[0].1 <= 192 * MIB, "the capped copy kept {} MiB cached (cap 64 MiB)", report[0].1 / MIB);
 }
 
-/// A real node agent on the sshd node (spawned over ssh as `up` does) and the bring-up weight
-/// step (`bringup::weights`, the code `up` runs) driven through it.
+/// The supervisor's own bring-up (`supervisor::run`, the code `up` runs) through its agent gate
+/// and its weights gate only: a real node agent on the sshd node, spawned over ssh as `up` does.
 struct Bringup {
-    agent: spark_kit::cluster::client::AgentProc,
-    rx: std::sync::mpsc::Receiver<spark_kit::cluster::client::Msg>,
-    held: Vec<spark_kit::cluster::client::Msg>,
-    exe: PathBuf,
-    sha: String,
     /// The head's home: trees under it are sent home-relative (the node reads its own home).
     home: PathBuf,
 }
 
+struct Lines(std::sync::Mutex<Vec<String>>);
+
+impl spark_kit::supervisor::ClusterReporter for Lines {
+    fn line(&self, text: &str) {
+        self.0.lock().unwrap().push(text.to_string());
+    }
+}
+
 impl Bringup {
-    fn start(node: &Node, home: &Path) -> Self {
-        use spark_kit::cluster::client;
-        use spark_kit::cluster::protocol::Event;
-        let exe = PathBuf::from(env!("CARGO_BIN_EXE_spark-kit"));
-        let sha = spark_kit::cluster::push::sha256_file(&exe).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let mut agent = client::spawn(node, 1, 1, &exe, &sha, &home.join("agent.log"), tx).unwrap();
-        let mut held = Vec::new();
-        let hello = client::wait_for(&rx, 1, Duration::from_secs(60), &mut held, |ev| {
-            matches!(ev, Event::Hello { .. }).then_some(())
-        });
-        if let Err(e) = hello {
-            agent.hang_up();
-            panic!("the agent did not say hello: {e}");
-        }
-        Self { agent, rx, held, exe, sha, home: home.to_path_buf() }
+    fn start(_node: &Node, home: &Path) -> Self {
+        Self { home: home.to_path_buf() }
     }
 
-    /// `bringup::weights` for `root` under `kit`: its result and the lines it printed.
+    /// The weights gate for `root` under `kit`: its result and the lines it printed.
     fn weights(
         &mut self,
         kit: &spark_kit::kit::schema::Kit,
         root: &Path,
-    ) -> (Result<(), spark_kit::supervisor::bringup::GateError>, Vec<String>) {
-        use spark_kit::supervisor::bringup::{self, WeightsCtx};
-        let roots = vec![listing::WeightTree { what: "model", path: root.to_path_buf() }];
-        let w = WeightsCtx { kit, roots, home: self.home.clone(), exe: &self.exe, sha: &self.sha };
-        let lines = std::sync::Mutex::new(Vec::new());
-        let agent = &mut self.agent;
-        let r = bringup::weights(&w, &self.rx, &mut |_, cmd| agent.send(cmd), &mut self.held, &|l| {
-            lines.lock().unwrap().push(l.to_string());
-        });
-        (r, lines.into_inner().unwrap())
-    }
-}
-
-impl Drop for Bringup {
-    fn drop(&mut self) {
-        self.agent.hang_up();
-        self.agent.reap(Instant::now() + Duration::from_secs(10));
+    ) -> (Result<(), spark_kit::supervisor::ClusterError>, Vec<String>) {
+        use spark_kit::supervisor::{self, state::Policy, Gates, Handles};
+        let gates = Gates {
+            exe: PathBuf::from(env!("CARGO_BIN_EXE_spark-kit")),
+            preflight: None,
+            weight_trees: vec![listing::WeightTree { what: "model", path: root.to_path_buf() }],
+            home: self.home.clone(),
+            replace: false,
+            limits: supervisor::GateLimits::default(),
+            engines: false,
+        };
+        let lines = Lines(std::sync::Mutex::new(Vec::new()));
+        let r = supervisor::run(kit, &self.home, Policy::default(), &lines, Handles::new(kit), &gates);
+        (r.map(|code| assert_eq!(code, 0)), lines.0.into_inner().unwrap())
     }
 }
 

@@ -244,6 +244,10 @@ fn check(arrows: &[Arrow], commands: &BTreeSet<String>) -> Vec<String> {
             ("deploy", t) if !DEPLOY_IMPORTS.contains(&t) => {
                 Some("deploy/ is the bottom layer: it imports only kit and dirs")
             }
+            ("runtime", "agent" | "supervisor" | "cluster") => {
+                Some("runtime/ runs the engine on a node: it imports neither side nor the wire")
+            }
+            ("engine", "runtime") => Some("engine/ is the vLLM process under the runtimes: it never picks one"),
             (f, t) if LEAVES.contains(&f) && t != f => Some("a leaf module (sse) imports nothing of the crate"),
             ("gateway", "bench") | ("bench", "gateway") => {
                 Some("bench and gateway share only the sse leaf, never each other's code")
@@ -444,6 +448,47 @@ fn the_deployment_layer_imports_only_kit_and_dirs() {
     let bad = check(&arrows(&files), &cmds());
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert!(bad[0].contains("src/deploy/mod.rs:1") && bad[0].contains("bottom layer"), "{bad:?}");
+}
+
+#[test]
+fn the_runtimes_import_no_side_and_the_engine_no_runtime() {
+    let files =
+        [("runtime/docker.rs", "use crate::agent::run;"), ("engine/process.rs", "use crate::runtime::Runtime;")];
+    let bad = check(&arrows(&files), &cmds());
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(bad[0].contains("src/runtime/docker.rs:1") && bad[1].contains("src/engine/process.rs:1"), "{bad:?}");
+}
+
+/// Where code outside `src/runtime/` (and the kit's own schema and checks) still decides by
+/// `engine.runtime`: each is a debt of issue 28 item 3 (the runtime's room). The list may only
+/// shrink: a new place fails, and so does a listed place that no longer branches.
+const RUNTIME_BRANCHES_LEFT: [&str; 6] = [
+    "commands/image.rs",
+    "commands/image_lock.rs",
+    "commands/preflight_input.rs",
+    "commands/setup.rs",
+    "fabric/mod.rs",
+    "node/preflight.rs",
+];
+
+#[test]
+fn nothing_outside_the_runtime_choice_branches_on_engine_runtime() {
+    let mut found = std::collections::BTreeSet::new();
+    for (rel, src) in sources() {
+        if rel.starts_with("runtime/") || rel.starts_with("kit/") {
+            continue;
+        }
+        let code = strip(&src);
+        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+        if code.contains("Runtime::Docker") || code.contains("Runtime::Venv") || code.contains("engine.runtime ") {
+            found.insert(rel);
+        }
+    }
+    let left: std::collections::BTreeSet<String> = RUNTIME_BRANCHES_LEFT.iter().map(|s| (*s).to_string()).collect();
+    let new: Vec<&String> = found.difference(&left).collect();
+    assert!(new.is_empty(), "these branch on engine.runtime outside src/runtime/ (ask the runtime instead): {new:?}");
+    let gone: Vec<&String> = left.difference(&found).collect();
+    assert!(gone.is_empty(), "no longer branch on engine.runtime: remove them from RUNTIME_BRANCHES_LEFT: {gone:?}");
 }
 
 #[test]

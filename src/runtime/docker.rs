@@ -6,7 +6,7 @@
 //! the container's cgroup, and stopping or losing the engine ends in `docker stop -t
 //! <shutdown_timeout_s>` then `docker rm -f` ([`container::stop`]).
 
-use super::runtime::{makes_model, prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
+use super::{makes_model, prepare_files, LaunchEnv, Leftover, Prepared, Runtime, UpError, UpReporter};
 use crate::deploy::Deployment;
 use crate::engine::docker::{cache_mounts, container_name, run_argv, Mounts};
 use crate::engine::process::{self, Engine};
@@ -92,6 +92,13 @@ impl Runtime for Docker {
     fn remove_leftovers(&self, kit: &Kit) -> Result<Vec<String>, UpError> {
         container::remove_deployment(&kit.name)
             .map_err(docker_error(format!("removing the containers of kit {}", kit.name)))
+    }
+
+    /// The kit's containers on this node (by label), running or not.
+    fn leftovers(&self, kit: &Kit) -> Result<Vec<Leftover>, UpError> {
+        let listed = dockerctl::containers_labelled(dockerctl::LABEL_KIT, &kit.name)
+            .map_err(docker_error(format!("listing the containers of kit {}", kit.name)))?;
+        Ok(listed.into_iter().map(|c| Leftover { name: c.name, id: c.id, state: c.state }).collect())
     }
 
     /// `docker stop -t <shutdown_timeout_s>`, then `docker rm -f` if it is still listed.

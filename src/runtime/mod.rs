@@ -1,7 +1,13 @@
-//! How a node runs its engine. A [`Runtime`] prepares what the engine needs on this node and
-//! starts it as one process group the agent can watch and stop; [`for_kit`] is the one place
-//! that picks the runtime from `engine.runtime`. Nothing else in the agent or the supervisor
-//! branches on the runtime: a new one (docker) is a new file beside `venv.rs` and one arm here.
+//! How a node runs its engine, in its own room: a [`Runtime`] prepares what the engine needs on
+//! this node and starts it as one process group the agent can watch and stop, and answers for
+//! what a run of it leaves behind ([`Runtime::leftovers`], [`Runtime::remove_leftovers`]);
+//! [`for_kit`] is the one place that picks the runtime from `engine.runtime`. The venv runtime
+//! is [`venv`], the docker runtime [`docker`]; a new runtime is a new file here and one arm in
+//! [`for_kit`]. Used by the node agent (`agent/`) and by `status` (leftovers); `engine/` keeps
+//! the vLLM process, its argv and its log.
+
+pub mod docker;
+pub mod venv;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -10,12 +16,13 @@ use std::time::Instant;
 
 use crate::deploy::Deployment;
 use crate::engine::process::{self, Engine, LineSink};
-use crate::engine::{dockerctl, image_build, model, overlay, recipe::Recipe, venv};
+use crate::engine::venv as setup;
+use crate::engine::{dockerctl, image_build, model, overlay, recipe::Recipe};
 use crate::kit::schema::{Kit, ModelSource, Runtime as RuntimeKind};
 use crate::memguard::EngineRef;
 
 /// Progress of a bring-up on one node; the agent turns it into `Phase` events.
-pub trait UpReporter: venv::SetupReporter {
+pub trait UpReporter: setup::SetupReporter {
     /// A phase (`setup`, `model`, `engine`, `health`) starts.
     fn phase(&self, name: &str, detail: &str);
     /// It finished after `secs`.
@@ -79,13 +86,27 @@ pub trait Runtime {
     fn remove_leftovers(&self, _kit: &Kit) -> Result<Vec<String>, UpError> {
         Ok(Vec::new())
     }
+
+    /// What an earlier run of `kit` left on this node, without removing it (`status` names
+    /// them when no deployment runs). The venv runtime leaves nothing.
+    fn leftovers(&self, _kit: &Kit) -> Result<Vec<Leftover>, UpError> {
+        Ok(Vec::new())
+    }
+}
+
+/// One thing a run left behind ([`Runtime::leftovers`]): docker, a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leftover {
+    pub name: String,
+    pub id: String,
+    pub state: String,
 }
 
 /// The engine venv of `kit`: `engine.venv`, or the cache entry its requirements build.
 pub fn engine_venv(kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<PathBuf, UpError> {
     Ok(match &deploy.venv {
         Some(p) => p.clone(),
-        None => venv::ensure(deploy.cache(), &Recipe::load(&kit.engine.requirements)?, rep)?.path,
+        None => setup::ensure(deploy.cache(), &Recipe::load(&kit.engine.requirements)?, rep)?.path,
     })
 }
 
@@ -126,8 +147,8 @@ pub fn makes_model(kit: &Kit) -> bool {
 /// The runtime `kit.engine.runtime` names.
 pub fn for_kit(kit: &Kit) -> Result<Box<dyn Runtime>, UpError> {
     match kit.engine.runtime {
-        RuntimeKind::Venv => Ok(Box::new(super::venv::Venv)),
-        RuntimeKind::Docker => Ok(Box::new(super::docker::Docker)),
+        RuntimeKind::Venv => Ok(Box::new(venv::Venv)),
+        RuntimeKind::Docker => Ok(Box::new(docker::Docker)),
     }
 }
 
@@ -139,7 +160,7 @@ pub enum UpError {
     #[error(transparent)]
     Image(#[from] image_build::ImageError),
     #[error("{0}")]
-    Setup(#[from] venv::SetupError),
+    Setup(#[from] setup::SetupError),
     #[error(transparent)]
     Recipe(#[from] crate::engine::recipe::RecipeError),
     #[error(transparent)]

@@ -2,7 +2,7 @@
 //! materialised overlay and the model on this machine; the engine is this binary's hidden
 //! `__engine`, which embeds the venv's CPython and runs `vllm serve` on its main thread.
 
-use super::runtime::{prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
+use super::{prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
 use crate::deploy::Deployment;
 use crate::engine::argv;
 use crate::engine::process::{self, Engine, Launch};
