@@ -275,6 +275,10 @@ impl Sup<'_> {
                 *restart_at = Some((now + Duration::from_secs_f64(delay_s), now + Duration::from_secs(300)));
             }
             Action::Exit(code) => return Err(code),
+            Action::ServingAgain => {
+                let endpoint = crate::deploy::ports::Ports::of(self.kit).endpoint();
+                self.rep.line(&format!("==> serving again after the restart: {endpoint}"));
+            }
         }
         Ok(Vec::new())
     }

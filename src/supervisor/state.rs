@@ -89,6 +89,8 @@ pub enum Action {
     ScheduleRestart { delay_s: f64 },
     /// End the supervisor with this exit code.
     Exit(i32),
+    /// The deployment serves again after a restart (say so).
+    ServingAgain,
 }
 
 /// Restart policy.
@@ -219,8 +221,12 @@ impl Machine {
             }
             (S::Starting, Input::HeadReady) => {
                 self.state = S::Ready;
-                self.ever_ready = true;
-                Vec::new()
+                let again = std::mem::replace(&mut self.ever_ready, true);
+                if again {
+                    vec![Action::ServingAgain]
+                } else {
+                    Vec::new()
+                }
             }
             (S::Ready, Input::Health(false)) => {
                 self.state = S::Degraded;
@@ -367,6 +373,19 @@ mod tests {
         m.begin(&[Gate::Engines]);
         m.step(Input::StartFailed { node: "w".into(), why: "x".into() }, 0.0);
         assert_eq!((m.state, m.gate), (State::Failed, None));
+    }
+
+    #[test]
+    fn ready_after_a_restart_says_serving_again() {
+        let mut m = Machine::new(Policy::default());
+        m.begin(&[Gate::Engines]);
+        m.step(Input::GatePassed(Gate::Engines), 0.0);
+        assert!(m.step(Input::HeadReady, 0.0).is_empty(), "the first ready is up's banner, not 'again'");
+        m.step(dead(), 10.0);
+        m.step(Input::AllStopped, 11.0);
+        m.step(Input::RestartDue, 20.0);
+        m.step(Input::GatePassed(Gate::Engines), 21.0);
+        assert_eq!(m.step(Input::HeadReady, 30.0), vec![Action::ServingAgain]);
     }
 
     #[test]
