@@ -50,6 +50,11 @@ impl SetupReporter for PhaseEvents<'_> {
         }
     }
     fn step_done(&self, _: &str, _: f64) {}
+    fn still(&self, label: &str, secs: f64) {
+        if let Ok(mut o) = self.out.lock() {
+            o.emit(&Event::Phase { name: "setup".into(), detail: format!("{label}: still running, {secs:.0} s") });
+        }
+    }
 }
 impl UpReporter for PhaseEvents<'_> {
     fn phase(&self, name: &str, detail: &str) {

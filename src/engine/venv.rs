@@ -5,7 +5,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -25,7 +25,12 @@ pub trait SetupReporter {
     fn step(&self, index: usize, total: usize, label: &str);
     /// The step finished after `secs` seconds.
     fn step_done(&self, label: &str, secs: f64);
+    /// The step is still running after `secs` seconds (every [`STILL_EVERY`]: no quiet minute).
+    fn still(&self, _label: &str, _secs: f64) {}
 }
+
+/// How often a running step says it is still running.
+pub const STILL_EVERY: Duration = Duration::from_secs(10);
 
 /// Reporter that reports nothing (tests, `--quiet`).
 pub struct Silent;
@@ -145,7 +150,7 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     for (i, step) in plan.iter().enumerate() {
         reporter.step(i + 1, total, &step.label);
         let t = Instant::now();
-        run_step(&step.label, &step.argv, &uv_cache, &mut log_file, &log)?;
+        run_step(&step.label, &step.argv, &uv_cache, (&mut log_file, &log), (reporter, STILL_EVERY))?;
         reporter.step_done(&step.label, t.elapsed().as_secs_f64());
     }
     reporter.step(total, total, "check the venv");
@@ -178,13 +183,13 @@ fn run_step(
     label: &str,
     argv: &[String],
     uv_cache: &Path,
-    log: &mut fs::File,
-    log_path: &Path,
+    (log, log_path): (&mut fs::File, &Path),
+    (reporter, every): (&dyn SetupReporter, Duration),
 ) -> Result<(), SetupError> {
     let _ = writeln!(log, "\n$ {}", argv.join(" "));
     let out_log = log.try_clone().map_err(io("cannot write", log_path))?;
     let err_log = log.try_clone().map_err(io("cannot write", log_path))?;
-    let status = Command::new(&argv[0])
+    let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(out_log)
@@ -193,13 +198,34 @@ fn run_step(
         .env("UV_CACHE_DIR", uv_cache)
         .env("UV_PYTHON_DOWNLOADS", "never")
         .env("UV_NO_PROGRESS", "1")
-        .status()
+        .spawn()
         .map_err(|e| SetupError::Step {
             label: label.into(),
             status: format!("cannot start {}: {e}", argv[0]),
             tail: String::new(),
             log: log_path.into(),
         })?;
+    let (started, mut said) = (Instant::now(), Duration::ZERO);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => {
+                return Err(SetupError::Step {
+                    label: label.into(),
+                    status: format!("cannot wait for {}: {e}", argv[0]),
+                    tail: tail(log_path, 15),
+                    log: log_path.into(),
+                })
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let t = started.elapsed();
+        if t >= said + every {
+            said = t;
+            reporter.still(label, t.as_secs_f64());
+        }
+    };
     if status.success() {
         return Ok(());
     }
@@ -257,5 +283,41 @@ fn check_imports(
         code.push_str(&format!("print('{name}', m.version('{name}'))\n"));
     }
     let argv = vec![python.to_string_lossy().into_owned(), "-c".into(), code];
-    run_step("check the venv", &argv, uv_cache, log, log_path)
+    run_step("check the venv", &argv, uv_cache, (log, log_path), (&Silent, STILL_EVERY))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Said(Mutex<Vec<(String, f64)>>);
+    impl SetupReporter for Said {
+        fn step(&self, _: usize, _: usize, _: &str) {}
+        fn step_done(&self, _: &str, _: f64) {}
+        fn still(&self, label: &str, secs: f64) {
+            self.0.lock().unwrap().push((label.to_string(), secs));
+        }
+    }
+
+    #[test]
+    fn a_long_step_says_it_is_still_running() {
+        let d = tempfile::tempdir().unwrap();
+        let log_path = d.path().join("log");
+        let mut log = fs::File::create(&log_path).unwrap();
+        let said = Said::default();
+        let argv: Vec<String> = ["sh", "-c", "sleep 0.75"].iter().map(|s| (*s).to_string()).collect();
+        let every = Duration::from_millis(200);
+        run_step("install the locked requirements", &argv, d.path(), (&mut log, &log_path), (&said, every)).unwrap();
+        let said = said.0.into_inner().unwrap();
+        assert!(said.len() >= 2, "{said:?}");
+        assert!(said.iter().all(|(l, _)| l == "install the locked requirements"), "{said:?}");
+        assert!(said.windows(2).all(|w| w[1].1 > w[0].1), "{said:?}");
+        // A quick step says nothing.
+        let argv: Vec<String> = ["true"].iter().map(|s| (*s).to_string()).collect();
+        let quiet = Said::default();
+        run_step("quick", &argv, d.path(), (&mut log, &log_path), (&quiet, every)).unwrap();
+        assert!(quiet.0.into_inner().unwrap().is_empty());
+    }
 }

@@ -91,6 +91,9 @@ impl SetupReporter for WriterLines<'_> {
         self.write(&format!("setup [{index}/{total}] {label}"));
     }
     fn step_done(&self, _: &str, _: f64) {}
+    fn still(&self, label: &str, secs: f64) {
+        self.write(&format!("setup {label}: still running, {secs:.0} s"));
+    }
 }
 
 /// Writes `[i/n] label …` and `done in X s` lines to stderr.
@@ -121,6 +124,9 @@ impl SetupReporter for Lines {
     }
     fn step_done(&self, label: &str, secs: f64) {
         self.line(&format!("  setup {label}: done in {secs:.1} s"));
+    }
+    fn still(&self, label: &str, secs: f64) {
+        self.line(&format!("  setup {label}: still running, {secs:.0} s"));
     }
 }
 
