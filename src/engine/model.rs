@@ -3,7 +3,8 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::deploy::Deployment;
 use crate::kit::schema::{Kit, ModelSource};
@@ -55,7 +56,25 @@ fn overlay_tag(overlay: &Path) -> String {
 
 /// Make (once) or find the model directory of `kit`. Tiny models are made by the overlay's
 /// maker with the engine venv's python into `<data_dir>/models/`, its output logged to `log`.
-pub fn ensure(kit: &Kit, d: &Deployment, python: &Path, overlay: &Path, log: &Path) -> Result<PathBuf, ModelError> {
+/// Making a tiny model takes a minute on a first start: `still` hears the seconds spent every
+/// [`crate::engine::venv::STILL_EVERY`] while a maker runs (no quiet minute).
+pub fn ensure(
+    kit: &Kit,
+    d: &Deployment,
+    python: &Path,
+    overlay: &Path,
+    log: &Path,
+    still: &dyn Fn(f64),
+) -> Result<PathBuf, ModelError> {
+    ensure_every(kit, d, (python, overlay, log), (still, crate::engine::venv::STILL_EVERY))
+}
+
+fn ensure_every(
+    kit: &Kit,
+    d: &Deployment,
+    (python, overlay, log): (&Path, &Path, &Path),
+    still: (&dyn Fn(f64), Duration),
+) -> Result<PathBuf, ModelError> {
     let data_dir = &d.data_dir;
     match kit.model.source {
         ModelSource::Local => {
@@ -67,28 +86,16 @@ pub fn ensure(kit: &Kit, d: &Deployment, python: &Path, overlay: &Path, log: &Pa
             }
         }
         ModelSource::Hub => hub_snapshot(d, &kit.model.repo, &kit.model.revision),
-        ModelSource::TinyExl3 => make_tiny_exl3(data_dir, python, overlay, log),
+        ModelSource::TinyExl3 => make_tiny_exl3(data_dir, python, overlay, log, still),
         ModelSource::TinyDense => {
             let maker = overlay.join("tools/make_tiny_model.py");
             let dir = tiny_dir(data_dir, "tiny-dense", &overlay_tag(overlay));
             if dir.join("config.json").exists() && dir.join("model.safetensors").exists() {
                 return Ok(dir);
             }
-            if let Some(p) = log.parent() {
-                let _ = fs::create_dir_all(p);
-            }
-            let out =
-                fs::File::create(log).map_err(|source| ModelError::MakerStart { python: python.into(), source })?;
-            let err = out.try_clone().map_err(|source| ModelError::MakerStart { python: python.into(), source })?;
-            let status = Command::new(python)
-                .arg(&maker)
-                .arg("--out")
-                .arg(&dir)
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                .status()
-                .map_err(|source| ModelError::MakerStart { python: python.into(), source })?;
+            let mut cmd = Command::new(python);
+            cmd.arg(&maker).arg("--out").arg(&dir);
+            let status = run_maker(&mut cmd, python, log, still)?;
             if status.success() && dir.join("config.json").exists() {
                 Ok(dir)
             } else {
@@ -98,9 +105,43 @@ pub fn ensure(kit: &Kit, d: &Deployment, python: &Path, overlay: &Path, log: &Pa
     }
 }
 
+/// Runs a maker with its output to `log`, telling `still` the seconds spent every period.
+fn run_maker(
+    cmd: &mut Command,
+    python: &Path,
+    log: &Path,
+    (still, every): (&dyn Fn(f64), Duration),
+) -> Result<ExitStatus, ModelError> {
+    if let Some(p) = log.parent() {
+        let _ = fs::create_dir_all(p);
+    }
+    let start = |source| ModelError::MakerStart { python: python.into(), source };
+    let out = fs::File::create(log).map_err(start)?;
+    let err = out.try_clone().map_err(start)?;
+    let mut child = cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn().map_err(start)?;
+    let (started, mut said) = (Instant::now(), Duration::ZERO);
+    loop {
+        if let Some(status) = child.try_wait().map_err(start)? {
+            return Ok(status);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let t = started.elapsed();
+        if t >= said + every {
+            said = t;
+            still(t.as_secs_f64());
+        }
+    }
+}
+
 /// The tiny EXL3 model (`tools/make_tiny_exl3.py`), made once into
 /// `<data_dir>/models/tiny-exl3-<overlay tag>`, with its dense twin beside it ([`dense_twin`]).
-fn make_tiny_exl3(data_dir: &Path, python: &Path, overlay: &Path, log: &Path) -> Result<PathBuf, ModelError> {
+fn make_tiny_exl3(
+    data_dir: &Path,
+    python: &Path,
+    overlay: &Path,
+    log: &Path,
+    still: (&dyn Fn(f64), Duration),
+) -> Result<PathBuf, ModelError> {
     let maker = overlay.join("tools/make_tiny_exl3.py");
     let dir = tiny_dir(data_dir, "tiny-exl3", &overlay_tag(overlay));
     let twin = dense_twin(&dir);
@@ -108,23 +149,9 @@ fn make_tiny_exl3(data_dir: &Path, python: &Path, overlay: &Path, log: &Path) ->
     if made(&dir) && made(&twin) {
         return Ok(dir);
     }
-    if let Some(p) = log.parent() {
-        let _ = fs::create_dir_all(p);
-    }
-    let start = |source| ModelError::MakerStart { python: python.into(), source };
-    let out = fs::File::create(log).map_err(start)?;
-    let err = out.try_clone().map_err(start)?;
-    let status = Command::new(python)
-        .arg(&maker)
-        .arg("--out")
-        .arg(&dir)
-        .arg("--dense-out")
-        .arg(&twin)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .status()
-        .map_err(start)?;
+    let mut cmd = Command::new(python);
+    cmd.arg(&maker).arg("--out").arg(&dir).arg("--dense-out").arg(&twin);
+    let status = run_maker(&mut cmd, python, log, still)?;
     if status.success() && made(&dir) && made(&twin) {
         Ok(dir)
     } else {
@@ -194,8 +221,30 @@ mod tests {
             made(&want);
             made(&dense_twin(&want));
             // Found, not made: the python is absent, so a made-again model would fail.
-            let got = ensure(&kit, &d, Path::new("/nonexistent/python"), &overlay, &t.path().join("log"));
+            let got = ensure(&kit, &d, Path::new("/nonexistent/python"), &overlay, &t.path().join("log"), &|_| {});
             assert_eq!(got.unwrap(), want, "{source:?}");
         }
+    }
+
+    #[test]
+    fn a_maker_that_takes_a_while_says_it_is_still_running() {
+        let t = tempfile::tempdir().unwrap();
+        let (data, tag) = (t.path().join("data"), crate::engine::overlay::tag());
+        let overlay = t.path().join("overlay").join(&tag);
+        // A "python" that runs the maker's argv as a shell: sleeps, then writes what it was asked.
+        let python = t.path().join("python");
+        fs::write(&python, "#!/bin/sh\nsleep 0.55\nmkdir -p \"$3\" && echo '{}' > \"$3/config.json\"\n").unwrap();
+        fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let mut kit = crate::kit::builtin_kit("tiny-cpu");
+        kit.model.source = ModelSource::TinyDense;
+        let d = deployment(t.path(), &data);
+        let heard = std::sync::Mutex::new(Vec::new());
+        let still = |s: f64| heard.lock().unwrap().push(s);
+        let log = t.path().join("logs/maker.log");
+        let got = ensure_every(&kit, &d, (&python, &overlay, &log), (&still, Duration::from_millis(150)));
+        assert_eq!(got.unwrap(), served_dir(&kit, &d, &tag).unwrap());
+        let heard = heard.into_inner().unwrap();
+        assert!(heard.len() >= 2, "{heard:?}");
+        assert!(heard.windows(2).all(|w| w[1] > w[0]), "{heard:?}");
     }
 }

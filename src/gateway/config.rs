@@ -131,12 +131,14 @@ impl GatewayConfig {
     /// The gateway of a kit: clients on `engine.host:engine.port`, the engine on
     /// `127.0.0.1:engine_port`, `engine.max_num_seqs` slots, the plan's limits, `keys` as read
     /// from `engine.api_keys` (the first is also sent to the engine, which `up` starts with
-    /// it), `engine.drain_timeout_s`. Validated.
+    /// it), `engine.drain_timeout_s`, `engine.header_timeout_s`, `engine.queue_wait_s`. Validated.
     pub fn from_kit(kit: &Kit, plan: &Plan, keys: Vec<String>, engine_port: u16) -> Result<Self, ConfigError> {
         let bind = bind_addr(&kit.engine.host, kit.engine.port)?;
         let slots = usize::try_from(kit.engine.max_num_seqs).unwrap_or(usize::MAX);
         let mut cfg = Self::new(bind, format!("http://127.0.0.1:{engine_port}"), keys, slots, Limits::from_plan(plan));
         cfg.drain_timeout = Duration::from_secs(u64::from(kit.engine.drain_timeout_s));
+        cfg.header_timeout = Duration::from_secs(u64::from(kit.engine.header_timeout_s));
+        cfg.queue_wait = Duration::from_secs(u64::from(kit.engine.queue_wait_s));
         cfg.priority = kit.engine.scheduling_policy == SchedulingPolicy::Priority;
         cfg.validate()?;
         Ok(cfg)

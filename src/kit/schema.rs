@@ -397,6 +397,11 @@ pub struct Engine {
     /// Seconds `down` / SIGTERM let the gateway's in-flight requests finish before the engine
     /// is stopped (new requests get 503 meanwhile).
     pub drain_timeout_s: u32,
+    /// Seconds the gateway gives a connection to send a request's head (start line and headers),
+    /// counted from the accept or the end of the previous response: also the idle keep-alive limit.
+    pub header_timeout_s: u32,
+    /// Seconds a request may wait in the gateway's queue for a slot before 503 + Retry-After.
+    pub queue_wait_s: u32,
     /// Seconds to wait for `/health` after start.
     pub ready_timeout_s: u32,
     /// Seconds without a new engine log line while booting before the job is declared hung.
@@ -441,6 +446,8 @@ impl Default for Engine {
             enforce_eager: false,
             shutdown_timeout_s: 30,
             drain_timeout_s: 30,
+            header_timeout_s: 15,
+            queue_wait_s: 30,
             ready_timeout_s: 1500,
             hang_timeout_s: 420,
             stall_timeout_s: 0,

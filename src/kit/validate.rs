@@ -254,6 +254,8 @@ fn engine(kit: &Kit, out: &mut Vec<Finding>) {
         }
     }
     range(out, "engine.drain_timeout_s", u64::from(e.drain_timeout_s), 0, 3600);
+    range(out, "engine.header_timeout_s", u64::from(e.header_timeout_s), 1, 3600);
+    range(out, "engine.queue_wait_s", u64::from(e.queue_wait_s), 1, 3600);
     if e.served_model_name.is_empty() {
         out.push(finding("engine.served_model_name", "empty", "name the model clients will ask for"));
     }

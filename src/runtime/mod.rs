@@ -128,11 +128,13 @@ pub fn prepare_files(
     rep.phase_done("setup", t.elapsed().as_secs_f64());
 
     let t = Instant::now();
-    rep.phase("model", &format!("{:?}", kit.model.source).to_lowercase());
+    let source = format!("{:?}", kit.model.source).to_lowercase();
+    rep.phase("model", &source);
     // Only the tiny makers run python; they are only asked for with a venv (`makes_model`).
     let python = venv.as_ref().map(|v| v.join("bin/python")).unwrap_or_default();
     let maker_log = logs.join(format!("{}-model-maker.log", kit.name));
-    let model = model::ensure(kit, deploy, &python, &overlay, &maker_log)?;
+    let still = |secs: f64| rep.phase("model", &format!("{source}: still being made, {secs:.0} s"));
+    let model = model::ensure(kit, deploy, &python, &overlay, &maker_log, &still)?;
     rep.phase_done("model", t.elapsed().as_secs_f64());
     let engram_env = crate::engram::engine_env(kit, deploy);
     Ok(Prepared { venv, overlay, model, logs, engram_env })

@@ -154,6 +154,10 @@ fn the_gateway_fronts_vllm_through_load_restart_and_drain() {
         format!("engine.internal_port={internal}"),
         "engine.max_num_seqs=2".into(),
         "engine.drain_timeout_s=120".into(),
+        // The bursts below judge "completed or 429 queue_full": on a loaded machine a stream queued
+        // behind 2 slots can wait past the default 30 s queue wait (then 503 queue_timeout, tested in
+        // tests/gateway/gateway_queue.rs), so the wait here is long.
+        "engine.queue_wait_s=600".into(),
         "engine.extra_args=[--enable-log-requests]".into(),
     ];
     let mut extra = Vec::new();

@@ -51,6 +51,22 @@ fn limits_are_the_plans_numbers() {
     assert_eq!(cfg.bind.port(), kit.engine.port);
 }
 
+/// Issue 29 item 2: the head-read (and keep-alive idle) timeout and the queue wait are kit keys.
+#[test]
+fn the_header_timeout_and_queue_wait_come_from_the_kit() {
+    let mut kit = reference_kit();
+    let p = reference_plan(&kit);
+    let cfg = GatewayConfig::from_kit(&kit, &p, vec![], 18000).unwrap();
+    assert_eq!((cfg.header_timeout.as_secs(), cfg.queue_wait.as_secs()), (15, 30));
+    kit.engine.header_timeout_s = 4;
+    kit.engine.queue_wait_s = 90;
+    let cfg = GatewayConfig::from_kit(&kit, &p, vec![], 18000).unwrap();
+    assert_eq!((cfg.header_timeout.as_secs(), cfg.queue_wait.as_secs()), (4, 90));
+    kit.engine.header_timeout_s = 0;
+    let f = spark_kit::kit::validate::validate(&kit);
+    assert!(f.iter().any(|f| f.key == "engine.header_timeout_s"), "{f:?}");
+}
+
 #[test]
 fn an_open_bind_without_keys_is_refused_at_config_load() {
     let mut kit = reference_kit();
