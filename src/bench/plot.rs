@@ -175,10 +175,11 @@ pub fn title(r: &BenchResult) -> String {
     )
 }
 
-fn upper(values: impl Iterator<Item = f64>) -> f64 {
+/// The top of a y axis: the largest value with `headroom` above it (1.0 when nothing is positive).
+pub(crate) fn axis_top(values: impl Iterator<Item = f64>, headroom: f64) -> f64 {
     let m = values.fold(0.0_f64, f64::max);
     if m > 0.0 {
-        m * 1.15
+        m * headroom
     } else {
         1.0
     }
@@ -232,7 +233,7 @@ fn decode_panel<DB: DrawingBackend>(
         return empty(area, "no decode measurements");
     }
     let xmax = r.decode.iter().map(|w| f64::from(w.concurrency)).fold(1.0, f64::max) + 1.0;
-    let ymax = upper(per.iter().chain(&agg).map(|p| p.1));
+    let ymax = axis_top(per.iter().chain(&agg).map(|p| p.1), 1.15);
     let mut chart = ChartBuilder::on(area)
         .caption(format!("Decode ({} tokens/stream)", r.settings.decode_tokens), ("sans-serif", 18))
         .margin(15)
@@ -284,7 +285,7 @@ fn prefill_panel<DB: DrawingBackend>(
         return empty(area, "no prefill measurements");
     }
     let (lo, hi) = log_range(points.iter().map(|p| p.0));
-    let ymax = upper(points.iter().map(|p| p.1));
+    let ymax = axis_top(points.iter().map(|p| p.1), 1.15);
     let mut chart = ChartBuilder::on(area)
         .caption(format!("Prefill ({} per length)", r.settings.prefill_repeats), ("sans-serif", 18))
         .margin(15)

@@ -6,7 +6,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::{Audit, Kind, Row};
-use crate::bench::plot::{log_range, title, DrawError, Panels, LABEL_OFFSET, SIZE};
+use crate::bench::plot::{axis_top, log_range, title, DrawError, Panels, LABEL_OFFSET, SIZE};
 use crate::bench::result::BenchResult;
 use crate::bench::sizes::length_label;
 
@@ -36,15 +36,6 @@ impl Panels for AuditPanels<'_> {
     }
 }
 
-fn top(values: impl Iterator<Item = f64>) -> f64 {
-    let m = values.fold(0.0_f64, f64::max);
-    if m > 0.0 {
-        m * 1.2
-    } else {
-        1.0
-    }
-}
-
 #[allow(clippy::cast_precision_loss)]
 fn decode_panel<DB: DrawingBackend>(
     rows: &[&Row],
@@ -54,7 +45,7 @@ fn decode_panel<DB: DrawingBackend>(
     let published: Vec<(f64, f64)> =
         rows.iter().enumerate().filter_map(|(i, r)| Some((i as f64, r.published?))).collect();
     let ids: Vec<String> = rows.iter().map(|r| r.id.replace("decode-", "").replace("-spec", "")).collect();
-    let ymax = top(ours.iter().chain(&published).map(|p| p.1));
+    let ymax = axis_top(ours.iter().chain(&published).map(|p| p.1), 1.2);
     let mut chart = ChartBuilder::on(area)
         .caption("Decode rows (tok/s/stream or aggregate, as published)", ("sans-serif", 16))
         .margin(15)
@@ -103,7 +94,7 @@ fn prefill_panel<DB: DrawingBackend>(
     let ours: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((at(r), r.ours?))).collect();
     let published: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((at(r), r.published?))).collect();
     let (lo, hi) = log_range(rows.iter().map(|r| at(r)));
-    let ymax = top(ours.iter().chain(&published).map(|p| p.1));
+    let ymax = axis_top(ours.iter().chain(&published).map(|p| p.1), 1.2);
     let caption = if scale >= 1.0 {
         "Prefill ladder".to_string()
     } else {
