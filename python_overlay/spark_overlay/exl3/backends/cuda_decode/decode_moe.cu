@@ -66,16 +66,32 @@ struct MoeArgs
     void* out; int out_dt;             // [bsz, H]
     int bsz, topk, H, I, n_local;
     const int64_t* tables;             // 9 x n_local pointers: g/u/d x trellis/suh/svh
-    float* xh;                         // [slots, 2, H]
+    float* xh;                         // [slots, 2, H] (fp16 when x16)
     float* gu;                         // [parts_a, slots, 2, I]
-    float* ah;                         // [slots, I]
+    float* ah;                         // [slots, I] (fp16 when x16)
     float* dd;                         // [parts_b, slots, H]
     int parts_a, parts_b;
+    int x16;                           // the tensor-core gemv: inputs xh and ah stored as fp16
 };
 
 __device__ __forceinline__ const void* table(const MoeArgs& a, int proj, int kind, int e)
 {
     return (const void*) a.tables[(proj * 3 + kind) * a.n_local + e];
+}
+
+// Stores 4 consecutive floats of a gemv input row (fp16 for the tensor-core gemv, else fp32)
+__device__ __forceinline__ void store_in4(const MoeArgs& a, float* base, size_t i, const float (&v)[4])
+{
+    if (a.x16)
+    {
+        __half2* dst = (__half2*) ((half*) base + i);
+        dst[0] = __floats2half2_rn(v[0], v[1]);
+        dst[1] = __floats2half2_rn(v[2], v[3]);
+    }
+    else
+    {
+        *(float4*) (base + i) = make_float4(v[0], v[1], v[2], v[3]);
+    }
 }
 
 __global__ void rot_in_kernel(const MoeArgs a)
@@ -100,8 +116,7 @@ __global__ void rot_in_kernel(const MoeArgs a)
     for (int i = 0; i < 4; ++i)
         v[i] = load_as_float(a.x, (int64_t) row * a.H + col + i, a.x_dt) * __half2float(suh[col + i]);
     had128(v[0], v[1], v[2], v[3], lane);
-    float4* dst = (float4*) (a.xh + ((size_t) slot * 2 + proj) * a.H + col);
-    *dst = make_float4(v[0], v[1], v[2], v[3]);
+    store_in4(a, a.xh, ((size_t) slot * 2 + proj) * a.H + col, v);
 }
 
 // GEMV over one projection for every row that picked the item's expert.
@@ -394,7 +409,7 @@ __global__ void mid_kernel(const MoeArgs a)
         v[i] = gg / (1.0f + __expf(-gg)) * uu * __half2float(ds[col + i]);
     }
     had128(v[0], v[1], v[2], v[3], lane);
-    *(float4*) (a.ah + (size_t) slot * a.I + col) = make_float4(v[0], v[1], v[2], v[3]);
+    store_in4(a, a.ah, (size_t) slot * a.I + col, v);
 }
 
 constexpr int OUT_MAX_TOPK = 8;  // picks per row the out kernel takes (a warp each)
@@ -451,6 +466,9 @@ __global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
 constexpr int STAGE_PDL = 32;   // spark_decode_moe's stages: launch with programmatic dependent launch
 constexpr int STAGE_OCC6 = 64;  // gemv kernels built for 6 blocks per SM (fewer registers)
 constexpr int STAGE_XS = 128;   // gemv kernels stage the inputs through shared memory (1-2 rows)
+constexpr int STAGE_MMA = 256;  // the tensor-core gemv (decode_mma.cuh), runs of 8 rows; fp16 inputs; 1..64 rows
+constexpr int STAGE_RUN16 = 512;  // with STAGE_MMA: runs of 16 rows (two MMAs per tile)
+constexpr int MMA_MAX_ROWS = 64;
 
 template <int K, int NR, int MINB>
 cudaError_t launch_gemv_b(int items, const MoeArgs& a, int down, int unroll, int pdl, int xs, cudaStream_t stream)
@@ -515,29 +533,35 @@ cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, int unrol
 
 }  // namespace
 
+#include "decode_mma.cuh"
+
 extern "C" {
 
 // Supported bits per weight of the own kernel (MUL1 only); the overlay falls back to exllamav3's
 // decode kernel for anything else.
 int spark_decode_supports(int k) { return k >= 2 && k <= 6; }
 
-// One MoE layer call, 1..8 rows (bsz * topk <= 64). Scratch sizes: xh slots*2*H, gu parts_a*slots*2*I,
-// ah slots*I, dd parts_b*slots*H floats. unroll: k-tiles streamed per warp (2, 4, 8, 16: see launch_gemv_b); stages: bit mask
+// One MoE layer call, 1..8 rows (bsz * topk <= 64; 1..64 rows with STAGE_MMA). Scratch sizes: xh slots*2*H,
+// gu parts_a*slots*2*I, ah slots*I, dd parts_b*slots*H floats. unroll: k-tiles streamed per warp (2, 4, 8, 16: see launch_gemv_b); stages: bit mask
 // of the five launches to run (31 = all; fewer only to time them one by one), plus STAGE_PDL (32): launch
 // them with programmatic dependent launch, STAGE_OCC6 (64): the gemv variant capped for 6 blocks per SM,
-// STAGE_XS (128): the gemv variant that stages its inputs through shared memory. Returns a cudaError_t.
+// STAGE_XS (128): the gemv variant that stages its inputs through shared memory, STAGE_MMA (256): the
+// tensor-core gemv (fp16 inputs, runs of 8 rows; + STAGE_RUN16: runs of 16). Returns a cudaError_t.
 int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* out,
                      int out_dt, int bsz, int topk, int H, int I, int n_local, const int64_t* tables, int k,
                      float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, int stages,
                      cudaStream_t stream)
 {
-    if (bsz < 1 || bsz > 8 || topk < 1 || topk > OUT_MAX_TOPK || H % 128 || I % 128 || !spark_decode_supports(k))
+    const int mma = (stages & STAGE_MMA) != 0;
+    if (bsz < 1 || bsz > (mma ? MMA_MAX_ROWS : 8) || topk < 1 || topk > OUT_MAX_TOPK || H % 128 || I % 128 || !spark_decode_supports(k))
         return (int) cudaErrorInvalidValue;
     if (parts_a < 1 || parts_b < 1) return (int) cudaErrorInvalidValue;
     MoeArgs a;
     a.x = x; a.x_dt = x_dt; a.ids = ids; a.ids64 = ids64; a.w = w; a.w_dt = w_dt; a.out = out; a.out_dt = out_dt;
     a.bsz = bsz; a.topk = topk; a.H = H; a.I = I; a.n_local = n_local; a.tables = tables;
     a.xh = xh; a.gu = gu; a.ah = ah; a.dd = dd; a.parts_a = parts_a; a.parts_b = parts_b;
+    a.x16 = mma;
+    const int nt = (stages & STAGE_RUN16) ? 2 : 1;
     const int slots = bsz * topk;
     const int pdl = (stages & STAGE_PDL) != 0;
     const int occ6 = (stages & STAGE_OCC6) != 0;
@@ -546,12 +570,16 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     cudaError_t err = cudaSuccess;
     if (stages & 1) err = launch(rot_in_kernel, (warps_in + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
-    if (stages & 2) err = launch_gemv_any(a, k, 0, bsz, unroll, pdl, occ6, xs, stream);
+    if (stages & 2)
+        err = mma ? launch_gemv_mma_any(a, k, 0, nt, unroll, pdl, occ6, stream)
+                  : launch_gemv_any(a, k, 0, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     const int warps_mid = slots * (I / 128);
     if (stages & 4) err = launch(mid_kernel, (warps_mid + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
-    if (stages & 8) err = launch_gemv_any(a, k, 1, bsz, unroll, pdl, occ6, xs, stream);
+    if (stages & 8)
+        err = mma ? launch_gemv_mma_any(a, k, 1, nt, unroll, pdl, occ6, stream)
+                  : launch_gemv_any(a, k, 1, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     if (stages & 16) err = launch(out_kernel, bsz * (H / 128), 32 * topk, stream, pdl, a);
     return (int) err;
