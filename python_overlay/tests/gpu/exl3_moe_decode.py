@@ -11,7 +11,7 @@ intermediate 2304 -> 1152 per rank, top-6, MUL1, K 3, random trellis words). Ste
 DIR/results-decode.json after each):
 1. accuracy: both TP-2 ranks summed vs the unsplit float32 CPU reference (8 experts routed) at
    1..64 rows for the served path (`Exl3FusedMoE`, decode kernel up to 64 rows), the same layer
-   under SPARK_EXL3_MOE_COOP=own (own kernel at 1..8 rows, after its load-time self-check) and =0
+   under SPARK_EXL3_MOE_COOP=own (own kernel at 1..64 rows, after its load-time self-check) and =0
    (sorted tiers), and 8-row chunks; the own kernel's output poisoned with NaN first; graph
    replay with new inputs vs eager.
 2. moe: every size in ROWS, each timed over 8 routings in turn (weights beyond the L2):

@@ -11,8 +11,8 @@ the device (`moe_schedule.route`), launches from shapes only
 
 Calls of up to `moe_schedule.DECODE_MAX_ROWS` rows (decode, speculation) take
 a decode kernel instead, chosen by `select.moe_decode()`: exllamav3's
-`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`), or at
-1..4 rows spark-kit's own kernel (`cuda_decode.own`), which falls back to
+`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`), or
+spark-kit's own kernel (`cuda_decode.own`: 1..64 rows on sm_80+, 1..4 below), which falls back to
 exllamav3's (logged once) where it cannot take the layer and fails closed when
 its self-check disagrees with exllamav3's.
 
