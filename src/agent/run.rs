@@ -16,11 +16,11 @@ use crate::deploy::Deployment;
 use crate::dirs::Dirs;
 use crate::engine::log_watch::LogWatch;
 use crate::engine::process::{Engine, LineSink};
-use crate::engine::venv::SetupReporter;
 use crate::kit::schema::{Kit, Role};
 use crate::memguard::EngineRef;
 use crate::node::facts::gather;
 use crate::node::probe::LocalProbe;
+use crate::runtime::venv::build::SetupReporter;
 use crate::runtime::{self, check_port, LaunchEnv, Runtime, UpReporter};
 
 /// Where events go (stdout in production, a buffer in tests).

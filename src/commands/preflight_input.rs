@@ -8,9 +8,9 @@ use super::checkpoint_source::checkpoint_in;
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
 use crate::deploy::Deployment;
-use crate::engine::{recipe::Recipe, venv};
 use crate::kit::schema::{Kit, Runtime};
 use crate::node::preflight::PreflightInput;
+use crate::runtime::venv::{build as venv, recipe::Recipe};
 use crate::settings::Settings;
 use crate::supervisor::control::request;
 

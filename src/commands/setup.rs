@@ -2,11 +2,10 @@
 
 use super::{io_failure, load, Context};
 use crate::cli::SetupArgs;
-use crate::engine::prune::prune;
-use crate::engine::{recipe::Recipe, venv};
 use crate::error::Failure;
 use crate::kit::schema::Runtime;
 use crate::reporter::Lines;
+use crate::runtime::venv::{build as venv, prune::prune, recipe::Recipe};
 
 pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = load::settings(&args.kit, &ctx.env)?;

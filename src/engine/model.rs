@@ -57,7 +57,7 @@ fn overlay_tag(overlay: &Path) -> String {
 /// Make (once) or find the model directory of `kit`. Tiny models are made by the overlay's
 /// maker with the engine venv's python into `<data_dir>/models/`, its output logged to `log`.
 /// Making a tiny model takes a minute on a first start: `still` hears the seconds spent every
-/// [`crate::engine::venv::STILL_EVERY`] while a maker runs (no quiet minute).
+/// [`crate::engine::STILL_EVERY`] while a maker runs (no quiet minute).
 pub fn ensure(
     kit: &Kit,
     d: &Deployment,
@@ -66,7 +66,7 @@ pub fn ensure(
     log: &Path,
     still: &dyn Fn(f64),
 ) -> Result<PathBuf, ModelError> {
-    ensure_every(kit, d, (python, overlay, log), (still, crate::engine::venv::STILL_EVERY))
+    ensure_every(kit, d, (python, overlay, log), (still, crate::engine::STILL_EVERY))
 }
 
 fn ensure_every(

@@ -6,7 +6,7 @@
 use super::checks::{Check, Verdict};
 use super::facts::DockerFacts;
 use super::probe::ProbeError;
-use crate::engine::dockerctl::{classify, parse_ps, DockerError};
+use crate::runtime::docker::dockerctl::{classify, parse_ps, DockerError};
 
 fn check(node: &str, id: &'static str, verdict: Verdict, message: String, fix: Option<String>) -> Check {
     Check { node: node.to_string(), id, verdict, message, fix }

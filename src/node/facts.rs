@@ -190,7 +190,7 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
 }
 
 fn docker(p: &dyn ProbeSource, req: &DockerRequest) -> DockerFacts {
-    let filter = format!("label={}={}", crate::engine::dockerctl::LABEL_KIT, req.kit);
+    let filter = format!("label={}={}", crate::runtime::docker::dockerctl::LABEL_KIT, req.kit);
     let image_id = p.run("docker-image", &["docker", "image", "inspect", "--format", "{{.Id}}", &req.image]);
     let id = image_id.as_ref().ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     DockerFacts {

@@ -16,10 +16,12 @@ use std::time::Instant;
 
 use crate::deploy::Deployment;
 use crate::engine::process::{self, Engine, LineSink};
-use crate::engine::venv as setup;
-use crate::engine::{dockerctl, image_build, model, overlay, recipe::Recipe};
+use crate::engine::{model, overlay};
 use crate::kit::schema::{Kit, ModelSource, Runtime as RuntimeKind};
 use crate::memguard::EngineRef;
+use docker::{dockerctl, image_build};
+use venv::build as setup;
+use venv::recipe::{Recipe, RecipeError};
 
 /// Progress of a bring-up on one node; the agent turns it into `Phase` events.
 pub trait UpReporter: setup::SetupReporter {
@@ -164,7 +166,7 @@ pub enum UpError {
     #[error("{0}")]
     Setup(#[from] setup::SetupError),
     #[error(transparent)]
-    Recipe(#[from] crate::engine::recipe::RecipeError),
+    Recipe(#[from] RecipeError),
     #[error(transparent)]
     Overlay(#[from] overlay::OverlayError),
     #[error(transparent)]

@@ -303,7 +303,7 @@ impl Sup<'_> {
 
     pub(super) fn no_hello(&mut self, i: usize, secs: u64) -> ClusterError {
         let log = self.agents.log(self.kit, i);
-        let tail = crate::engine::venv::tail(&log, 3).replace('\n', " | ");
+        let tail = crate::engine::process::tail(&log, 3).replace('\n', " | ");
         ClusterError::NoHello {
             node: format!("{} ({tail})", self.kit.nodes[i].name),
             secs,

@@ -188,7 +188,7 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     let mounts =
         env.d.ok(&["inspect", "--format", "{{range .Mounts}}{{.Source}}>{{.Destination}}>{{.RW}} {{end}}", &id]);
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    for c in spark_kit::engine::docker::CACHES {
+    for c in spark_kit::runtime::docker::run::CACHES {
         let want = format!("{home}/{c}>/root/{c}>true");
         assert!(mounts.split_whitespace().any(|m| m == want), "{want} not among {mounts}");
     }

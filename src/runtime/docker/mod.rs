@@ -1,18 +1,23 @@
 //! The docker runtime: the same overlay, model and Engram files as the venv runtime
 //! ([`prepare_files`]), the engine run as a container of `engine.docker_image`
-//! ([`crate::engine::docker::run_argv`]) whose `docker run` client is the engine process
+//! ([`run::run_argv`]) whose `docker run` client is the engine process
 //! ([`container::launch`]: own process group, tagged log, hang sink), the node's compile caches
-//! mounted read-write ([`crate::engine::docker::CACHES`]). The memory guard follows
+//! mounted read-write ([`run::CACHES`]). The memory guard follows
 //! the container's cgroup, and stopping or losing the engine ends in `docker stop -t
 //! <shutdown_timeout_s>` then `docker rm -f` ([`container::stop`]).
 
+pub mod container;
+pub mod dockerctl;
+pub mod image_build;
+pub mod run;
+
 use super::{makes_model, prepare_files, LaunchEnv, Leftover, Prepared, Runtime, UpError, UpReporter};
 use crate::deploy::Deployment;
-use crate::engine::docker::{cache_mounts, container_name, run_argv, Mounts};
+use crate::engine::argv;
 use crate::engine::process::{self, Engine};
-use crate::engine::{argv, container, dockerctl, image_build};
 use crate::kit::schema::Kit;
 use crate::memguard::EngineRef;
+use run::{cache_mounts, container_name, run_argv, Mounts};
 
 /// `engine.runtime: docker`.
 pub struct Docker;
