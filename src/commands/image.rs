@@ -5,7 +5,6 @@ use super::{io_failure, load, Context};
 use crate::cli::ImageSyncArgs;
 use crate::cluster::push;
 use crate::error::Failure;
-use crate::kit::schema::Runtime;
 use crate::reporter::WriterLines;
 use crate::runtime::docker::image_build;
 use crate::settings::Settings;
@@ -13,7 +12,7 @@ use crate::settings::Settings;
 /// The settings of a docker kit (`what`: the image work refused for a venv kit).
 fn docker_kit(args: &ImageSyncArgs, ctx: &Context<'_>, what: &str) -> Result<Settings, Failure> {
     let s = load::settings(&args.kit, &ctx.env)?;
-    if s.kit.engine.runtime != Runtime::Docker {
+    if crate::runtime::of(&s.kit).image(&s.kit).is_none() {
         return Err(Failure::usage(format!(
             "kit {} runs its engine in a venv (engine.runtime: venv): no image to {what}",
             s.kit.name

@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use super::checks::{node_checks, Check, NodeSpec, Verdict, VllmSource};
 use super::docker_checks;
-use super::facts::{DockerRequest, FactRequest, NodeFacts};
+use super::facts::{FactRequest, NodeFacts};
 use super::parity::cross_checks;
-use crate::kit::schema::{Kit, ModelSource, Node, Role, Runtime, Transport};
+use crate::kit::schema::{Kit, ModelSource, Node, Role, Transport};
 
 /// What preflight knows besides the kit.
 #[derive(Debug, Clone, Default)]
@@ -112,12 +112,12 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
     }
 }
 
-/// Where the kit's engine gets its vLLM: the image itself, unless the image mounts the venv.
+/// Where the kit's engine gets its vLLM, as its runtime says: the engine venv, or the image itself.
 fn vllm_source(kit: &Kit) -> VllmSource {
-    if kit.engine.runtime == Runtime::Docker && !kit.engine.docker_mount_venv {
-        VllmSource::Image
-    } else {
+    if crate::runtime::of(kit).vllm_in_venv(kit) {
         VllmSource::Venv
+    } else {
+        VllmSource::Image
     }
 }
 
@@ -174,12 +174,7 @@ pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactReques
         ports,
         ssh,
         all_reduce: all_reduce_for(kit, node, input),
-        docker: (kit.engine.runtime == Runtime::Docker).then(|| DockerRequest {
-            image: kit.engine.docker_image.clone().unwrap_or_default(),
-            kit: kit.name.clone(),
-            read_vllm: vllm_source(kit) == VllmSource::Image,
-            version_cache: input.image_vllm_cache.clone(),
-        }),
+        docker: crate::runtime::of(kit).preflight_request(kit, input.image_vllm_cache.as_deref()),
     }
 }
 
