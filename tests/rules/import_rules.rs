@@ -244,8 +244,8 @@ fn check(arrows: &[Arrow], commands: &BTreeSet<String>) -> Vec<String> {
             ("deploy", t) if !DEPLOY_IMPORTS.contains(&t) => {
                 Some("deploy/ is the bottom layer: it imports only kit and dirs")
             }
-            ("runtime", "agent" | "supervisor" | "cluster") => {
-                Some("runtime/ runs the engine on a node: it imports neither side nor the wire")
+            ("runtime", "agent" | "supervisor" | "cluster" | "node") => {
+                Some("runtime/ runs the engine on a node: it imports neither side, the wire nor preflight (node/)")
             }
             ("engine", "runtime") => Some("engine/ is the vLLM process under the runtimes: it never picks one"),
             (f, t) if LEAVES.contains(&f) && t != f => Some("a leaf module (sse) imports nothing of the crate"),
@@ -452,11 +452,15 @@ fn the_deployment_layer_imports_only_kit_and_dirs() {
 
 #[test]
 fn the_runtimes_import_no_side_and_the_engine_no_runtime() {
-    let files =
-        [("runtime/docker.rs", "use crate::agent::run;"), ("engine/process.rs", "use crate::runtime::Runtime;")];
+    let files = [
+        ("runtime/docker/mod.rs", "use crate::agent::run;"),
+        ("engine/process.rs", "use crate::runtime::Runtime;"),
+        ("runtime/venv/mod.rs", "fn f() { crate::node::facts::gather(p, r); }"),
+    ];
     let bad = check(&arrows(&files), &cmds());
-    assert_eq!(bad.len(), 2, "{bad:?}");
-    assert!(bad[0].contains("src/runtime/docker.rs:1") && bad[1].contains("src/engine/process.rs:1"), "{bad:?}");
+    assert_eq!(bad.len(), 3, "{bad:?}");
+    assert!(bad[0].contains("src/runtime/docker/mod.rs:1") && bad[1].contains("src/engine/process.rs:1"), "{bad:?}");
+    assert!(bad[2].contains("src/runtime/venv/mod.rs:1") && bad[2].contains("preflight (node/)"), "{bad:?}");
 }
 
 /// Where code outside `src/runtime/` (and the kit's own schema and checks) still decides by
