@@ -60,6 +60,7 @@ pub fn input(s: &Settings) -> PreflightInput {
         vllm_python,
         image_build,
         image_sync,
+        replace: Some(s.kit_ref.command("up", &["--replace"])),
         gateway_holds_api_port: false,
         setup: Some(s.kit_ref.command("setup", &[])),
         image_vllm_cache: Some(d.cache().join("image-vllm").display().to_string()),

@@ -29,6 +29,9 @@ pub struct PreflightInput {
     /// The command that copies the head's image to the workers, as the user can run it
     /// (`spark-kit image sync --kit K`), for docker kits: a worker's missing or differing image.
     pub image_sync: Option<String>,
+    /// The command that starts the deployment over what an earlier run left (`spark-kit up --kit K
+    /// --replace`, it removes them on every node first), as the user can run it: a survivor's fix.
+    pub replace: Option<String>,
     /// `up`'s gateway already listens on `engine.port` (the API port is then not checked free).
     pub gateway_holds_api_port: bool,
     /// The command that builds the engine venv, as the user can run it (`spark-kit setup --kit
@@ -298,7 +301,7 @@ pub fn run(kit: &Kit, input: &PreflightInput, facts_of: &dyn Fn(&Node, &FactRequ
                         .recorded_image
                         .as_ref()
                         .map(|(id, lock)| docker_checks::Recorded { id: id.as_str(), lock: lock.as_str() });
-                    checks.extend(docker_checks::node_checks(&node.name, d, fix, recorded));
+                    checks.extend(docker_checks::node_checks(&node.name, d, fix, recorded, input.replace.as_deref()));
                 }
                 facts.push((node.name.clone(), f));
             }

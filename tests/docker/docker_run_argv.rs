@@ -186,7 +186,13 @@ fn the_engine_run_command_runs_on_a_real_daemon_and_preflight_names_the_survivor
     assert_ne!(out.status.code(), Some(0));
     let line = text.lines().find(|l| l.contains("containers")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("FAIL") && line.contains(&name) && line.contains(&id[..12]), "{line}");
-    assert!(text.contains(&format!("`docker rm -f {name}` on local), or add --replace to `spark-kit up`")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "start over them with `spark-kit up --kit tiny-cpu-docker --replace` (it removes them first), or only \
+             remove them: `docker rm -f {name}` on local"
+        )),
+        "{text}"
+    );
 
     d.ok(&["stop", "-t", &kit.engine.shutdown_timeout_s.to_string(), &name]);
     let _ = d.docker(&["rm", "-f", &name]);
