@@ -54,7 +54,7 @@ pub fn build(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure>
         None => {
             let recipe = crate::runtime::venv::recipe::Recipe::load(&s.kit.engine.requirements)
                 .map_err(|e| Failure::usage(format!("engine.requirements: {e}")).caused_by_chain_of(&e))?;
-            crate::runtime::venv::build::ensure(&s.deploy.dirs.cache, &recipe, &rep)
+            crate::runtime::venv::build::ensure(&s.deploy.dirs.cache, &recipe, &rep, &crate::cancel::Cancel::default())
                 .map_err(|e| Failure::runtime(format!("engine venv: {e}")).caused_by_chain_of(&e))?
                 .path
         }

@@ -26,15 +26,16 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
         )
     })?;
     let reporter = Lines::new(args.quiet || args.json);
-    let info = venv::ensure(&s.deploy.dirs.cache, &recipe, &reporter).map_err(|e| {
-        let cache_hint = e.cache_hint(&s.deploy.dirs.cache);
-        let f = Failure::from(e);
-        if f.hint.is_none() {
-            f.with_hint_opt(cache_hint)
-        } else {
-            f
-        }
-    })?;
+    let info =
+        venv::ensure(&s.deploy.dirs.cache, &recipe, &reporter, &crate::cancel::Cancel::default()).map_err(|e| {
+            let cache_hint = e.cache_hint(&s.deploy.dirs.cache);
+            let f = Failure::from(e);
+            if f.hint.is_none() {
+                f.with_hint_opt(cache_hint)
+            } else {
+                f
+            }
+        })?;
     let pruned =
         if args.keep_old { Vec::new() } else { prune(&s.deploy.dirs.cache.join("venvs"), &recipe.name, &info.path) };
     if args.json {

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 use std::time::Instant;
 
+use crate::cancel::Cancel;
 use crate::deploy::Deployment;
 use crate::engine::process::{self, Engine, LineSink};
 use crate::engine::{model, overlay};
@@ -59,7 +60,15 @@ pub struct LaunchEnv<'a> {
 /// A way of running the engine on a node.
 pub trait Runtime {
     /// Ensure everything the engine needs (environment, overlay, model); may take minutes.
-    fn prepare(&self, kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<Prepared, UpError>;
+    /// Runs off the agent's command loop; `cancel` (a stop) kills what it runs and ends it with
+    /// nothing half-made left in place.
+    fn prepare(
+        &self,
+        kit: &Kit,
+        deploy: &Deployment,
+        rep: &dyn UpReporter,
+        cancel: &Cancel,
+    ) -> Result<Prepared, UpError>;
 
     /// Start node `node`'s engine in its own process group, logging to the kit's logs dir.
     fn launch(&self, kit: &Kit, node: usize, prep: &Prepared, env: &LaunchEnv<'_>) -> Result<Engine, UpError>;
@@ -125,28 +134,33 @@ pub struct Leftover {
 }
 
 /// The engine venv of `kit`: `engine.venv`, or the cache entry its requirements build.
-pub fn engine_venv(kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<PathBuf, UpError> {
+pub fn engine_venv(kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter, cancel: &Cancel) -> Result<PathBuf, UpError> {
     Ok(match &deploy.venv {
         Some(p) => p.clone(),
-        None => setup::ensure(deploy.cache(), &Recipe::load(&kit.engine.requirements)?, rep)?.path,
+        None => setup::ensure(deploy.cache(), &Recipe::load(&kit.engine.requirements)?, rep, cancel)?.path,
     })
 }
 
 /// The engine's files, for every runtime: the venv (when given), the materialised overlay, the
 /// model (made with the venv's python when the kit's model is a tiny one) and the Engram
-/// tables' environment. Reports the `setup` and `model` phases.
+/// tables' environment. Reports the `setup` and `model` phases; `cancel` ends it between and
+/// within them.
 pub fn prepare_files(
     kit: &Kit,
     deploy: &Deployment,
     rep: &dyn UpReporter,
     want_venv: bool,
+    cancel: &Cancel,
 ) -> Result<Prepared, UpError> {
     let logs = deploy.logs.clone();
     let t = Instant::now();
     let what = if want_venv { format!("engine venv ({})", kit.engine.requirements) } else { "overlay".into() };
     rep.phase("setup", &what);
-    let venv = if want_venv { Some(engine_venv(kit, deploy, rep)?) } else { None };
+    let venv = if want_venv { Some(engine_venv(kit, deploy, rep, cancel)?) } else { None };
     let overlay = overlay::materialise(deploy.cache())?;
+    if cancel.is_cancelled() {
+        return Err(UpError::Cancelled);
+    }
     rep.phase_done("setup", t.elapsed().as_secs_f64());
 
     let t = Instant::now();
@@ -156,7 +170,7 @@ pub fn prepare_files(
     let python = venv.as_ref().map(|v| v.join("bin/python")).unwrap_or_default();
     let maker_log = logs.join(format!("{}-model-maker.log", kit.name));
     let still = |secs: f64| rep.phase("model", &format!("{source}: still being made, {secs:.0} s"));
-    let model = model::ensure(kit, deploy, &python, &overlay, &maker_log, &still)?;
+    let model = model::ensure(kit, deploy, &python, &overlay, &maker_log, &still, cancel)?;
     rep.phase_done("model", t.elapsed().as_secs_f64());
     let engram_env = crate::engram::engine_env(kit, deploy);
     Ok(Prepared { venv, overlay, model, logs, engram_env })
@@ -209,6 +223,9 @@ pub enum UpError {
     CacheDir { path: std::path::PathBuf, source: std::io::Error },
     #[error("cannot find the spark-kit executable to start the engine: {0}")]
     SelfExe(std::io::Error),
+    /// A stop came while preparing ([`Runtime::prepare`]'s `cancel`).
+    #[error("the engine's preparation was cancelled")]
+    Cancelled,
 }
 
 impl UpError {

@@ -14,6 +14,7 @@ pub mod run;
 use serde::{Deserialize, Serialize};
 
 use super::{makes_model, prepare_files, LaunchEnv, Leftover, Prepared, Runtime, UpError, UpReporter};
+use crate::cancel::Cancel;
 use crate::deploy::Deployment;
 use crate::engine::argv;
 use crate::engine::process::{self, Engine};
@@ -46,8 +47,14 @@ fn docker_error(what: String) -> impl FnOnce(dockerctl::DockerError) -> UpError 
 impl Runtime for Docker {
     /// The overlay and the model; the venv only when the container mounts it
     /// (`engine.docker_mount_venv`) or a tiny model is made with its python.
-    fn prepare(&self, kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<Prepared, UpError> {
-        prepare_files(kit, deploy, rep, kit.engine.docker_mount_venv || makes_model(kit))
+    fn prepare(
+        &self,
+        kit: &Kit,
+        deploy: &Deployment,
+        rep: &dyn UpReporter,
+        cancel: &Cancel,
+    ) -> Result<Prepared, UpError> {
+        prepare_files(kit, deploy, rep, kit.engine.docker_mount_venv || makes_model(kit), cancel)
     }
 
     /// Remove a leftover container of the same name (a restart can race the daemon's own
