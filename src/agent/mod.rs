@@ -12,5 +12,6 @@ pub mod hang;
 pub mod probe;
 pub mod prober;
 pub mod run;
+pub mod start;
 
 pub use run::{run, Emit, JsonLines};

@@ -1,6 +1,10 @@
 //! The node agent (`spark-kit node --rank N`): owns this node's engine. Commands arrive as JSON
 //! lines on stdin, events leave as JSON lines on stdout. When stdin closes (the supervisor is
 //! gone, or ssh dropped) the agent stops its engine and exits: no orphans.
+//!
+//! The command loop never blocks on long work: the engine's preparation runs on a worker
+//! (`start.rs`), the head's probes on their own thread (`prober.rs`), so a `Stop` is answered
+//! within [`STOP_PREPARING`] at any moment (a preparation under way is cancelled).
 
 use std::io::{BufRead, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,19 +13,26 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::guard::{self, HostedGuard};
-use super::hang;
 use super::prober::{Prober, Target};
+use super::start::{launch, ms, one_line, Poll, Preparing};
 use crate::cluster::protocol::{decode, encode, Command, Event, VERSION};
 use crate::deploy::Deployment;
 use crate::dirs::Dirs;
 use crate::engine::log_watch::LogWatch;
-use crate::engine::process::{Engine, LineSink};
-use crate::engine::venv::SetupReporter;
+use crate::engine::process::Engine;
 use crate::kit::schema::{Kit, Role};
 use crate::memguard::EngineRef;
 use crate::node::facts::gather;
 use crate::node::probe::LocalProbe;
-use crate::runtime::{self, check_port, LaunchEnv, Runtime, UpReporter};
+use crate::runtime::{self, Runtime};
+
+/// How long a stop waits for a cancelled preparation to end (its processes are killed at once;
+/// what remains is the worker noticing).
+pub const STOP_PREPARING: Duration = Duration::from_millis(1500);
+
+/// The loop's look at the worker and the guard while nothing arrives; heartbeats go every second.
+const TICK: Duration = Duration::from_millis(100);
+const BEAT: Duration = Duration::from_secs(1);
 
 /// Where events go (stdout in production, a buffer in tests).
 pub trait Emit {
@@ -37,32 +48,6 @@ impl<W: Write> Emit for JsonLines<W> {
             let _ = self.0.flush();
         }
     }
-}
-
-/// Phases of preparation, reported as events.
-struct PhaseEvents<'a> {
-    out: std::sync::Mutex<&'a mut dyn Emit>,
-}
-impl SetupReporter for PhaseEvents<'_> {
-    fn step(&self, index: usize, total: usize, label: &str) {
-        if let Ok(mut o) = self.out.lock() {
-            o.emit(&Event::Phase { name: "setup".into(), detail: format!("[{index}/{total}] {label}") });
-        }
-    }
-    fn step_done(&self, _: &str, _: f64) {}
-    fn still(&self, label: &str, secs: f64) {
-        if let Ok(mut o) = self.out.lock() {
-            o.emit(&Event::Phase { name: "setup".into(), detail: format!("{label}: still running, {secs:.0} s") });
-        }
-    }
-}
-impl UpReporter for PhaseEvents<'_> {
-    fn phase(&self, name: &str, detail: &str) {
-        if let Ok(mut o) = self.out.lock() {
-            o.emit(&Event::Phase { name: name.into(), detail: detail.into() });
-        }
-    }
-    fn phase_done(&self, _: &str, _: f64) {}
 }
 
 struct Running {
@@ -111,26 +96,41 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
     let clock = Instant::now();
     let last_line = Arc::new(AtomicU64::new(0));
     let mut running: Option<Running> = None;
+    let mut preparing: Option<Preparing> = None;
     let mut guard: Option<HostedGuard> = None;
     let (guard_tx, guard_rx) = mpsc::channel::<Event>();
+    let mut next_beat = Instant::now() + BEAT;
     loop {
         while let Ok(ev) = guard_rx.try_recv() {
             out.emit(&ev);
         }
+        if let Some(p) = preparing.as_mut() {
+            if let Poll::Done(prepared) = p.poll(&mut |ev| out.emit(ev)) {
+                if let Some(p) = preparing.take() {
+                    running = launched(p, prepared, env, (&last_line, clock), out);
+                }
+            }
+        }
         if let (Some(g), Some(r)) = (guard.as_ref(), running.as_mut()) {
             g.follow(r.guard_target());
         }
-        match rx.recv_timeout(Duration::from_secs(1)) {
+        if Instant::now() >= next_beat {
+            next_beat = Instant::now() + BEAT;
+            heartbeat(&mut running, &last_line, clock, out);
+        }
+        match rx.recv_timeout(TICK) {
             Ok(Some(line)) => match decode::<Command>(&line) {
                 Ok(Command::Start { kit, node }) => {
-                    if let Some(r) = running.as_mut() {
-                        if r.engine.try_wait().is_none() {
-                            out.emit(&Event::Error {
-                                message: "an engine is already running on this node".into(),
-                                fatal: false,
-                            });
-                            continue;
-                        }
+                    let busy = preparing.is_some() || running.as_mut().is_some_and(|r| r.engine.try_wait().is_none());
+                    if busy {
+                        let message = "an engine is already running on this node".into();
+                        out.emit(&Event::Error { message, fatal: false });
+                        continue;
+                    }
+                    if node >= kit.nodes.len() {
+                        let message = format!("node index {node} is not in the kit ({} nodes)", kit.nodes.len());
+                        out.emit(&Event::Error { message, fatal: false });
+                        continue;
                     }
                     last_line.store(ms(clock), Ordering::Relaxed);
                     // This node's paths, ports and API key, against its own HOME and environment.
@@ -147,32 +147,13 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                             Err(e) => out.emit(&Event::Error { message: e.to_string(), fatal: false }),
                         }
                     }
-                    let watch = Arc::new(Mutex::new(LogWatch::default()));
-                    match start(&kit, node, &deploy, env, (&last_line, &watch), clock, out) {
-                        Ok((engine, runtime)) => {
-                            out.emit(&Event::Started { pgid: engine.pgid, log: engine.log.display().to_string() });
-                            running = Some(Running {
-                                engine,
-                                runtime,
-                                target: None,
-                                watch,
-                                prober: (kit.nodes[node].role == Role::Head).then(|| prober(&kit, &deploy)),
-                                kit,
-                                node,
-                                started: Instant::now(),
-                                exited_reported: false,
-                                ready_reported: false,
-                                ids_reported: false,
-                            });
-                        }
-                        Err(message) => out.emit(&Event::Error { message, fatal: false }),
-                    }
+                    preparing = Some(Preparing::begin(kit, node, deploy, &last_line, clock));
                 }
                 Ok(Command::Stop { drain_s }) => {
                     if let Some(g) = guard.as_ref() {
                         g.follow(None);
                     }
-                    stop(&mut running, drain_s, out);
+                    stop(&mut running, preparing.take(), drain_s, out);
                 }
                 Ok(Command::Clean { kit }) => {
                     let removed = runtime::for_kit(&kit).and_then(|r| r.remove_leftovers(&kit));
@@ -193,64 +174,50 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
             },
             Ok(None) | Err(RecvTimeoutError::Disconnected) => {
                 let drain = running.as_ref().map_or(0, |r| u64::from(r.kit.engine.shutdown_timeout_s) + 5);
-                stop(&mut running, drain, out);
+                stop(&mut running, preparing.take(), drain, out);
                 if let Some(g) = guard.take() {
                     g.shut_down();
                 }
                 return 0;
             }
-            Err(RecvTimeoutError::Timeout) => heartbeat(&mut running, &last_line, clock, out),
+            Err(RecvTimeoutError::Timeout) => {}
         }
     }
 }
 
-fn ms(clock: Instant) -> u64 {
-    u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-fn start(
-    kit: &Kit,
-    node: usize,
-    deploy: &Deployment,
+/// The preparation `p` ended: launch its engine (reported `Started`), or report why not.
+fn launched(
+    p: Preparing,
+    prepared: Result<runtime::Prepared, String>,
     env: &[(String, String)],
-    (last_line, watch): (&Arc<AtomicU64>, &Arc<Mutex<LogWatch>>),
-    clock: Instant,
+    (last_line, clock): (&Arc<AtomicU64>, Instant),
     out: &mut dyn Emit,
-) -> Result<(Engine, Box<dyn Runtime>), String> {
-    if node >= kit.nodes.len() {
-        return Err(format!("node index {node} is not in the kit ({} nodes)", kit.nodes.len()));
-    }
-    let runtime = runtime::for_kit(kit).map_err(|e| e.to_string())?;
-    let prep = {
-        let rep = PhaseEvents { out: std::sync::Mutex::new(out) };
-        runtime.prepare(kit, deploy, &rep).map_err(|e| e.to_string())?
-    };
-    if kit.nodes[node].role == Role::Head {
-        let (host, port) = deploy.ports.internal_addr();
-        check_port(host, port)
-            .map_err(|e| format!("engine.internal_port: {e}: set engine.internal_port to a free port"))?;
-    }
-    let ll = Arc::clone(last_line);
-    let w = Arc::clone(watch);
-    let sink: LineSink = Arc::new(move |line: &str| {
-        if hang::counts_as_progress(line) {
-            ll.store(ms(clock), Ordering::Relaxed);
+) -> Option<Running> {
+    let watch = Arc::new(Mutex::new(LogWatch::default()));
+    let started = prepared.and_then(|prep| launch(&p, &prep, env, (last_line, &watch), clock));
+    match started {
+        Ok((engine, runtime)) => {
+            out.emit(&Event::Started { pgid: engine.pgid, log: engine.log.display().to_string() });
+            let prober = (p.kit.nodes[p.node].role == Role::Head).then(|| prober(&p.kit, &p.deploy));
+            Some(Running {
+                engine,
+                runtime,
+                target: None,
+                watch,
+                prober,
+                kit: p.kit,
+                node: p.node,
+                started: Instant::now(),
+                exited_reported: false,
+                ready_reported: false,
+                ids_reported: false,
+            })
         }
-        if let Ok(mut w) = w.lock() {
-            w.observe(line);
+        Err(message) => {
+            out.emit(&Event::Error { message, fatal: false });
+            None
         }
-    });
-    // Only the head serves the API: a worker whose environment lacks engine.api_keys.env's
-    // variable starts without the key (`up` on the head refused a missing one before this).
-    let key = match deploy.api_key() {
-        Err(e) if e.is_unset_var() && kit.nodes[node].role != Role::Head => None,
-        r => r.map_err(ToString::to_string)?,
-    };
-    let extra: Vec<(String, String)> = key.into_iter().map(|k| ("VLLM_API_KEY".to_string(), k.to_string())).collect();
-    let engine = runtime
-        .launch(kit, node, &prep, &LaunchEnv { base: env, home: &deploy.dirs.home, extra: &extra, sink: Some(sink) })
-        .map_err(|e| one_line(&e))?;
-    Ok((engine, runtime))
+    }
 }
 
 /// The head's probes of its engine: the internal port, the served model, the first API key.
@@ -258,11 +225,6 @@ fn prober(kit: &Kit, deploy: &Deployment) -> Prober {
     let (host, port) = deploy.ports.internal_addr();
     let key = deploy.api_key().ok().flatten().map(str::to_string);
     Prober::start(Target { host, port, model: kit.engine.served_model_name.clone(), key })
-}
-
-/// An error and its fix on one line.
-fn one_line(e: &runtime::UpError) -> String {
-    e.hint().map_or_else(|| e.to_string(), |h| format!("{e} (fix: {h})"))
 }
 
 impl Running {
@@ -278,8 +240,15 @@ impl Running {
     }
 }
 
-fn stop(running: &mut Option<Running>, drain_s: u64, out: &mut dyn Emit) {
-    if let Some(mut r) = running.take() {
+/// Stop: a preparation under way is cancelled (its processes killed, nothing half-made left),
+/// a running engine is drained for up to `drain_s` then killed; `Stopped` says how it went.
+fn stop(running: &mut Option<Running>, preparing: Option<Preparing>, drain_s: u64, out: &mut dyn Emit) {
+    if let Some(p) = preparing {
+        let t = Instant::now();
+        let survivors = p.cancel(STOP_PREPARING, &mut |ev| out.emit(ev));
+        let seconds = t.elapsed().as_secs_f64();
+        out.emit(&Event::Stopped { graceful: survivors.is_empty(), seconds, survivors });
+    } else if let Some(mut r) = running.take() {
         let t = Instant::now();
         // The runtime first (docker: `docker stop -t`, which ends the `docker run` client too),
         // then the engine's process group.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::cancel::Cancel;
 use crate::deploy::Deployment;
 use crate::kit::schema::{Kit, ModelSource};
 
@@ -20,6 +21,9 @@ pub enum ModelError {
     Maker { status: String, log: PathBuf },
     #[error("cannot run the tiny model maker {python}: {source}")]
     MakerStart { python: PathBuf, source: std::io::Error },
+    /// Making the model was cancelled (the agent was told to stop); its scratch is removed.
+    #[error("making the tiny model was cancelled")]
+    Cancelled,
 }
 
 /// The served snapshot of `repo` at `revision` in the HF cache ([`crate::deploy::hf::snapshot`],
@@ -57,7 +61,9 @@ fn overlay_tag(overlay: &Path) -> String {
 /// Make (once) or find the model directory of `kit`. Tiny models are made by the overlay's
 /// maker with the engine venv's python into `<data_dir>/models/`, its output logged to `log`.
 /// Making a tiny model takes a minute on a first start: `still` hears the seconds spent every
-/// [`crate::engine::venv::STILL_EVERY`] while a maker runs (no quiet minute).
+/// [`crate::engine::STILL_EVERY`] while a maker runs (no quiet minute). `cancel` kills
+/// the maker's process group and removes its scratch ([`ModelError::Cancelled`]); the makers
+/// rename a model into place only once it is complete, so none is left half-made.
 pub fn ensure(
     kit: &Kit,
     d: &Deployment,
@@ -65,8 +71,9 @@ pub fn ensure(
     overlay: &Path,
     log: &Path,
     still: &dyn Fn(f64),
+    cancel: &Cancel,
 ) -> Result<PathBuf, ModelError> {
-    ensure_every(kit, d, (python, overlay, log), (still, crate::engine::venv::STILL_EVERY))
+    ensure_every(kit, d, (python, overlay, log), (still, crate::engine::STILL_EVERY), cancel)
 }
 
 fn ensure_every(
@@ -74,6 +81,7 @@ fn ensure_every(
     d: &Deployment,
     (python, overlay, log): (&Path, &Path, &Path),
     still: (&dyn Fn(f64), Duration),
+    cancel: &Cancel,
 ) -> Result<PathBuf, ModelError> {
     let data_dir = &d.data_dir;
     match kit.model.source {
@@ -86,7 +94,7 @@ fn ensure_every(
             }
         }
         ModelSource::Hub => hub_snapshot(d, &kit.model.repo, &kit.model.revision),
-        ModelSource::TinyExl3 => make_tiny_exl3(data_dir, python, overlay, log, still),
+        ModelSource::TinyExl3 => make_tiny_exl3(data_dir, (python, overlay, log), still, cancel),
         ModelSource::TinyDense => {
             let maker = overlay.join("tools/make_tiny_model.py");
             let dir = tiny_dir(data_dir, "tiny-dense", &overlay_tag(overlay));
@@ -95,7 +103,7 @@ fn ensure_every(
             }
             let mut cmd = Command::new(python);
             cmd.arg(&maker).arg("--out").arg(&dir);
-            let status = run_maker(&mut cmd, python, log, still)?;
+            let status = run_maker(&mut cmd, (python, log), still, cancel).map_err(|e| scratch_gone(e, &[&dir]))?;
             if status.success() && dir.join("config.json").exists() {
                 Ok(dir)
             } else {
@@ -105,12 +113,30 @@ fn ensure_every(
     }
 }
 
-/// Runs a maker with its output to `log`, telling `still` the seconds spent every period.
+/// A cancelled maker's scratch beside each of `dirs` (`.<name>.tmp-*`, `.work-*`, `.old-*`:
+/// the makers' staging directories) is removed; other errors pass.
+fn scratch_gone(e: ModelError, dirs: &[&Path]) -> ModelError {
+    if matches!(e, ModelError::Cancelled) {
+        for dir in dirs {
+            let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else { continue };
+            let prefix = format!(".{}.", name.to_string_lossy());
+            for entry in fs::read_dir(parent).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+    }
+    e
+}
+
+/// Runs a maker (its own process group) with its output to `log`, telling `still` the seconds
+/// spent every period; `cancel` kills the group ([`ModelError::Cancelled`]).
 fn run_maker(
     cmd: &mut Command,
-    python: &Path,
-    log: &Path,
+    (python, log): (&Path, &Path),
     (still, every): (&dyn Fn(f64), Duration),
+    cancel: &Cancel,
 ) -> Result<ExitStatus, ModelError> {
     if let Some(p) = log.parent() {
         let _ = fs::create_dir_all(p);
@@ -118,10 +144,15 @@ fn run_maker(
     let start = |source| ModelError::MakerStart { python: python.into(), source };
     let out = fs::File::create(log).map_err(start)?;
     let err = out.try_clone().map_err(start)?;
-    let mut child = cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn().map_err(start)?;
+    cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+    let mut group =
+        cancel.spawn(cmd).map_err(|e| if cancel.is_cancelled() { ModelError::Cancelled } else { start(e) })?;
     let (started, mut said) = (Instant::now(), Duration::ZERO);
     loop {
-        if let Some(status) = child.try_wait().map_err(start)? {
+        if let Some(status) = group.child.try_wait().map_err(start)? {
+            if !status.success() && cancel.is_cancelled() {
+                return Err(ModelError::Cancelled);
+            }
             return Ok(status);
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -137,10 +168,9 @@ fn run_maker(
 /// `<data_dir>/models/tiny-exl3-<overlay tag>`, with its dense twin beside it ([`dense_twin`]).
 fn make_tiny_exl3(
     data_dir: &Path,
-    python: &Path,
-    overlay: &Path,
-    log: &Path,
+    (python, overlay, log): (&Path, &Path, &Path),
     still: (&dyn Fn(f64), Duration),
+    cancel: &Cancel,
 ) -> Result<PathBuf, ModelError> {
     let maker = overlay.join("tools/make_tiny_exl3.py");
     let dir = tiny_dir(data_dir, "tiny-exl3", &overlay_tag(overlay));
@@ -151,7 +181,7 @@ fn make_tiny_exl3(
     }
     let mut cmd = Command::new(python);
     cmd.arg(&maker).arg("--out").arg(&dir).arg("--dense-out").arg(&twin);
-    let status = run_maker(&mut cmd, python, log, still)?;
+    let status = run_maker(&mut cmd, (python, log), still, cancel).map_err(|e| scratch_gone(e, &[&dir, &twin]))?;
     if status.success() && made(&dir) && made(&twin) {
         Ok(dir)
     } else {
@@ -221,7 +251,15 @@ mod tests {
             made(&want);
             made(&dense_twin(&want));
             // Found, not made: the python is absent, so a made-again model would fail.
-            let got = ensure(&kit, &d, Path::new("/nonexistent/python"), &overlay, &t.path().join("log"), &|_| {});
+            let got = ensure(
+                &kit,
+                &d,
+                Path::new("/nonexistent/python"),
+                &overlay,
+                &t.path().join("log"),
+                &|_| {},
+                &Cancel::default(),
+            );
             assert_eq!(got.unwrap(), want, "{source:?}");
         }
     }
@@ -241,7 +279,8 @@ mod tests {
         let heard = std::sync::Mutex::new(Vec::new());
         let still = |s: f64| heard.lock().unwrap().push(s);
         let log = t.path().join("logs/maker.log");
-        let got = ensure_every(&kit, &d, (&python, &overlay, &log), (&still, Duration::from_millis(150)));
+        let got =
+            ensure_every(&kit, &d, (&python, &overlay, &log), (&still, Duration::from_millis(150)), &Cancel::default());
         assert_eq!(got.unwrap(), served_dir(&kit, &d, &tag).unwrap());
         let heard = heard.into_inner().unwrap();
         assert!(heard.len() >= 2, "{heard:?}");

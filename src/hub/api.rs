@@ -251,6 +251,39 @@ impl HubClient {
         }
     }
 
+    /// The error for a Hub route that refused `path` of `repo` outright (`status` 401 or 403 where
+    /// read access is all it needs, e.g. the Xet token route): the token is wrong (401 with one),
+    /// missing (401 without) or lacks access (403). None for any other status.
+    #[must_use]
+    pub fn refused(&self, repo: &str, path: &str, status: u16) -> Option<HubError> {
+        match status {
+            401 if self.token.is_some() => Some(self.bad_token(repo)),
+            401 | 403 => Some(self.gated(repo, path, status)),
+            _ => None,
+        }
+    }
+
+    fn gated(&self, repo: &str, path: &str, status: u16) -> HubError {
+        HubError::Gated {
+            repo: repo.into(),
+            path: path.into(),
+            status,
+            url: format!("{}/{repo}", self.endpoint),
+            with_token: self.token.is_some(),
+        }
+    }
+
+    fn bad_token(&self, repo: &str) -> HubError {
+        HubError::BadToken {
+            repo: repo.into(),
+            source_name: match &self.token_source {
+                Some(TokenSource::Env) => "HF_TOKEN".into(),
+                Some(TokenSource::File(p)) => p.display().to_string(),
+                None => "none".into(),
+            },
+        }
+    }
+
     /// The error for a non-success Hub answer. A "not found" of a revision is checked against
     /// the repository's own info (one request, on the failure path only): servers disagree on
     /// `X-Error-Code` (some send none, some `EntryNotFound` for everything), the probe does not.
@@ -259,30 +292,19 @@ impl HubClient {
         let h = r.headers();
         let code = header(h, "x-error-code").unwrap_or_default();
         let msg = header(h, "x-error-message").unwrap_or_default();
-        let repo_url = format!("{}/{repo}", self.endpoint);
-        let gated = |status| HubError::Gated {
-            repo: repo.into(),
-            path: match asked {
-                Asked::File { path, .. } => path.into(),
-                Asked::Revision(rev) => rev.into(),
-                Asked::Repo => String::new(),
-            },
-            status,
-            url: repo_url.clone(),
-            with_token: self.token.is_some(),
+        let gated = |status| {
+            let path = match asked {
+                Asked::File { path, .. } => path,
+                Asked::Revision(rev) => rev,
+                Asked::Repo => "",
+            };
+            self.gated(repo, path, status)
         };
         if code == "GatedRepo" || status == 403 {
             return gated(status);
         }
         if status == 401 && (msg.contains("Invalid credentials") || msg.contains("Invalid username or password")) {
-            return HubError::BadToken {
-                repo: repo.into(),
-                source_name: match &self.token_source {
-                    Some(TokenSource::Env) => "HF_TOKEN".into(),
-                    Some(TokenSource::File(p)) => p.display().to_string(),
-                    None => "none".into(),
-                },
-            };
+            return self.bad_token(repo);
         }
         if status != 401 && status != 404 {
             return HubError::Http {

@@ -14,12 +14,15 @@ use std::path::PathBuf;
 
 use std::time::Instant;
 
+use crate::cancel::Cancel;
 use crate::deploy::Deployment;
 use crate::engine::process::{self, Engine, LineSink};
-use crate::engine::venv as setup;
-use crate::engine::{dockerctl, image_build, model, overlay, recipe::Recipe};
+use crate::engine::{model, overlay};
 use crate::kit::schema::{Kit, ModelSource, Runtime as RuntimeKind};
 use crate::memguard::EngineRef;
+use docker::{dockerctl, image_build};
+use venv::build as setup;
+use venv::recipe::{Recipe, RecipeError};
 
 /// Progress of a bring-up on one node; the agent turns it into `Phase` events.
 pub trait UpReporter: setup::SetupReporter {
@@ -57,7 +60,15 @@ pub struct LaunchEnv<'a> {
 /// A way of running the engine on a node.
 pub trait Runtime {
     /// Ensure everything the engine needs (environment, overlay, model); may take minutes.
-    fn prepare(&self, kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<Prepared, UpError>;
+    /// Runs off the agent's command loop; `cancel` (a stop) kills what it runs and ends it with
+    /// nothing half-made left in place.
+    fn prepare(
+        &self,
+        kit: &Kit,
+        deploy: &Deployment,
+        rep: &dyn UpReporter,
+        cancel: &Cancel,
+    ) -> Result<Prepared, UpError>;
 
     /// Start node `node`'s engine in its own process group, logging to the kit's logs dir.
     fn launch(&self, kit: &Kit, node: usize, prep: &Prepared, env: &LaunchEnv<'_>) -> Result<Engine, UpError>;
@@ -87,6 +98,26 @@ pub trait Runtime {
         Ok(Vec::new())
     }
 
+    /// The image the engine runs in (`engine.docker_image`, docker), None for a plain process
+    /// (the venv runtime): what `image build` / `image sync` work on, what the lock records.
+    fn image<'k>(&self, _kit: &'k Kit) -> Option<&'k str> {
+        None
+    }
+
+    /// Whether the engine's vLLM (and its torch) is the engine venv's on the node, rather than
+    /// an image's own: then preflight reads vLLM's version with the venv's python, `setup` fixes
+    /// it, and the all-reduce runs with that python. The venv runtime: always.
+    fn vllm_in_venv(&self, _kit: &Kit) -> bool {
+        true
+    }
+
+    /// The runtime's part of a node's preflight request (`node::facts::FactRequest::docker`):
+    /// docker, the image and the kit's containers to look at. `version_cache`: the directory
+    /// caching the vLLM version of each image id. The venv runtime asks nothing more.
+    fn preflight_request(&self, _kit: &Kit, _version_cache: Option<&str>) -> Option<docker::DockerRequest> {
+        None
+    }
+
     /// What an earlier run of `kit` left on this node, without removing it (`status` names
     /// them when no deployment runs). The venv runtime leaves nothing.
     fn leftovers(&self, _kit: &Kit) -> Result<Vec<Leftover>, UpError> {
@@ -103,28 +134,33 @@ pub struct Leftover {
 }
 
 /// The engine venv of `kit`: `engine.venv`, or the cache entry its requirements build.
-pub fn engine_venv(kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<PathBuf, UpError> {
+pub fn engine_venv(kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter, cancel: &Cancel) -> Result<PathBuf, UpError> {
     Ok(match &deploy.venv {
         Some(p) => p.clone(),
-        None => setup::ensure(deploy.cache(), &Recipe::load(&kit.engine.requirements)?, rep)?.path,
+        None => setup::ensure(deploy.cache(), &Recipe::load(&kit.engine.requirements)?, rep, cancel)?.path,
     })
 }
 
 /// The engine's files, for every runtime: the venv (when given), the materialised overlay, the
 /// model (made with the venv's python when the kit's model is a tiny one) and the Engram
-/// tables' environment. Reports the `setup` and `model` phases.
+/// tables' environment. Reports the `setup` and `model` phases; `cancel` ends it between and
+/// within them.
 pub fn prepare_files(
     kit: &Kit,
     deploy: &Deployment,
     rep: &dyn UpReporter,
     want_venv: bool,
+    cancel: &Cancel,
 ) -> Result<Prepared, UpError> {
     let logs = deploy.logs.clone();
     let t = Instant::now();
     let what = if want_venv { format!("engine venv ({})", kit.engine.requirements) } else { "overlay".into() };
     rep.phase("setup", &what);
-    let venv = if want_venv { Some(engine_venv(kit, deploy, rep)?) } else { None };
+    let venv = if want_venv { Some(engine_venv(kit, deploy, rep, cancel)?) } else { None };
     let overlay = overlay::materialise(deploy.cache())?;
+    if cancel.is_cancelled() {
+        return Err(UpError::Cancelled);
+    }
     rep.phase_done("setup", t.elapsed().as_secs_f64());
 
     let t = Instant::now();
@@ -134,7 +170,7 @@ pub fn prepare_files(
     let python = venv.as_ref().map(|v| v.join("bin/python")).unwrap_or_default();
     let maker_log = logs.join(format!("{}-model-maker.log", kit.name));
     let still = |secs: f64| rep.phase("model", &format!("{source}: still being made, {secs:.0} s"));
-    let model = model::ensure(kit, deploy, &python, &overlay, &maker_log, &still)?;
+    let model = model::ensure(kit, deploy, &python, &overlay, &maker_log, &still, cancel)?;
     rep.phase_done("model", t.elapsed().as_secs_f64());
     let engram_env = crate::engram::engine_env(kit, deploy);
     Ok(Prepared { venv, overlay, model, logs, engram_env })
@@ -146,12 +182,20 @@ pub fn makes_model(kit: &Kit) -> bool {
     matches!(kit.model.source, ModelSource::TinyExl3 | ModelSource::TinyDense)
 }
 
-/// The runtime `kit.engine.runtime` names.
-pub fn for_kit(kit: &Kit) -> Result<Box<dyn Runtime>, UpError> {
+/// The runtime `kit.engine.runtime` names: the one place outside the kit's own checks that
+/// decides by it. Everything else asks the runtime ([`Runtime::image`],
+/// [`Runtime::vllm_in_venv`], [`Runtime::preflight_request`], the leftovers).
+#[must_use]
+pub fn of(kit: &Kit) -> Box<dyn Runtime> {
     match kit.engine.runtime {
-        RuntimeKind::Venv => Ok(Box::new(venv::Venv)),
-        RuntimeKind::Docker => Ok(Box::new(docker::Docker)),
+        RuntimeKind::Venv => Box::new(venv::Venv),
+        RuntimeKind::Docker => Box::new(docker::Docker),
     }
+}
+
+/// [`of`], as the agent asks for it.
+pub fn for_kit(kit: &Kit) -> Result<Box<dyn Runtime>, UpError> {
+    Ok(of(kit))
 }
 
 /// Why bring-up failed. All are runtime failures (exit 1).
@@ -164,7 +208,7 @@ pub enum UpError {
     #[error("{0}")]
     Setup(#[from] setup::SetupError),
     #[error(transparent)]
-    Recipe(#[from] crate::engine::recipe::RecipeError),
+    Recipe(#[from] RecipeError),
     #[error(transparent)]
     Overlay(#[from] overlay::OverlayError),
     #[error(transparent)]
@@ -179,6 +223,9 @@ pub enum UpError {
     CacheDir { path: std::path::PathBuf, source: std::io::Error },
     #[error("cannot find the spark-kit executable to start the engine: {0}")]
     SelfExe(std::io::Error),
+    /// A stop came while preparing ([`Runtime::prepare`]'s `cancel`).
+    #[error("the engine's preparation was cancelled")]
+    Cancelled,
 }
 
 impl UpError {
@@ -224,10 +271,31 @@ mod tests {
     }
 
     #[test]
-    fn the_runtime_comes_from_the_kit() {
-        let mut kit = crate::kit::builtin_kit("tiny-cpu");
-        assert!(for_kit(&kit).is_ok());
-        kit.engine.runtime = RuntimeKind::Docker;
-        assert!(for_kit(&kit).is_ok());
+    fn each_runtime_answers_for_its_kit() {
+        let venv = crate::kit::builtin_kit("tiny-cpu");
+        let rt = of(&venv);
+        assert_eq!(rt.image(&venv), None);
+        assert!(rt.vllm_in_venv(&venv));
+        assert_eq!(rt.preflight_request(&venv, Some("/c")), None);
+
+        let mut kit = crate::kit::builtin_kit("tiny-cpu-docker");
+        let image = kit.engine.docker_image.clone();
+        assert!(image.as_deref().is_some_and(|i| !i.is_empty()));
+        for mount in [false, true] {
+            kit.engine.docker_mount_venv = mount;
+            let rt = of(&kit);
+            assert_eq!(rt.image(&kit), image.as_deref());
+            assert_eq!(rt.vllm_in_venv(&kit), mount, "the image's own vLLM unless it mounts the venv");
+            let req = rt.preflight_request(&kit, Some("/c")).unwrap();
+            assert_eq!(
+                req,
+                docker::DockerRequest {
+                    image: image.clone().unwrap(),
+                    kit: kit.name.clone(),
+                    read_vllm: !mount,
+                    version_cache: Some("/c".into()),
+                }
+            );
+        }
     }
 }

@@ -6,7 +6,7 @@
 use crate::fake_hub;
 
 use fake_hub::harness::{model_files, MODEL};
-use fake_hub::{FaultKind, Setup};
+use fake_hub::{Fault, FaultKind, Route, Setup};
 
 const SHARD: &str = "model-00001-of-00003.safetensors";
 
@@ -132,6 +132,28 @@ fn another_client_error_is_not_taken_for_a_refused_token() {
     assert!(j["retries"].as_u64().unwrap() >= 1, "{j}\n{calls:?}");
     assert!(calls.iter().any(|(k, r)| k == "reconstructions" && r.as_deref() == Some("bytes=0-0")), "{calls:?}");
     assert_eq!(s.hub.xet_token_calls(), 1, "a 400 renewed the token");
+}
+
+/// The Hub's token route itself says 401 (no token, or one without access): asking again cannot
+/// help, so the download ends at once with the gated error and its HF_TOKEN hint, not after the
+/// range workers' retries (it was 8 attempts of each range before).
+#[test]
+fn a_token_route_refusal_ends_the_download_at_once_naming_hf_token() {
+    let s = Setup::xet();
+    s.set_transport("xet");
+    s.hub.fault(Fault { route: Route::Api, times: u32::MAX, ..Fault::cdn("xet-read-token", FaultKind::Status(401)) });
+    let t = std::time::Instant::now();
+    let out = s.download(&[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("gated: the Hub answered 401"), "{err}");
+    assert!(err.contains("set HF_TOKEN"), "{err}");
+    assert!(!err.contains("retry"), "a refusal was retried: {err}");
+    // At most one token call per range worker that was already asking (--jobs 4).
+    let calls = s.hub.xet_token_calls();
+    assert!((1..=4).contains(&calls), "{calls} token calls");
+    assert!(t.elapsed() < std::time::Duration::from_secs(20), "took {:?}", t.elapsed());
+    assert!(s.hub.cas_calls().is_empty(), "the CAS was asked without a token");
 }
 
 #[test]

@@ -264,6 +264,9 @@ async fn attempt_xet(
     let (stream, generation) = match tokio::time::timeout(idle, src.stream(&x.hash, st.f.size, *pos..job.end)).await {
         Err(_) => return Ok(failed(format!("Xet: no reconstruction in {} s", idle.as_secs_f32()))),
         Ok(Err(e)) => {
+            if let Some(err) = e.refused.and_then(|status| sh.client.refused(&sh.cache.repo, &st.f.path, status)) {
+                return Err(err);
+            }
             if let Some(cause) = &e.cause {
                 src.judge(e.generation, cause, &x.hash).await;
             }

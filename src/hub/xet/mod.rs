@@ -34,6 +34,8 @@ pub struct XetFailure {
     pub reason: String,
     pub generation: u32,
     pub cause: Option<SessionError>,
+    /// The Hub's token route refused outright (401/403): retrying cannot help.
+    pub refused: Option<u16>,
 }
 
 struct Inner {
@@ -77,7 +79,7 @@ impl XetSource {
     async fn group(&self) -> Result<(XetDownloadStreamGroup, u32), XetFailure> {
         let mut inner = self.inner.lock().await;
         let generation = inner.generation;
-        let fail = |reason: String| XetFailure { reason, generation, cause: None };
+        let fail = |reason: String| XetFailure { reason, generation, cause: None, refused: None };
         if let Some(g) = &inner.group {
             return Ok((g.clone(), generation));
         }
@@ -98,9 +100,10 @@ impl XetSource {
             let v = HeaderValue::from_str(a).map_err(|_| fail("the Hub token is not a valid header value".into()))?;
             headers.insert("authorization", v);
         }
-        let t = token::fetch(&self.http, &self.token_url, self.hub_auth.as_deref())
-            .await
-            .map_err(|e| fail(format!("no CAS token from {}: {e}", self.token_url)))?;
+        let t = token::fetch(&self.http, &self.token_url, self.hub_auth.as_deref()).await.map_err(|e| {
+            let refused = e.refusal();
+            XetFailure { refused, ..fail(format!("no CAS token from {}: {e}", self.token_url)) }
+        })?;
         // Seeded with our token; hf-xet refreshes it from the same route before `exp`.
         let group = session
             .new_download_stream_group()
@@ -129,6 +132,7 @@ impl XetSource {
             reason: format!("reconstruction failed: {e}"),
             generation,
             cause: Some(e),
+            refused: None,
         })?;
         s.start();
         Ok((s, generation))

@@ -68,6 +68,18 @@ pub enum TokenError {
     Other(String),
 }
 
+impl TokenError {
+    /// The status, when the route refused the request outright (401/403: the Hub token is
+    /// missing, wrong or lacks access): asking again cannot help.
+    #[must_use]
+    pub fn refusal(&self) -> Option<u16> {
+        match self {
+            Self::Status(s) if *s == StatusCode::UNAUTHORIZED || *s == StatusCode::FORBIDDEN => Some(s.as_u16()),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for TokenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -105,6 +117,15 @@ pub async fn refused_by_cas(http: &reqwest::Client, t: &CasToken, hash: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_401_and_403_from_the_token_route_are_refusals() {
+        assert_eq!(TokenError::Status(StatusCode::UNAUTHORIZED).refusal(), Some(401));
+        assert_eq!(TokenError::Status(StatusCode::FORBIDDEN).refusal(), Some(403));
+        assert_eq!(TokenError::Status(StatusCode::INTERNAL_SERVER_ERROR).refusal(), None);
+        assert_eq!(TokenError::Status(StatusCode::TOO_MANY_REQUESTS).refusal(), None);
+        assert_eq!(TokenError::Other("connection reset".into()).refusal(), None);
+    }
 
     #[test]
     fn verdicts_follow_the_variant_not_the_text() {

@@ -2,7 +2,12 @@
 //! materialised overlay and the model on this machine; the engine is this binary's hidden
 //! `__engine`, which embeds the venv's CPython and runs `vllm serve` on its main thread.
 
+pub mod build;
+pub mod prune;
+pub mod recipe;
+
 use super::{prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
+use crate::cancel::Cancel;
 use crate::deploy::Deployment;
 use crate::engine::argv;
 use crate::engine::process::{self, Engine, Launch};
@@ -13,8 +18,14 @@ pub struct Venv;
 
 impl Runtime for Venv {
     /// Ensure the venv (or use `engine.venv`), the overlay and the model.
-    fn prepare(&self, kit: &Kit, deploy: &Deployment, rep: &dyn UpReporter) -> Result<Prepared, UpError> {
-        prepare_files(kit, deploy, rep, true)
+    fn prepare(
+        &self,
+        kit: &Kit,
+        deploy: &Deployment,
+        rep: &dyn UpReporter,
+        cancel: &Cancel,
+    ) -> Result<Prepared, UpError> {
+        prepare_files(kit, deploy, rep, true, cancel)
     }
 
     /// Start node `node`'s engine (this binary's hidden `__engine`), logging to the kit's logs dir.

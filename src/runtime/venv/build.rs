@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::recipe::{steps, Recipe, RecipeError};
+use crate::cancel::Cancel;
+use crate::engine::process::tail;
+use crate::engine::STILL_EVERY;
 
 /// File whose presence says the venv is complete; written last.
 pub const MARKER: &str = "spark-kit-venv.json";
@@ -28,9 +31,6 @@ pub trait SetupReporter {
     /// The step is still running after `secs` seconds (every [`STILL_EVERY`]: no quiet minute).
     fn still(&self, _label: &str, _secs: f64) {}
 }
-
-/// How often a running step says it is still running.
-pub const STILL_EVERY: Duration = Duration::from_secs(10);
 
 /// Reporter that reports nothing (tests, `--quiet`).
 pub struct Silent;
@@ -63,6 +63,9 @@ pub enum SetupError {
     Step { label: String, status: String, tail: String, log: PathBuf },
     #[error("venv python {python} is not usable: {why}")]
     Python { python: PathBuf, why: String },
+    /// The build was cancelled (the agent was told to stop); the venv has no marker.
+    #[error("the engine venv build was cancelled")]
+    Cancelled,
 }
 
 impl SetupError {
@@ -112,8 +115,16 @@ pub fn find(cache: &Path, recipe: &Recipe) -> Option<VenvInfo> {
 }
 
 /// Find or build the venv. Concurrent callers serialise on a lock file; a venv without its
-/// marker (an interrupted build) is removed and rebuilt, never used.
-pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Result<VenvInfo, SetupError> {
+/// marker (an interrupted build) is removed and rebuilt, never used. `cancel` kills the step
+/// running (its process group) and ends the build, and the wait for the lock, with
+/// [`SetupError::Cancelled`]: the marker is written last (renamed into place), so a cancelled
+/// venv is never found.
+pub fn ensure(
+    cache: &Path,
+    recipe: &Recipe,
+    reporter: &dyn SetupReporter,
+    cancel: &Cancel,
+) -> Result<VenvInfo, SetupError> {
     recipe.check_host(std::env::consts::ARCH, BUILD_PYTHON_VERSION)?;
     let root = cache.join("venvs");
     fs::create_dir_all(&root).map_err(io("cannot create", &root))?;
@@ -125,8 +136,7 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
         .write(true)
         .open(&lock_path)
         .map_err(io("cannot open", &lock_path))?;
-    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| SetupError::Io { what: "cannot lock", path: lock_path.clone(), source: e.into() })?;
+    let _lock = lock(lock_file, &lock_path, cancel)?;
     if let Some(info) = find(cache, recipe) {
         return Ok(info);
     }
@@ -150,7 +160,7 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     for (i, step) in plan.iter().enumerate() {
         reporter.step(i + 1, total, &step.label);
         let t = Instant::now();
-        run_step(&step.label, &step.argv, &uv_cache, (&mut log_file, &log), (reporter, STILL_EVERY))?;
+        run_step(&step.label, &step.argv, &uv_cache, (&mut log_file, &log), (reporter, STILL_EVERY), cancel)?;
         reporter.step_done(&step.label, t.elapsed().as_secs_f64());
     }
     reporter.step(total, total, "check the venv");
@@ -160,7 +170,7 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     if let Some((name, version)) = &recipe.shim {
         write_shim(&site, name, version)?;
     }
-    check_imports(&python, recipe, &uv_cache, &mut log_file, &log)?;
+    check_imports(&python, recipe, &uv_cache, (&mut log_file, &log), cancel)?;
     reporter.step_done("check the venv", t.elapsed().as_secs_f64());
     let info = VenvInfo {
         requirements: recipe.name.clone(),
@@ -179,35 +189,54 @@ pub fn ensure(cache: &Path, recipe: &Recipe, reporter: &dyn SetupReporter) -> Re
     Ok(info)
 }
 
+/// The exclusive lock on `file`, waited for until `cancel`.
+fn lock(file: fs::File, path: &Path, cancel: &Cancel) -> Result<nix::fcntl::Flock<fs::File>, SetupError> {
+    let mut file = file;
+    loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(l) => return Ok(l),
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) => file = f,
+            Err((_, e)) => return Err(SetupError::Io { what: "cannot lock", path: path.into(), source: e.into() }),
+        }
+        if cancel.is_cancelled() {
+            return Err(SetupError::Cancelled);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn run_step(
     label: &str,
     argv: &[String],
     uv_cache: &Path,
     (log, log_path): (&mut fs::File, &Path),
     (reporter, every): (&dyn SetupReporter, Duration),
+    cancel: &Cancel,
 ) -> Result<(), SetupError> {
     let _ = writeln!(log, "\n$ {}", argv.join(" "));
     let out_log = log.try_clone().map_err(io("cannot write", log_path))?;
     let err_log = log.try_clone().map_err(io("cannot write", log_path))?;
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
         .stdin(Stdio::null())
         .stdout(out_log)
         .stderr(err_log)
         .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
         .env("UV_CACHE_DIR", uv_cache)
         .env("UV_PYTHON_DOWNLOADS", "never")
-        .env("UV_NO_PROGRESS", "1")
-        .spawn()
-        .map_err(|e| SetupError::Step {
+        .env("UV_NO_PROGRESS", "1");
+    let mut group = cancel.spawn(&mut cmd).map_err(|e| match cancel.is_cancelled() {
+        true => SetupError::Cancelled,
+        false => SetupError::Step {
             label: label.into(),
             status: format!("cannot start {}: {e}", argv[0]),
             tail: String::new(),
             log: log_path.into(),
-        })?;
+        },
+    })?;
     let (started, mut said) = (Instant::now(), Duration::ZERO);
     let status = loop {
-        match child.try_wait() {
+        match group.child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(e) => {
@@ -229,20 +258,15 @@ fn run_step(
     if status.success() {
         return Ok(());
     }
+    if cancel.is_cancelled() {
+        return Err(SetupError::Cancelled);
+    }
     Err(SetupError::Step {
         label: label.into(),
         status: status.to_string(),
         tail: tail(log_path, 15),
         log: log_path.into(),
     })
-}
-
-/// The last `n` lines of a file (for error messages).
-#[must_use]
-pub fn tail(path: &Path, n: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn site_packages(python: &Path) -> Result<PathBuf, SetupError> {
@@ -275,15 +299,15 @@ fn check_imports(
     python: &Path,
     recipe: &Recipe,
     uv_cache: &Path,
-    log: &mut fs::File,
-    log_path: &Path,
+    log: (&mut fs::File, &Path),
+    cancel: &Cancel,
 ) -> Result<(), SetupError> {
     let mut code = String::from("import sys, importlib.metadata as m\n");
     if let Some((name, _)) = &recipe.shim {
         code.push_str(&format!("print('{name}', m.version('{name}'))\n"));
     }
     let argv = vec![python.to_string_lossy().into_owned(), "-c".into(), code];
-    run_step("check the venv", &argv, uv_cache, (log, log_path), (&Silent, STILL_EVERY))
+    run_step("check the venv", &argv, uv_cache, log, (&Silent, STILL_EVERY), cancel)
 }
 
 #[cfg(test)]
@@ -309,7 +333,9 @@ mod tests {
         let said = Said::default();
         let argv: Vec<String> = ["sh", "-c", "sleep 0.75"].iter().map(|s| (*s).to_string()).collect();
         let every = Duration::from_millis(200);
-        run_step("install the locked requirements", &argv, d.path(), (&mut log, &log_path), (&said, every)).unwrap();
+        let never = Cancel::default();
+        let step_log = (&mut log, log_path.as_path());
+        run_step("install the locked requirements", &argv, d.path(), step_log, (&said, every), &never).unwrap();
         let said = said.0.into_inner().unwrap();
         assert!(said.len() >= 2, "{said:?}");
         assert!(said.iter().all(|(l, _)| l == "install the locked requirements"), "{said:?}");
@@ -317,7 +343,7 @@ mod tests {
         // A quick step says nothing.
         let argv: Vec<String> = ["true"].iter().map(|s| (*s).to_string()).collect();
         let quiet = Said::default();
-        run_step("quick", &argv, d.path(), (&mut log, &log_path), (&quiet, every)).unwrap();
+        run_step("quick", &argv, d.path(), (&mut log, &log_path), (&quiet, every), &never).unwrap();
         assert!(quiet.0.into_inner().unwrap().is_empty());
     }
 }
