@@ -1,15 +1,17 @@
-"""spark-kit's own EXL3 MoE decode kernel alone (no exllamav3 build, ~1 min on an H200).
+"""spark-kit's own EXL3 MoE decode kernel alone (no exllamav3 build, ~1-2 min on an H200).
 
     python tests/gpu/exl3_decode_own.py --out DIR
 
 Rank 0 of the reference layer (384 experts, 5120 / 1152, top-6, MUL1, K 3, random trellis
 words) built straight from tensors: accuracy against the float32 CPU reference (8 experts routed, so
 at 16 and 64 rows each expert takes several runs of rows; fp16 within 2e-3, bf16 output adds one bf16
-rounding) of the CUDA-core GEMVs at 1/4/8 rows and the tensor-core GEMVs (runs of 8, and of 16) at
-1-64 rows; graph replay with new inputs vs eager and no host sync; then at 1..64 rows, each over 8
-routings in turn beside the cold-read floor of the same bytes: the CUDA-core kernel's best options
-(<= 8 rows) and a sweep of the tensor-core kernel's (streaming depth, 4 or 6 blocks per SM, gate/up and
-down k-splits, runs of 16), every launch's time alone (stage mask) with the best.
+rounding) of the CUDA-core GEMVs at 1/4/8 rows and the tensor-core GEMVs (fp16x2 FMA per weight pair,
+runs of 8 and of 16; the affine map folded after the sums, with the served block layouts and with
+4 x 2 blocks forced) at 1-64 rows; graph replay with new inputs vs eager and no host sync; then at
+1..64 rows, each over 8 routings in turn beside the cold-read floor of the same bytes: the CUDA-core
+kernel's best options (<= 8 rows), a sweep of the tensor-core kernel's (4 or 6 blocks per SM, bias
+folding, gate/up k-parts, 2 x 4 or 4 x 2 blocks for gate/up and for down, runs of 16), the served
+defaults, every launch's time alone (stage mask) with the best.
 `--profile ROWS` only calls the kernel 3 times (for ncu).
 Writes DIR/results-decode-own.json.
 """
@@ -43,7 +45,8 @@ def log(*a):
     print(*a, flush=True)
 
 
-FIELDS = ("pdl", "unroll", "parts_a", "parts_b", "occ6", "xs", "mma", "run16_from")
+FIELDS = ("pdl", "unroll", "parts_a", "parts_b", "occ6", "xs", "mma", "run16_from", "blocks", "nobias", "kw2_a", "kw2_b")
+BOOLS = {"pdl", "occ6", "xs", "mma", "nobias", "kw2_a", "kw2_b"}
 
 
 def config_of(own) -> tuple:
@@ -52,28 +55,30 @@ def config_of(own) -> tuple:
 
 def set_config(own, cfg) -> None:
     for f, v in zip(FIELDS, cfg):
-        setattr(own, f, type(getattr(own, f))(v))
+        setattr(own, f, v if v is None else bool(v) if f in BOOLS else int(v))
 
 
 def key_of(cfg) -> str:
-    pdl, unroll, pa, pb, occ, xs, mma, r16 = cfg
-    return f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}"
+    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb = cfg
+    return (f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}_k{blocks}_n{int(nb)}"
+            f"_wa{'a' if ka is None else int(ka)}_wb{int(kb)}")
 
 
 def configs(tokens: int) -> list[tuple]:
     """The CUDA-core kernel's previous defaults and best options (<= 8 rows) and the tensor-core sweep."""
     slots = tokens * TOP_K
     out = []
+    cc = (True, 16, 2, 1, False, False, False, 0, 4, False, False, False)
     if tokens <= 8:
-        out += [(True, 16, 3, 1, False, False, False, 0), (True, 16, 2, 1, False, False, False, 0)]
-    for unroll in (16, 4):
-        for occ in (False, True):
-            for pa in (2, 3, 4):
-                for pb in (1, 2):
-                    if pa * slots > 2 * 64 * TOP_K or pb * slots > 64 * TOP_K or (pa == 4 and slots > 48):
-                        continue
-                    for r16 in ((0, 1) if tokens > 8 else (0,)):
-                        out.append((True, unroll, pa, pb, occ, False, True, r16))
+        out += [cc, (True, 16, 3, 1, False, False, False, 0, 4, False, False, False)]
+    for blocks in (4, 6):
+        out.append((True, 16, 2, 1, False, False, True, 0, blocks, False, False, False))  # no bias folding
+        for pa in (1, 2):
+            for ka in (False, True):
+                for kb in (False, True):
+                    out.append((True, 16, pa, 1, False, False, True, 0, blocks, True, ka, kb))
+    if tokens > 8:
+        out.append((True, 16, 2, 1, False, False, True, 1, 4, False, False, False))  # runs of 16
     return out
 
 
@@ -110,8 +115,10 @@ def main() -> int:
                "accuracy": [], "timing": []}
     dense = {}
     # 8 experts routed: at 16 and 64 rows each expert takes several runs of 8 (or 16) rows
-    acc_cases = [(t, False, 0) for t in (1, 4, 8)] + [(t, True, r) for t in (1, 2, 4, 8, 16, 64) for r in (0, 9)]
-    for tokens, mma, r16 in acc_cases:
+    acc_cases = [(t, False, 0, False) for t in (1, 4, 8)] + [(t, True, r, False) for t in (1, 4, 16, 64) for r in (0, 9)]
+    acc_cases += [(t, True, 0, True) for t in (1, 2, 4, 8, 16, 64)]
+    acc_cases += [(t, True, 0, "kw2") for t in (1, 8, 64)]
+    for tokens, mma, r16, nb in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
         for dtype in (torch.float16, torch.bfloat16):
             xd = x.to(dtype)
@@ -125,17 +132,22 @@ def main() -> int:
                 we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
                 ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
             set_config(own, defaults)
-            own.mma, own.run16_from = mma, r16
+            own.mma, own.run16_from, own.nobias = mma, r16, bool(nb)
+            if nb == "kw2":  # else the served layout (bias folding: gate/up per `gate_up_layout`, down 4 x 2)
+                own.kw2_a = own.kw2_b = True
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype, device="cuda")
             y = own(xd, w, ids.to(torch.int32), out).float().cpu()
-            row = {"tokens": tokens, "dtype": str(dtype), "mma": mma, "run16_from": r16,
+            row = {"tokens": tokens, "dtype": str(dtype), "mma": mma, "run16_from": r16, "nobias": nb,
                    "vs_ref": rel(torch.nan_to_num(y, nan=1e9), ref), "nonfinite": int((~torch.isfinite(y)).sum())}
             results["accuracy"].append(row)
             log(json.dumps(row))
     set_config(own, defaults)
     # graph replay with new inputs vs eager; no host sync
     replays = []
-    for tokens in (1, 4, 16, 64):
+    for tokens, nb in ((1, False), (4, False), (16, False), (64, False), (1, True), (4, True), (64, True), (4, "kw2")):
+        own.nobias = bool(nb)
+        if nb == "kw2":
+            own.kw2_a = own.kw2_b = True
         x, w, ids = routing(tokens, gen, experts=EXPERTS)
         static = [t.clone() for t in (x, w, ids)]
         graph, out = capture(lambda: own(*static))
@@ -145,8 +157,9 @@ def main() -> int:
         graph.replay()
         torch.cuda.synchronize()
         eager = own(*new)
-        replays.append({"tokens": tokens, "max_rel": rel(out, eager)})
+        replays.append({"tokens": tokens, "nobias": nb, "max_rel": rel(out, eager)})
         del graph
+    set_config(own, defaults)
     results["graph_replay_vs_eager"] = replays
     log(json.dumps(replays))
     torch.cuda.set_sync_debug_mode("error")

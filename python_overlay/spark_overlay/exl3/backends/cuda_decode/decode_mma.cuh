@@ -6,7 +6,11 @@
 // MUL1 decode per weight: the 16-bit state (funnel shift, shift), one integer multiply, one dp4a
 // byte sum b whose bias 0x6400 makes the fp16 bits of 1024 + b (exact: b <= 1020); two of those
 // packed into a half2 (byte permute) and one fp16x2 FMA (1024 + b) * S + O per pair, the codebook's
-// value rounded once to fp16 (the reference table's value exactly). Fragment layout: the lane's
+// value rounded once to fp16 (the reference table's value exactly). NB (no bias): the MMA takes the
+// exact 1024 + b itself and the next launch applies the codebook's affine map to the sums,
+// y = S * sum_k x_k (1024 + b_k) + O * sum_k x_k, with sum_k x_k from the same fp16 inputs (the
+// launch that wrote them also wrote their 128-chunk sums): one instruction less per two weights and
+// the weights exact before the fp32 sums instead of rounded to fp16. Fragment layout: the lane's
 // tile position j holds k = 2q + (j & 1) + 8 ((j >> 1) & 1), n = g + 8 (j >> 2) (q = lane % 4,
 // g = lane / 4), so A = {j0 j1}, {j4 j5}, {j2 j3}, {j6 j7}; B = x[row g][k 2q, 2q+1], [2q+8, 2q+9];
 // C = y[n g, g+8][rows 2q, 2q+1].
@@ -37,20 +41,22 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 }
 
 // GEMV over one projection for a run of up to 8 * NT rows that picked the item's expert (fp16 inputs).
-// Block: 8 warps = 2 n-tiles (16 columns each) x 4 k-warps; item: (slot, proj, n-group, k-part). The
+// Block: 8 warps = 8 / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
 // expert's slots are taken in runs of 8 * NT in slot order: the block of the slot that starts a run
 // takes the run, every other block of that expert exits, so each weight is decoded once per run.
-template <int K, int NT, int U, int D>
+template <int K, int NT, int U, int D, bool NB, int KW>
 __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int item)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
     constexpr int RUN = 8 * NT;
+    constexpr int NTB = 8 / KW;   // n-tiles per block
+    constexpr int COLS = 16 * NTB;
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int n_in = down ? a.I : a.H;
     const int n_out = down ? a.H : a.I;
     const int nproj = down ? 1 : 2;
-    const int groups = n_out >> 5;
+    const int groups = n_out / COLS;
     const int parts = down ? a.parts_b : a.parts_a;
     int b = item;
     const int part = b % parts; b /= parts;
@@ -62,7 +68,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
 
     __shared__ int sh_slot[RUN];
     __shared__ int sh_n;
-    __shared__ float sh_red[4][RUN][32];
+    __shared__ float sh_red[KW][RUN][COLS];
     const int e = expert_of(a.ids, a.ids64, slot);
     if (e < 0 || e >= a.n_local) return;
     if (warp == 0)
@@ -92,12 +98,12 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     const uint32_t* trellis = (const uint32_t*) table(a, proj, 0, e);
     const int ntiles_n = n_out >> 4;
     const int ktiles = n_in >> 4;
-    const int ntile = group * 2 + (warp & 1);
-    const int kw = warp >> 1;
+    const int ntile = group * NTB + warp % NTB;
+    const int kw = warp / NTB;
     const int per_part = (ktiles + parts - 1) / parts;
     const int k_lo = part * per_part;
     const int k_hi = min(ktiles, k_lo + per_part);
-    const int per_warp = (k_hi - k_lo + 3) >> 2;
+    const int per_warp = (k_hi - k_lo + KW - 1) / KW;
     const int kb = k_lo + kw * per_warp;
     const int ke = min(k_hi, kb + per_warp);
 
@@ -201,10 +207,15 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                 f[j] = __dp4a(st * MUL1_MULT, 0x01010101u, MUL1_H16_BIAS);
             }
             uint32_t af[4];
-            af[0] = hfma2_bits(__byte_perm(f[0], f[1], 0x5410), MUL1_S_H2, MUL1_O_H2);
-            af[1] = hfma2_bits(__byte_perm(f[4], f[5], 0x5410), MUL1_S_H2, MUL1_O_H2);
-            af[2] = hfma2_bits(__byte_perm(f[2], f[3], 0x5410), MUL1_S_H2, MUL1_O_H2);
-            af[3] = hfma2_bits(__byte_perm(f[6], f[7], 0x5410), MUL1_S_H2, MUL1_O_H2);
+            af[0] = __byte_perm(f[0], f[1], 0x5410);
+            af[1] = __byte_perm(f[4], f[5], 0x5410);
+            af[2] = __byte_perm(f[2], f[3], 0x5410);
+            af[3] = __byte_perm(f[6], f[7], 0x5410);
+            if (!NB)
+            {
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) af[i] = hfma2_bits(af[i], MUL1_S_H2, MUL1_O_H2);
+            }
             #pragma unroll
             for (int t = 0; t < NT; ++t)
             {
@@ -227,8 +238,8 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         __syncwarp();
     }
     asm volatile("cp.async.wait_all;\n" ::);
-    // C fragment: acc[t] = y[n g][rows 8t + 2q, +1], y[n g + 8][same rows]; then the 4 k-warps in a fixed order
-    const int c = (warp & 1) * 16 + g;
+    // C fragment: acc[t] = y[n g][rows 8t + 2q, +1], y[n g + 8][same rows]; then the k-warps in a fixed order
+    const int c = (warp % NTB) * 16 + g;
     #pragma unroll
     for (int t = 0; t < NT; ++t)
     {
@@ -245,66 +256,93 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < nr * 32; i += blockDim.x)
+    for (int i = threadIdx.x; i < nr * COLS; i += blockDim.x)
     {
-        const int r = i >> 5, cc = i & 31;
-        const float v = sh_red[0][r][cc] + sh_red[1][r][cc] + sh_red[2][r][cc] + sh_red[3][r][cc];
+        const int r = i / COLS, cc = i % COLS;
+        float v = sh_red[0][r][cc];
+        #pragma unroll
+        for (int w = 1; w < KW; ++w) v += sh_red[w][r][cc];
         const int s = sh_slot[r];
-        const int col = group * 32 + cc;
+        const int col = group * COLS + cc;
         if (down) a.dd[((size_t) part * slots + s) * a.H + col] = v;
         else a.gu[(((size_t) part * slots + s) * 2 + proj_i) * a.I + col] = v;
     }
 }
 
-template <int K, int NT, int U, int D, int MINB>
+template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4>
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(const MoeArgs a, int down)
 {
-    gemv_mma_item<K, NT, U, D>(a, down, blockIdx.x);
+    gemv_mma_item<K, NT, U, D, NB, KW>(a, down, blockIdx.x);
+}
+
+// The largest shared-memory carveout for a kernel, asked once (5-6 blocks of ~29 KB need more than the default)
+template <auto KERN>
+void prefer_shared()
+{
+    static const cudaError_t done = cudaFuncSetAttribute(KERN, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                         (int) cudaSharedmemCarveoutMaxShared);
+    (void) done;
+}
+
+template <auto KERN>
+cudaError_t launch_mma(int items, const MoeArgs& a, int down, int pdl, cudaStream_t stream)
+{
+    prefer_shared<KERN>();
+    return launch(KERN, items, 256, stream, pdl, a, down);
 }
 
 }  // namespace
 
 namespace {
 
-// unroll picks the ring: >= 16 -> stages of 8 tiles (4 deep at K <= 4, 3 deep above: static shared
-// memory), else 4 tiles 4 deep. occ6: registers capped for 6 blocks per SM instead of 4.
-template <int K, int NT, int MINB>
-cudaError_t launch_gemv_mma_b(int items, const MoeArgs& a, int down, int unroll, int pdl, cudaStream_t stream)
+// Stages of 8 tiles (4 deep at K <= 4, 3 deep above: static shared memory). blocks: 4, 5 or 6 blocks per SM
+// asked of the compiler (64 / 48 / 40 registers); nt 2 (runs of 16 rows): 4 blocks, no bias folding;
+// kw2: 4 n-tiles x 2 k-warps per block (twice the k-tiles per warp), with bias folding, 4 or 6 blocks.
+template <int K, int D>
+cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int blocks, int kw2, int pdl,
+                              cudaStream_t stream)
 {
-    if (unroll >= 16)
+    if (nt >= 2) return launch_mma<gemv_mma_kernel<K, 2, 8, D, 4, false>>(items, a, down, pdl, stream);
+    if (kw2)
     {
-        if constexpr (K <= 4) return launch(gemv_mma_kernel<K, NT, 8, 4, MINB>, items, 256, stream, pdl, a, down);
-        else return launch(gemv_mma_kernel<K, NT, 8, 3, MINB>, items, 256, stream, pdl, a, down);
+        if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true, 2>>(items / 2, a, down, pdl, stream);
+        return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2>>(items / 2, a, down, pdl, stream);
     }
-    return launch(gemv_mma_kernel<K, NT, 4, 4, MINB>, items, 256, stream, pdl, a, down);
+    if (a.nobias)
+    {
+        if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true>>(items, a, down, pdl, stream);
+        if (blocks == 5) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 5, true>>(items, a, down, pdl, stream);
+        return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true>>(items, a, down, pdl, stream);
+    }
+    if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, false>>(items, a, down, pdl, stream);
+    if (blocks == 5) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 5, false>>(items, a, down, pdl, stream);
+    return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, false>>(items, a, down, pdl, stream);
 }
 
 template <int K>
-cudaError_t launch_gemv_mma(const MoeArgs& a, int down, int nt, int unroll, int pdl, int occ6, cudaStream_t stream)
+cudaError_t launch_gemv_mma(const MoeArgs& a, int down, int nt, int blocks, int kw2, int pdl, cudaStream_t stream)
 {
     const int slots = a.bsz * a.topk;
     const int nproj = down ? 1 : 2;
     const int groups = (down ? a.H : a.I) >> 5;
     const int parts = down ? a.parts_b : a.parts_a;
     const int items = slots * nproj * groups * parts;
-    if (nt >= 2)
-        return occ6 ? launch_gemv_mma_b<K, 2, 6>(items, a, down, unroll, pdl, stream)
-                    : launch_gemv_mma_b<K, 2, 4>(items, a, down, unroll, pdl, stream);
-    return occ6 ? launch_gemv_mma_b<K, 1, 6>(items, a, down, unroll, pdl, stream)
-                : launch_gemv_mma_b<K, 1, 4>(items, a, down, unroll, pdl, stream);
+    if constexpr (K <= 4) return launch_gemv_mma_d<K, 4>(items, a, down, nt, blocks, kw2, pdl, stream);
+    else return launch_gemv_mma_d<K, 3>(items, a, down, nt, blocks, kw2, pdl, stream);
 }
 
 // nt: 8-row groups per run (1: runs of 8 rows, 2: runs of 16)
-cudaError_t launch_gemv_mma_any(const MoeArgs& a, int k, int down, int nt, int unroll, int pdl, int occ6,
+cudaError_t launch_gemv_mma_any(const MoeArgs& a, int k, int down, int nt, int blocks, int kw2, int pdl,
                                 cudaStream_t stream)
 {
+    kw2 = kw2 && nt == 1 && a.nobias;
     switch (k)
     {
-        case 2: return launch_gemv_mma<2>(a, down, nt, unroll, pdl, occ6, stream);
-        case 3: return launch_gemv_mma<3>(a, down, nt, unroll, pdl, occ6, stream);
-        case 4: return launch_gemv_mma<4>(a, down, nt, unroll, pdl, occ6, stream);
-        case 5: return launch_gemv_mma<5>(a, down, nt, unroll, pdl, occ6, stream);
-        case 6: return launch_gemv_mma<6>(a, down, nt, unroll, pdl, occ6, stream);
+        case 2: return launch_gemv_mma<2>(a, down, nt, blocks, kw2, pdl, stream);
+        case 3: return launch_gemv_mma<3>(a, down, nt, blocks, kw2, pdl, stream);
+        case 4: return launch_gemv_mma<4>(a, down, nt, blocks, kw2, pdl, stream);
+        case 5: return launch_gemv_mma<5>(a, down, nt, blocks, kw2, pdl, stream);
+        case 6: return launch_gemv_mma<6>(a, down, nt, blocks, kw2, pdl, stream);
         default: return cudaErrorInvalidValue;
     }
 }

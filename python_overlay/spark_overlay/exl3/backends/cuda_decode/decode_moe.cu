@@ -1,11 +1,13 @@
-// spark-kit's own EXL3 MoE decode kernels (1-8 token rows, MUL1 codebook); the conversions around
+// spark-kit's own EXL3 MoE decode kernels (1-8 token rows on CUDA cores, 1-64 with the tensor-core GEMVs of
+// decode_mma.cuh; MUL1 codebook); the conversions around
 // exllamav3's decode kernel and the bench's cold-read floor are in decode_glue.cuh, the helpers all
 // share in decode_util.cuh (one translation unit). Plain CUDA, no torch headers: the launchers are
 // extern "C", take raw device pointers and a stream, and return the launch's cudaError_t, so the
 // overlay loads the library with ctypes (loader.py) and CUDA graphs capture the launches.
 //
 // One MoE layer call, slots = rows x top_k (row r, pick k; expert e = ids[r, k]):
-//   rot_in   warp per (slot, 128-chunk, gate/up): xh = H128(x * suh) / sqrt(128), fp32
+//   rot_in   warp per (slot, 128-chunk, gate/up): xh = H128(x * suh) / sqrt(128), fp32 (tensor cores:
+//            fp16, and with the bias folded each chunk's sum of those fp16 values)
 //   gemv     block per (slot, projection, 32 output columns, k-part): W_hat decoded in registers
 //            from the trellis (MUL1: state * 0x83DCD12D, byte sum by dp4a, one fp32 FMA to the
 //            codebook's affine value), CUDA-core FMAs for every row that picked the expert. The
@@ -72,7 +74,33 @@ struct MoeArgs
     float* dd;                         // [parts_b, slots, H]
     int parts_a, parts_b;
     int x16;                           // the tensor-core gemv: inputs xh and ah stored as fp16
+    int nobias;                        // x16 gemv without the codebook's affine map: mid and out apply it
+    float* sums;                       // nobias: [slots, 2, H/128] sums of xh's fp16 chunks, then [slots, I/128] of ah's
 };
+
+constexpr float MUL1_S_F = 0.00676727294921875f;  // fp16 0x1EEE
+constexpr float MUL1_O_F = -10.3828125f;           // fp16 0xC931
+
+// Sum over a warp of each lane's 4 values as the fp16 store rounds them (fixed order: graph == eager)
+__device__ __forceinline__ float chunk_sum16(const float (&v)[4])
+{
+    float t = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) t += __half2float(__float2half_rn(v[i]));
+    #pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+    return t;
+}
+
+// Sum of n chunk sums over a warp (fixed order)
+__device__ __forceinline__ float sum_chunks(const float* p, int n, int lane)
+{
+    float t = 0.0f;
+    for (int c = lane; c < n; c += 32) t += p[c];
+    #pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+    return t;
+}
 
 __device__ __forceinline__ const void* table(const MoeArgs& a, int proj, int kind, int e)
 {
@@ -117,6 +145,11 @@ __global__ void rot_in_kernel(const MoeArgs a)
         v[i] = load_as_float(a.x, (int64_t) row * a.H + col + i, a.x_dt) * __half2float(suh[col + i]);
     had128(v[0], v[1], v[2], v[3], lane);
     store_in4(a, a.xh, ((size_t) slot * 2 + proj) * a.H + col, v);
+    if (a.nobias)
+    {
+        const float t = chunk_sum16(v);
+        if (lane == 0) a.sums[((size_t) slot * 2 + proj) * chunks + chunk] = t;
+    }
 }
 
 // GEMV over one projection for every row that picked the item's expert.
@@ -395,6 +428,18 @@ __global__ void mid_kernel(const MoeArgs a)
         g[0] += gv.x; g[1] += gv.y; g[2] += gv.z; g[3] += gv.w;
         u[0] += uv.x; u[1] += uv.y; u[2] += uv.z; u[3] += uv.w;
     }
+    const int chunks_h = a.H >> 7;
+    if (a.nobias)  // the codebook's affine map over the k-sums: S * sum x (1024 + b) + O * sum x
+    {
+        const float og = MUL1_O_F * sum_chunks(a.sums + ((size_t) slot * 2 + 0) * chunks_h, chunks_h, lane);
+        const float ou = MUL1_O_F * sum_chunks(a.sums + ((size_t) slot * 2 + 1) * chunks_h, chunks_h, lane);
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)
+        {
+            g[i] = fmaf(g[i], MUL1_S_F, og);
+            u[i] = fmaf(u[i], MUL1_S_F, ou);
+        }
+    }
     had128(g[0], g[1], g[2], g[3], lane);
     had128(u[0], u[1], u[2], u[3], lane);
     const half* gs = (const half*) table(a, 0, 2, e);
@@ -410,6 +455,11 @@ __global__ void mid_kernel(const MoeArgs a)
     }
     had128(v[0], v[1], v[2], v[3], lane);
     store_in4(a, a.ah, (size_t) slot * a.I + col, v);
+    if (a.nobias)
+    {
+        const float t = chunk_sum16(v);
+        if (lane == 0) a.sums[(size_t) slots * 2 * chunks_h + (size_t) slot * chunks + chunk] = t;
+    }
 }
 
 constexpr int OUT_MAX_TOPK = 8;  // picks per row the out kernel takes (a warp each)
@@ -437,6 +487,14 @@ __global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
         {
             const float4 t = *(const float4*) (a.dd + ((size_t) p * slots + slot) * a.H + col);
             v0 += t.x; v1 += t.y; v2 += t.z; v3 += t.w;
+        }
+        if (a.nobias && e >= 0 && e < a.n_local)
+        {
+            const int chunks_i = a.I >> 7;
+            const float o = MUL1_O_F * sum_chunks(a.sums + (size_t) slots * 2 * chunks + (size_t) slot * chunks_i,
+                                                  chunks_i, lane);
+            v0 = fmaf(v0, MUL1_S_F, o); v1 = fmaf(v1, MUL1_S_F, o);
+            v2 = fmaf(v2, MUL1_S_F, o); v3 = fmaf(v3, MUL1_S_F, o);
         }
         had128(v0, v1, v2, v3, lane);
         float* dst = part[k] + lane * 4;
@@ -468,6 +526,10 @@ constexpr int STAGE_OCC6 = 64;  // gemv kernels built for 6 blocks per SM (fewer
 constexpr int STAGE_XS = 128;   // gemv kernels stage the inputs through shared memory (1-2 rows)
 constexpr int STAGE_MMA = 256;  // the tensor-core gemv (decode_mma.cuh), runs of 8 rows; fp16 inputs; 1..64 rows
 constexpr int STAGE_RUN16 = 512;  // with STAGE_MMA: runs of 16 rows (two MMAs per tile)
+constexpr int STAGE_NOBIAS = 1024;  // with STAGE_MMA (runs of 8): the codebook's affine map after the sums
+constexpr int STAGE_OCC5 = 2048;  // with STAGE_MMA: gemv built for 5 blocks per SM (STAGE_OCC6: 6; else 4)
+constexpr int STAGE_KW2_A = 4096;  // with STAGE_NOBIAS: gate/up blocks of 4 n-tiles x 2 k-warps
+constexpr int STAGE_KW2_B = 8192;  // with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
 constexpr int MMA_MAX_ROWS = 64;
 
 template <int K, int NR, int MINB>
@@ -562,6 +624,10 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     a.xh = xh; a.gu = gu; a.ah = ah; a.dd = dd; a.parts_a = parts_a; a.parts_b = parts_b;
     a.x16 = mma;
     const int nt = (stages & STAGE_RUN16) ? 2 : 1;
+    a.nobias = mma && nt == 1 && (stages & STAGE_NOBIAS) != 0;
+    // x16: the fp16 inputs fill the first half of xh; the chunk sums go in its second half
+    a.sums = xh + (size_t) bsz * topk * H;
+    const int blocks = (stages & STAGE_OCC6) ? 6 : (stages & STAGE_OCC5) ? 5 : 4;
     const int slots = bsz * topk;
     const int pdl = (stages & STAGE_PDL) != 0;
     const int occ6 = (stages & STAGE_OCC6) != 0;
@@ -571,14 +637,14 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     if (stages & 1) err = launch(rot_in_kernel, (warps_in + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
     if (stages & 2)
-        err = mma ? launch_gemv_mma_any(a, k, 0, nt, unroll, pdl, occ6, stream)
+        err = mma ? launch_gemv_mma_any(a, k, 0, nt, blocks, (stages & STAGE_KW2_A) != 0, pdl, stream)
                   : launch_gemv_any(a, k, 0, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     const int warps_mid = slots * (I / 128);
     if (stages & 4) err = launch(mid_kernel, (warps_mid + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
     if (stages & 8)
-        err = mma ? launch_gemv_mma_any(a, k, 1, nt, unroll, pdl, occ6, stream)
+        err = mma ? launch_gemv_mma_any(a, k, 1, nt, blocks, (stages & STAGE_KW2_B) != 0, pdl, stream)
                   : launch_gemv_any(a, k, 1, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     if (stages & 16) err = launch(out_kernel, bsz * (H / 128), 32 * topk, stream, pdl, a);

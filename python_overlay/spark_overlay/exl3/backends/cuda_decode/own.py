@@ -17,7 +17,7 @@ from . import loader
 
 ROWS = 64  # rows per call with the tensor-core GEMVs (the kernel's limit)
 CUDA_CORE_ROWS = 8  # rows per call with the CUDA-core GEMVs
-# Rows the served path gives it. Tensor-core GEMVs: every size, on an H200 0.73-0.82x of the served
+# Rows the served path gives it. Tensor-core GEMVs: every size, on an H200 0.62-0.72x of the served
 # path's time at 1-64 rows (exllamav3's decode kernel in chunks of 42); CUDA-core GEMVs: 0.84x / 0.89x /
 # 0.83x at 1 / 2 / 4 rows, but 1.15x at 8 (python_overlay/tests/gpu/results-h200-decode*.json, docs/performance.md)
 SERVE_ROWS = 64
@@ -29,6 +29,10 @@ STAGE_OCC6 = 64  # decode_moe.cu: the gemv variant built for 6 blocks per SM
 STAGE_XS = 128  # decode_moe.cu: the gemv variant that stages its inputs through shared memory
 STAGE_MMA = 256  # decode_moe.cu: the tensor-core gemv (decode_mma.cuh), runs of 8 rows
 STAGE_RUN16 = 512  # with STAGE_MMA: runs of 16 rows
+STAGE_NOBIAS = 1024  # with STAGE_MMA: the codebook's affine map applied to the sums (no fp16x2 FMA per weight pair)
+STAGE_OCC5 = 2048  # with STAGE_MMA: the gemv built for 5 blocks per SM (STAGE_OCC6: 6; else 4)
+STAGE_KW2_A = 4096  # with STAGE_NOBIAS: gate/up blocks of 4 n-tiles x 2 k-warps (else 2 x 4)
+STAGE_KW2_B = 8192  # with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
 _scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 
@@ -61,6 +65,15 @@ def supports(groups: list[tuple], top_k: int = 1) -> str | None:
     return None
 
 
+def gate_up_layout(rows: int) -> tuple[int, bool]:
+    """Gate/up k-parts and 4 x 2 blocks of the tensor-core GEMV at `rows` rows (the H200's fastest, bias folded):
+    2 parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
+    (python_overlay/tests/gpu/results-h200-decode-own-mma.json)."""
+    if rows <= 1:
+        return 2, False
+    return 1, rows >= 4
+
+
 class OwnDecodeMoE:
     """One layer's own decode kernel, sharing the fused path's pointer tables."""
 
@@ -72,7 +85,7 @@ class OwnDecodeMoE:
         order = [f"{sid}_{kind}" for sid in ("w1", "w3", "w2") for kind in ("trellis", "suh", "svh")]
         self.tables = torch.stack([tables[name] for name in order]).contiguous()  # [9, num_local] int64
         self.k, self.hidden, self.inter, self.num_local, self.top_k = int(k), hidden, inter, num_local, top_k
-        # 0: chosen per call (tensor cores: 2 gate/up k-parts; CUDA cores: 3 at <= 8 slots, else 2)
+        # 0: chosen per call (tensor cores: `gate_up_layout`; CUDA cores: 3 at <= 8 slots, else 2)
         self.parts_a, self.parts_b = 0, 1
         # k-tiles streamed per stage (16: 8 tiles x 4 deep, the fastest at 1, 4 and 8 rows on an H200);
         # launches to run (31: all five)
@@ -86,8 +99,15 @@ class OwnDecodeMoE:
         # tensor-core GEMVs (mma.sync m16n8k16: sm_80+); runs of 16 rows from run16_from rows on (0: never)
         self.mma = cap[0] >= 8
         self.run16_from = 0  # runs of 16 were 3-18 % slower than two runs of 8 at 16-64 rows on an H200
-        # tensor cores: 6 blocks per SM from 16 rows on (up to 6 % faster at 16-64 rows, 0.5-5 % slower below)
-        self.occ6_from = 16
+        # tensor cores: blocks per SM asked of the compiler (4, 5 or 6: 64 / 48 / 40 registers), and 6 from
+        # occ6_from rows on (up to 6 % faster at 16-64 rows, 0.5-5 % slower below)
+        # (0: never; with the options below 4 blocks were the fastest at every size on an H200)
+        self.blocks, self.occ6_from = 4, 0
+        # tensor cores: the codebook's affine map applied to the sums instead of per weight pair (1-5 % faster
+        # at 1-64 rows); with it, gate/up (kw2_a; None: `gate_up_layout`) and down blocks of 4 n-tiles x 2
+        # k-warps instead of 2 x 4 (twice the k-tiles per warp: down 15 % faster at 1 row)
+        self.nobias = True
+        self.kw2_a, self.kw2_b = None, True
         self.xh, self.gu, self.ah, self.dd = shared_scratch(self.device, top_k, hidden, inter)
 
     @property
@@ -115,13 +135,19 @@ class OwnDecodeMoE:
         if out is None:
             out = torch.empty(rows, self.hidden, dtype=dtype if dtype in DTYPES else x.dtype, device=x.device)
         slots = rows * top_k
-        parts_a = self.parts_a or (2 if self.mma or slots > 8 else 3)
+        auto_parts, auto_kw2 = gate_up_layout(rows)
+        parts_a = self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)
+        kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
         if parts_a * slots > self.gu.shape[0] or self.parts_b * slots > self.dd.shape[0]:
             raise ValueError(f"own decode kernel: {parts_a} / {self.parts_b} k-parts at {rows} rows exceed its scratch")
-        occ6 = self.occ6 or (self.mma and 0 < self.occ6_from <= rows)
-        stages = self.stages | (STAGE_PDL if self.pdl else 0) | (STAGE_OCC6 if occ6 else 0)
-        stages |= STAGE_XS if self.xs and not self.mma else 0
-        stages |= (STAGE_MMA | (STAGE_RUN16 if 0 < self.run16_from <= rows else 0)) if self.mma else 0
+        stages = self.stages | (STAGE_PDL if self.pdl else 0)
+        if self.mma:
+            blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
+            stages |= STAGE_MMA | (STAGE_RUN16 if 0 < self.run16_from <= rows else 0)
+            stages |= (STAGE_NOBIAS if self.nobias else 0) | {6: STAGE_OCC6, 5: STAGE_OCC5}.get(blocks, 0)
+            stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
+        else:
+            stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         err = self.lib.spark_decode_moe(
             x.data_ptr(), DTYPES[x.dtype], ids.data_ptr(), int(ids.dtype == torch.int64), w.data_ptr(),
