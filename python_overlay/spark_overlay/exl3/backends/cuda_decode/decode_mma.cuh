@@ -17,6 +17,7 @@
 
 #pragma once
 
+#include "decode_tile.cuh"
 #include "decode_util.cuh"
 
 namespace {
@@ -53,18 +54,9 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     constexpr int COLS = 16 * NTB;
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const int n_in = down ? a.I : a.H;
-    const int n_out = down ? a.H : a.I;
-    const int nproj = down ? 1 : 2;
-    const int groups = n_out / COLS;
-    const int parts = down ? a.parts_b : a.parts_a;
-    int b = item;
-    const int part = b % parts; b /= parts;
-    const int group = b % groups; b /= groups;
-    const int proj_i = b % nproj;
-    const int slot = b / nproj;
-    const int slots = a.bsz * a.topk;
-    const int proj = down ? 2 : proj_i;
+    const GemvItem it = gemv_item_of(a, down, item, COLS);
+    const int n_in = it.n_in, n_out = it.n_out, parts = it.parts, part = it.part, group = it.group;
+    const int proj_i = it.proj_i, proj = it.proj, slot = it.slot, slots = it.slots;
 
     __shared__ int sh_slot[RUN];
     __shared__ int sh_n;
@@ -100,20 +92,10 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     const int ktiles = n_in >> 4;
     const int ntile = group * NTB + warp % NTB;
     const int kw = warp / NTB;
-    const int per_part = (ktiles + parts - 1) / parts;
-    const int k_lo = part * per_part;
-    const int k_hi = min(ktiles, k_lo + per_part);
-    const int per_warp = (k_hi - k_lo + KW - 1) / KW;
-    const int kb = k_lo + kw * per_warp;
-    const int ke = min(k_hi, kb + per_warp);
+    int kb, ke;
+    warp_k_range(ktiles, parts, part, kw, KW, kb, ke);
 
-    // This lane's bits of a tile: positions 8*lane .. 8*lane+7, windows from bit base
-    constexpr int R = 256 * K;
-    const int base = ((8 * K * lane + K - 16) % R + R) % R;
-    const int w0 = base >> 5;
-    const int w1 = (w0 + 1) % WORDS;
-    const int w2 = (w0 + 2) % WORDS;
-    const int off = base & 31;
+    const TileBits bits = tile_bits<K>(lane);
     const int q = lane & 3;
     const int g = lane >> 2;
 
@@ -191,21 +173,10 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         auto tile = [&] (int u)
         {
             const int kt = kb + batch * U + u;
-            const uint32_t* tw = stage + u * WORDS;
-            const uint32_t wa = tw[w0], wb = tw[w1], wc = tw[w2];
-            const uint32_t h0 = __funnelshift_l(wb, wa, off);
-            const uint32_t h1 = __funnelshift_l(wc, wb, off);
             uint32_t f[8];
+            mul1_products<K>(stage + u * WORDS, bits, f);
             #pragma unroll
-            for (int j = 0; j < 8; ++j)
-            {
-                const int sh = j * K;
-                uint32_t st;
-                if (sh == 0) st = h0 >> 16;
-                else if (sh < 32) st = __funnelshift_l(h1, h0, sh) >> 16;
-                else st = (h1 << (sh - 32)) >> 16;
-                f[j] = __dp4a(st * MUL1_MULT, 0x01010101u, MUL1_H16_BIAS);
-            }
+            for (int j = 0; j < 8; ++j) f[j] = __dp4a(f[j], 0x01010101u, MUL1_H16_BIAS);
             uint32_t af[4];
             af[0] = __byte_perm(f[0], f[1], 0x5410);
             af[1] = __byte_perm(f[4], f[5], 0x5410);
@@ -225,16 +196,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                 mma16816(acc[t], af, b0, b1);
             }
         };
-        const int valid = ntile_k - batch * U;
-        if (valid >= U)
-        {
-            #pragma unroll
-            for (int u = 0; u < U; ++u) tile(u);
-        }
-        else
-        {
-            for (int u = 0; u < valid; ++u) tile(u);
-        }
+        run_tiles<U>(ntile_k - batch * U, tile);
         __syncwarp();
     }
     asm volatile("cp.async.wait_all;\n" ::);

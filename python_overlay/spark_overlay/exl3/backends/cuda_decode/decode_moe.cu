@@ -23,11 +23,11 @@
 // (W = diag(suh) H W_hat H diag(svh); 16x16 tiles, tensor-core element order; MUL1).
 
 #include "decode_util.cuh"
+#include "decode_tile.cuh"
 
 namespace {
 
 constexpr float R_SCALE = 0.088388347648f;  // 1 / sqrt(128)
-constexpr uint32_t MUL1_MULT = 0x83DCD12Du;
 // fp32 bits of 2^23 + 1024: the dp4a byte sum b lands in the mantissa, value 2^23 + 1024 + b
 constexpr uint32_t MUL1_BIAS_BITS = 0x4B000000u + 1024u;
 // value = (1024 + b) * S + O (S = fp16 0x1EEE, O = fp16 0xC931) = f * S + (O - 2^23 * S), exact in fp32
@@ -107,6 +107,24 @@ __device__ __forceinline__ const void* table(const MoeArgs& a, int proj, int kin
     return (const void*) a.tables[(proj * 3 + kind) * a.n_local + e];
 }
 
+// A gemv block's item (slot, projection, n-group of `cols` columns, k-part; k-part fastest) and its shape
+struct GemvItem
+{
+    int n_in, n_out, parts, part, group, proj_i, proj, slot, slots;
+};
+
+__device__ __forceinline__ GemvItem gemv_item_of(const MoeArgs& a, int down, int item, int cols)
+{
+    const int n_in = down ? a.I : a.H, n_out = down ? a.H : a.I;
+    const int nproj = down ? 1 : 2;
+    const int groups = n_out / cols;
+    const int parts = down ? a.parts_b : a.parts_a;
+    const int part = item % parts; item /= parts;
+    const int group = item % groups; item /= groups;
+    const int proj_i = item % nproj;
+    return {n_in, n_out, parts, part, group, proj_i, down ? 2 : proj_i, item / nproj, a.bsz * a.topk};
+}
+
 // Stores 4 consecutive floats of a gemv input row (fp16 for the tensor-core gemv, else fp32)
 __device__ __forceinline__ void store_in4(const MoeArgs& a, float* base, size_t i, const float (&v)[4])
 {
@@ -160,18 +178,9 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const int n_in = down ? a.I : a.H;
-    const int n_out = down ? a.H : a.I;
-    const int nproj = down ? 1 : 2;
-    const int groups = n_out >> 5;
-    const int parts = down ? a.parts_b : a.parts_a;
-    int b = item;
-    const int part = b % parts; b /= parts;
-    const int group = b % groups; b /= groups;
-    const int proj_i = b % nproj;
-    const int slot = b / nproj;
-    const int slots = a.bsz * a.topk;
-    const int proj = down ? 2 : proj_i;
+    const GemvItem it = gemv_item_of(a, down, item, 32);
+    const int n_in = it.n_in, n_out = it.n_out, parts = it.parts, part = it.part, group = it.group;
+    const int proj_i = it.proj_i, proj = it.proj, slot = it.slot, slots = it.slots;
 
     // Rows of this expert (the first slot that picked it takes them all)
     __shared__ int sh_slot[NR];
@@ -207,20 +216,10 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
     const int ktiles = n_in >> 4;
     const int ntile = group * 2 + (warp & 1);
     const int kw = warp >> 1;
-    const int per_part = (ktiles + parts - 1) / parts;
-    const int k_lo = part * per_part;
-    const int k_hi = min(ktiles, k_lo + per_part);
-    const int per_warp = (k_hi - k_lo + 3) >> 2;
-    const int kb = k_lo + kw * per_warp;
-    const int ke = min(k_hi, kb + per_warp);
+    int kb, ke;
+    warp_k_range(ktiles, parts, part, kw, 4, kb, ke);
 
-    // This lane's bits of a tile: positions 8*lane .. 8*lane+7, windows from bit base
-    constexpr int R = 256 * K;
-    const int base = ((8 * K * lane + K - 16) % R + R) % R;
-    const int w0 = base >> 5;
-    const int w1 = (w0 + 1) % WORDS;
-    const int w2 = (w0 + 2) % WORDS;
-    const int off = base & 31;
+    const TileBits bits = tile_bits<K>(lane);
     const int q = lane & 3;
 
     const float* xin[NR];
@@ -313,21 +312,13 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
         auto tile = [&] (int u)
         {
             const int kt = kb + batch * U + u;
-            const uint32_t* tw = stage + u * WORDS;
-            const uint32_t wa = tw[w0], wb = tw[w1], wc = tw[w2];
-            const uint32_t h0 = __funnelshift_l(wb, wa, off);
-            const uint32_t h1 = __funnelshift_l(wc, wb, off);
+            uint32_t m[8];
+            mul1_products<K>(stage + u * WORDS, bits, m);
             float wv[8];
             #pragma unroll
             for (int j = 0; j < 8; ++j)
             {
-                const int sh = j * K;
-                uint32_t st;
-                if (sh == 0) st = h0 >> 16;
-                else if (sh < 32) st = __funnelshift_l(h1, h0, sh) >> 16;
-                else st = (h1 << (sh - 32)) >> 16;
-                const uint32_t m = st * MUL1_MULT;
-                const uint32_t f = __dp4a(m, 0x01010101u, MUL1_BIAS_BITS);
+                const uint32_t f = __dp4a(m[j], 0x01010101u, MUL1_BIAS_BITS);
                 wv[j] = fmaf(__uint_as_float(f), MUL1_S, MUL1_C);
             }
             // element (r, c) of position j: r = 2q + (j & 1) + 8 * ((j >> 1) & 1), c = lane / 4 + 8 * (j >> 2)
@@ -358,16 +349,7 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
                 acc1[r] = fmaf(wv[7], xb.y, acc1[r]);
             }
         };
-        const int valid = ke - (kb + batch * U);
-        if (valid >= U)
-        {
-            #pragma unroll
-            for (int u = 0; u < U; ++u) tile(u);
-        }
-        else
-        {
-            for (int u = 0; u < valid; ++u) tile(u);
-        }
+        run_tiles<U>(ke - (kb + batch * U), tile);
         __syncwarp();
     }
     asm volatile("cp.async.wait_all;\n" ::);
