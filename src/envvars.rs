@@ -122,14 +122,14 @@ pub const VARS: &[EnvVar] = &[
     var(
         "DOCKER_HOST",
         &[Passed],
-        "engine::container",
+        "runtime::docker::container",
         "which daemon the docker client talks to (runtime `docker`)",
         "docker's default",
     ),
-    var("DOCKER_CONTEXT", &[Passed], "engine::container", "docker client context", "docker's default"),
-    var("DOCKER_CONFIG", &[Passed], "engine::container", "docker client config directory", "`~/.docker`"),
-    var("DOCKER_CERT_PATH", &[Passed], "engine::container", "docker client TLS certificates", ""),
-    var("DOCKER_TLS_VERIFY", &[Passed], "engine::container", "docker client TLS verification", ""),
+    var("DOCKER_CONTEXT", &[Passed], "runtime::docker::container", "docker client context", "docker's default"),
+    var("DOCKER_CONFIG", &[Passed], "runtime::docker::container", "docker client config directory", "`~/.docker`"),
+    var("DOCKER_CERT_PATH", &[Passed], "runtime::docker::container", "docker client TLS certificates", ""),
+    var("DOCKER_TLS_VERIFY", &[Passed], "runtime::docker::container", "docker client TLS verification", ""),
     var("PATH", &[Passed], "engine::process", "passed to a venv engine (with the rest of this group, nothing else is)", ""),
     var("LANG", &[Passed], "engine::process", "passed to a venv engine", ""),
     var("LC_ALL", &[Passed], "engine::process, node::probe", "passed to a venv engine; `C` for node probes", ""),
@@ -145,7 +145,7 @@ pub const VARS: &[EnvVar] = &[
     var(
         "PYTHONPATH",
         &[Set],
-        "engine::argv, engine::docker",
+        "engine::argv, runtime::docker::run",
         "the spark-kit overlay (the vLLM plugin)",
         "the overlay directory",
     ),
@@ -251,11 +251,11 @@ pub const VARS: &[EnvVar] = &[
     var(
         "SPARKKIT_BUILD_PYTHON",
         &[Build],
-        "engine::venv (set by build.rs)",
+        "runtime::venv::build (set by build.rs)",
         "the Python the embedded interpreter was built against",
         "",
     ),
-    var("SPARKKIT_BUILD_PYTHON_VERSION", &[Build], "engine::venv (set by build.rs)", "its version", ""),
+    var("SPARKKIT_BUILD_PYTHON_VERSION", &[Build], "runtime::venv::build (set by build.rs)", "its version", ""),
     var("PYO3_PYTHON", &[Build], "build.rs", "the Python to build against", "`python3`"),
 ];
 

@@ -11,8 +11,8 @@ use std::process::Stdio;
 
 use crate::cluster::push;
 use crate::cluster::transport::{shell, shell_quote};
-use crate::engine::dockerctl::{self, classify, DockerError};
 use crate::kit::schema::{Kit, Node, Role, Transport};
+use crate::runtime::docker::dockerctl::{self, classify, DockerError};
 use crate::weights::rsync;
 
 /// Where progress goes.

@@ -18,8 +18,8 @@ use crate::cluster::protocol::Event;
 use crate::deploy::Deployment;
 use crate::engine::log_watch::LogWatch;
 use crate::engine::process::{Engine, LineSink};
-use crate::engine::venv::SetupReporter;
 use crate::kit::schema::{Kit, Role};
+use crate::runtime::venv::build::SetupReporter;
 use crate::runtime::{self, check_port, LaunchEnv, Prepared, Runtime, UpReporter};
 
 /// What the worker tells the loop.

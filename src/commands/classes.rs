@@ -10,8 +10,6 @@ use crate::checkpoint::CheckpointError;
 use crate::deploy::keys::KeysError;
 use crate::dirs::HomeUnset;
 use crate::engine::embed::EmbedError;
-use crate::engine::recipe::RecipeError;
-use crate::engine::venv::SetupError;
 use crate::engram::EngramError;
 use crate::error::{Classified, ExitCode};
 use crate::gateway::{ConfigError, FrontError};
@@ -19,6 +17,7 @@ use crate::hub::kit_files::NothingToFetch;
 use crate::hub::HubError;
 use crate::kit::KitError;
 use crate::memguard::GuardError;
+use crate::runtime::venv::{build::SetupError, recipe::RecipeError};
 use crate::runtime::UpError;
 use crate::supervisor::control::ControlError;
 

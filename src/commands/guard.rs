@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use super::{io_failure, load, Context};
 use crate::cli::GuardArgs;
-use crate::engine::dockerctl;
 use crate::error::Failure;
 use crate::kit::schema::{GuardPolicy, Transport};
 use crate::memguard::{
     Channel, ContainerId, EngineRef, EngineSource, FixedContainer, Guard, GuardConfig, GuardReporter, Overrides,
 };
+use crate::runtime::docker::dockerctl;
 use crate::signals;
 
 /// The guard configuration from the kit and the flags (flags win; sizes and the policy are

@@ -4,16 +4,15 @@
 use super::{io_failure, load, Context};
 use crate::cli::ImageSyncArgs;
 use crate::cluster::push;
-use crate::engine::image_build;
 use crate::error::Failure;
-use crate::kit::schema::Runtime;
 use crate::reporter::WriterLines;
+use crate::runtime::docker::image_build;
 use crate::settings::Settings;
 
 /// The settings of a docker kit (`what`: the image work refused for a venv kit).
 fn docker_kit(args: &ImageSyncArgs, ctx: &Context<'_>, what: &str) -> Result<Settings, Failure> {
     let s = load::settings(&args.kit, &ctx.env)?;
-    if s.kit.engine.runtime != Runtime::Docker {
+    if crate::runtime::of(&s.kit).image(&s.kit).is_none() {
         return Err(Failure::usage(format!(
             "kit {} runs its engine in a venv (engine.runtime: venv): no image to {what}",
             s.kit.name
@@ -53,9 +52,9 @@ pub fn build(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure>
     let venv = match &s.deploy.venv {
         Some(p) => p.clone(),
         None => {
-            let recipe = crate::engine::recipe::Recipe::load(&s.kit.engine.requirements)
+            let recipe = crate::runtime::venv::recipe::Recipe::load(&s.kit.engine.requirements)
                 .map_err(|e| Failure::usage(format!("engine.requirements: {e}")).caused_by_chain_of(&e))?;
-            crate::engine::venv::ensure(&s.deploy.dirs.cache, &recipe, &rep, &crate::cancel::Cancel::default())
+            crate::runtime::venv::build::ensure(&s.deploy.dirs.cache, &recipe, &rep, &crate::cancel::Cancel::default())
                 .map_err(|e| Failure::runtime(format!("engine venv: {e}")).caused_by_chain_of(&e))?
                 .path
         }

@@ -3,14 +3,14 @@
 //! every node's image must have that id (`node::docker_checks`).
 
 use crate::hub::lockfile::{ImageEntry, LockFile};
-use crate::kit::schema::{Kit, Runtime};
+use crate::kit::schema::Kit;
 use crate::node::docker_checks::common_image_id;
 use crate::node::preflight::Facts;
 use crate::settings::Settings;
 
-/// The kit's image, when its engine runs in one.
+/// The kit's image, when its runtime runs the engine in one.
 fn image_of(kit: &Kit) -> Option<&str> {
-    kit.engine.docker_image.as_deref().filter(|_| kit.engine.runtime == Runtime::Docker)
+    crate::runtime::of(kit).image(kit)
 }
 
 /// `(recorded image id, lock path)` for the kit's image, when the lock has one.

@@ -8,9 +8,9 @@ use super::checkpoint_source::checkpoint_in;
 use crate::checkpoint::budget::weight_budget;
 use crate::checkpoint::exl3_audit::num_hidden_layers;
 use crate::deploy::Deployment;
-use crate::engine::{recipe::Recipe, venv};
-use crate::kit::schema::{Kit, Runtime};
+use crate::kit::schema::Kit;
 use crate::node::preflight::PreflightInput;
+use crate::runtime::venv::{build as venv, recipe::Recipe};
 use crate::settings::Settings;
 use crate::supervisor::control::request;
 
@@ -44,13 +44,15 @@ pub fn model_dir(kit: &Kit, d: &Deployment) -> PathBuf {
 pub fn input(s: &Settings) -> PreflightInput {
     let (kit, d) = (&s.kit, &s.deploy);
     let (weights_per_rank, weights_on_disk) = weights(s);
-    let vllm_python = (kit.engine.runtime == Runtime::Venv || kit.engine.docker_mount_venv)
+    let runtime = crate::runtime::of(kit);
+    let vllm_python = runtime
+        .vllm_in_venv(kit)
         .then(|| Recipe::load(&kit.engine.requirements).ok())
         .flatten()
         .and_then(|r| venv::find(d.cache(), &r))
         .map(|v| v.path.join("bin/python").display().to_string());
     let image_build = kit.engine.docker_mount_venv.then(|| s.kit_ref.command("image build", &[]));
-    let image_sync = (kit.engine.runtime == Runtime::Docker).then(|| s.kit_ref.command("image sync", &[]));
+    let image_sync = runtime.image(kit).map(|_| s.kit_ref.command("image sync", &[]));
     PreflightInput {
         weights_per_rank,
         weights_on_disk,
@@ -58,6 +60,7 @@ pub fn input(s: &Settings) -> PreflightInput {
         vllm_python,
         image_build,
         image_sync,
+        replace: Some(s.kit_ref.command("up", &["--replace"])),
         gateway_holds_api_port: false,
         setup: Some(s.kit_ref.command("setup", &[])),
         image_vllm_cache: Some(d.cache().join("image-vllm").display().to_string()),

@@ -2,24 +2,20 @@
 
 use super::{io_failure, load, Context};
 use crate::cli::SetupArgs;
-use crate::engine::prune::prune;
-use crate::engine::{recipe::Recipe, venv};
 use crate::error::Failure;
-use crate::kit::schema::Runtime;
 use crate::reporter::Lines;
+use crate::runtime::venv::{build as venv, prune::prune, recipe::Recipe};
 
 pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = load::settings(&args.kit, &ctx.env)?;
     let kit = &s.kit;
-    if kit.engine.runtime == Runtime::Docker {
+    if let Some(image) = crate::runtime::of(kit).image(kit) {
         return Err(Failure::usage(format!(
-            "kit {} runs the engine from the docker image {}; `setup` makes venvs only",
-            kit.name,
-            kit.engine.docker_image.as_deref().unwrap_or("?")
+            "kit {} runs the engine from the docker image {image}; `setup` makes venvs only",
+            kit.name
         ))
         .with_hint(format!(
-            "pull that image on every node (`docker pull {}`); `spark-kit preflight` checks its vLLM",
-            kit.engine.docker_image.as_deref().unwrap_or("?")
+            "pull that image on every node (`docker pull {image}`); `spark-kit preflight` checks its vLLM"
         )));
     }
     let recipe = Recipe::load(&kit.engine.requirements)?;

@@ -14,7 +14,7 @@ use crate::supervisor::status_text::{not_running_json, render, running_json};
 /// docker, its containers found by label) is named in the error, with how to remove it.
 fn with_survivors(f: Failure, args: &crate::cli::KitArgs, env: &[(String, String)]) -> Failure {
     let Ok(Some(kit)) = super::target::given_kit(args, env) else { return f };
-    let Ok(left) = crate::runtime::for_kit(&kit).and_then(|r| r.leftovers(&kit)) else { return f };
+    let Ok(left) = crate::runtime::of(&kit).leftovers(&kit) else { return f };
     if left.is_empty() {
         return f;
     }

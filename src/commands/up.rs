@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::up_prepare::{check_free, gates, is_running, settings, Registration};
-use super::up_text::{banner, failure_from};
+use super::up_text::{banner, cluster_hint, failure_from};
 use super::{io_failure, up_detach, up_gateway, Context};
 use crate::cli::UpArgs;
 use crate::error::Failure;
@@ -66,8 +66,8 @@ pub fn run(args: &UpArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
             }
         },
         Ok(_) => Err(failure_from(&snap, &s.kit_ref)),
-        Err(e) if e.is_usage() => Err(Failure::usage_error(&e).with_hint_opt(e.hint())),
-        Err(e) => Err(Failure::runtime_error(&e).with_hint_opt(e.hint())),
+        Err(e) if e.is_usage() => Err(Failure::usage_error(&e).with_hint_opt(cluster_hint(&e, &s.kit_ref))),
+        Err(e) => Err(Failure::runtime_error(&e).with_hint_opt(cluster_hint(&e, &s.kit_ref))),
     }
 }
 

@@ -49,7 +49,7 @@ pub fn detach(s: &Settings, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let mut progress = BootProgress::new();
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            let tail = crate::engine::venv::tail(log_path, 15);
+            let tail = crate::engine::process::tail(log_path, 15);
             return Err(Failure::runtime(format!("the supervisor exited ({status}); last lines:\n{tail}"))
                 .with_hint(format!("full log: {}", log_path.display())));
         }

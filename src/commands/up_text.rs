@@ -2,7 +2,7 @@
 
 use crate::error::Failure;
 use crate::hints::{curl_example, KeySource, KitRef};
-use crate::supervisor::Snapshot;
+use crate::supervisor::{ClusterError, Snapshot};
 
 /// The ready banner: endpoint, model, a `curl` that works as copied (with the API key's header
 /// when the kit has keys), where the logs are, and the commands for this deployment.
@@ -38,6 +38,20 @@ pub fn failure_from(s: &Snapshot, kit_ref: &KitRef) -> Failure {
     }
 }
 
+/// The fix for a supervisor that could not run, with the kit as the user gave it: `--replace`
+/// that could not remove an earlier run's leftovers is run again once the reason is fixed (it
+/// removes them first; no other spark-kit command removes them).
+#[must_use]
+pub fn cluster_hint(e: &ClusterError, kit_ref: &KitRef) -> Option<String> {
+    match e {
+        ClusterError::Replace(_) => Some(format!(
+            "fix what stopped the removal on that node (the reason above), then run {} again",
+            kit_ref.quoted("up", &["--replace"])
+        )),
+        _ => e.hint(),
+    }
+}
+
 /// The hint for a deployment that is still running.
 #[must_use]
 pub fn still_running_hint(kit_ref: &KitRef) -> String {
@@ -47,4 +61,24 @@ pub fn still_running_hint(kit_ref: &KitRef) -> String {
         kit_ref.quoted("logs", &[]),
         kit_ref.quoted("down", &[])
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_replace_names_up_replace_with_the_kit_as_given() {
+        let e = ClusterError::Replace("--replace: spark-2 did not answer within 30 s".into());
+        let hint = cluster_hint(&e, &KitRef::new(Some("my kits/a.yaml")));
+        assert_eq!(
+            hint.as_deref(),
+            Some(
+                "fix what stopped the removal on that node (the reason above), then run \
+                 `spark-kit up --kit 'my kits/a.yaml' --replace` again"
+            )
+        );
+        let e = ClusterError::NoHello { node: "spark-2".into(), secs: 30, log: "/l".into() };
+        assert_eq!(cluster_hint(&e, &KitRef::new(None)), None);
+    }
 }

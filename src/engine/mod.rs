@@ -1,19 +1,17 @@
-//! The engine: the embedded Python overlay, the engine venv, the vLLM command per node, the
-//! engine process (PyO3 on its main thread) and its process group.
+//! The vLLM engine, under every runtime: the embedded Python overlay, the vLLM command per node,
+//! the engine process (PyO3 on its main thread) and its process group, its log and boot phases,
+//! and the served model's directory. How a node runs it (a venv, a container) is `runtime/`.
 
 pub mod argv;
 pub mod boot_phase;
 pub mod child_exit;
-pub mod container;
-pub mod docker;
-pub mod dockerctl;
 pub mod embed;
-pub mod image_build;
 pub mod log_watch;
 pub mod model;
 pub mod overlay;
 pub mod pgroup;
 pub mod process;
-pub mod prune;
-pub mod recipe;
-pub mod venv;
+
+/// How often a long step (a venv build step, a tiny model's maker) says it is still running:
+/// no quiet minute.
+pub const STILL_EVERY: std::time::Duration = std::time::Duration::from_secs(10);

@@ -61,7 +61,7 @@ fn overlay_tag(overlay: &Path) -> String {
 /// Make (once) or find the model directory of `kit`. Tiny models are made by the overlay's
 /// maker with the engine venv's python into `<data_dir>/models/`, its output logged to `log`.
 /// Making a tiny model takes a minute on a first start: `still` hears the seconds spent every
-/// [`crate::engine::venv::STILL_EVERY`] while a maker runs (no quiet minute). `cancel` kills
+/// [`crate::engine::STILL_EVERY`] while a maker runs (no quiet minute). `cancel` kills
 /// the maker's process group and removes its scratch ([`ModelError::Cancelled`]); the makers
 /// rename a model into place only once it is complete, so none is left half-made.
 pub fn ensure(
@@ -73,7 +73,7 @@ pub fn ensure(
     still: &dyn Fn(f64),
     cancel: &Cancel,
 ) -> Result<PathBuf, ModelError> {
-    ensure_every(kit, d, (python, overlay, log), (still, crate::engine::venv::STILL_EVERY), cancel)
+    ensure_every(kit, d, (python, overlay, log), (still, crate::engine::STILL_EVERY), cancel)
 }
 
 fn ensure_every(

@@ -255,8 +255,16 @@ impl Engine {
     /// The log's last `n` lines.
     #[must_use]
     pub fn log_tail(&self, n: usize) -> String {
-        super::venv::tail(&self.log, n)
+        tail(&self.log, n)
     }
+}
+
+/// The last `n` lines of a file, empty when it cannot be read (for error messages).
+#[must_use]
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Path of a node's engine log.

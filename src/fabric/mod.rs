@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::kit::schema::{Kit, Role, Runtime};
+use crate::kit::schema::{Kit, Role};
 
 pub mod verdict;
 
@@ -68,7 +68,7 @@ impl AllReduceRequest {
 pub fn skip_reason(kit: &Kit, python: Option<&str>) -> Option<String> {
     if kit.nodes.len() < 2 {
         Some("one node: no cross-node all-reduce".into())
-    } else if kit.engine.runtime == Runtime::Docker && !kit.engine.docker_mount_venv {
+    } else if !crate::runtime::of(kit).vllm_in_venv(kit) {
         Some("the engine's torch is inside the image: run the all-reduce with the venv runtime (or engine.docker_mount_venv)".into())
     } else if python.is_none() {
         Some("the engine venv is not built here yet".into())

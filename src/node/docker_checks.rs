@@ -6,7 +6,7 @@
 use super::checks::{Check, Verdict};
 use super::facts::DockerFacts;
 use super::probe::ProbeError;
-use crate::engine::dockerctl::{classify, parse_ps, DockerError};
+use crate::runtime::docker::dockerctl::{classify, parse_ps, DockerError, Listed};
 
 fn check(node: &str, id: &'static str, verdict: Verdict, message: String, fix: Option<String>) -> Check {
     Check { node: node.to_string(), id, verdict, message, fix }
@@ -22,6 +22,18 @@ fn error_of(e: &ProbeError, what: &str, image: Option<&str>) -> DockerError {
                 why.strip_prefix("exit status: ").and_then(|r| r.split_once(": ")).map_or(why.as_str(), |(_, s)| s);
             classify(what, said, image)
         }
+    }
+}
+
+/// What to do about containers an earlier run left on `node`: start over them with spark-kit
+/// (`replace`, when known), or only remove them by hand (no spark-kit command removes them
+/// without starting the deployment: `down` needs a running one).
+fn survivors_fix(node: &str, left: &[Listed], replace: Option<&str>) -> String {
+    let names: Vec<&str> = left.iter().map(|c| c.name.as_str()).collect();
+    let by_hand = format!("`docker rm -f {}` on {node}", names.join(" "));
+    match replace {
+        Some(cmd) => format!("start over them with `{cmd}` (it removes them first), or only remove them: {by_hand}"),
+        None => format!("remove them: {by_hand}"),
     }
 }
 
@@ -57,13 +69,16 @@ pub struct Recorded<'a> {
 }
 
 /// Checks of one node. `make` is the command that puts the image here, when spark-kit can: a
-/// missing image's fix names it. `recorded`: the id the node's image must have.
+/// missing image's fix names it. `recorded`: the id the node's image must have. `replace`: the
+/// command that starts the deployment over its leftovers (`spark-kit up --kit K --replace`,
+/// which removes them on every node first), as the user can run it: a survivor's fix names it.
 #[must_use]
 pub fn node_checks(
     node: &str,
     f: &DockerFacts,
     make: Option<ImageFix<'_>>,
     recorded: Option<Recorded<'_>>,
+    replace: Option<&str>,
 ) -> Vec<Check> {
     let mut out = Vec::new();
     if let Err(e) = &f.info {
@@ -122,10 +137,7 @@ pub fn node_checks(
                     "containers",
                     Verdict::Fail,
                     format!("containers of this deployment from an earlier run: {}", names.join(", ")),
-                    Some(format!(
-                        "remove them (`docker rm -f {}` on {node}), or add --replace to `spark-kit up`",
-                        left.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(" ")
-                    )),
+                    Some(survivors_fix(node, &left, replace)),
                 ));
             }
         }
@@ -194,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_healthy_node_passes() {
-        let c = node_checks("spark-1", &facts(Ok(ID_A), ""), None, None);
+        let c = node_checks("spark-1", &facts(Ok(ID_A), ""), None, None, None);
         assert!(c.iter().all(|c| c.verdict == Verdict::Pass), "{c:?}");
         assert!(c[1].message.contains("62d68dee0229"));
     }
@@ -206,13 +218,17 @@ mod tests {
             what: "docker info".into(),
             why: "exit status: 1: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?".into(),
         });
-        let c = node_checks("spark-2", &f, None, None);
+        let c = node_checks("spark-2", &f, None, None, None);
         assert_eq!((c.len(), c[0].verdict), (1, Verdict::Fail));
         assert!(
             c[0].message.contains("not running") && c[0].fix.as_deref().unwrap().contains("systemctl start docker")
         );
         f.info = Err(ProbeError::NotFound("docker".into()));
-        assert!(node_checks("n", &f, None, None)[0].fix.as_deref().unwrap().contains("apt-get install docker.io"));
+        assert!(node_checks("n", &f, None, None, None)[0]
+            .fix
+            .as_deref()
+            .unwrap()
+            .contains("apt-get install docker.io"));
     }
 
     fn missing_again() -> Result<&'static str, ProbeError> {
@@ -228,7 +244,7 @@ mod tests {
             what: "docker image inspect".into(),
             why: "exit status: 1: Error: No such image: vllm/x:1".into(),
         });
-        let c = node_checks("spark-2", &facts(missing, "abc123\tspark-kit-k-spark-2\trunning\n"), None, None);
+        let c = node_checks("spark-2", &facts(missing, "abc123\tspark-kit-k-spark-2\trunning\n"), None, None, None);
         let image = c.iter().find(|c| c.id == "image").unwrap();
         assert_eq!(image.verdict, Verdict::Fail);
         assert!(
@@ -237,7 +253,7 @@ mod tests {
         );
         // A kit whose image spark-kit makes names that command.
         for f in [facts(Ok(""), ""), facts(missing_again(), "")] {
-            let c = node_checks("local", &f, Some(ImageFix::Build("spark-kit image build --kit k")), None);
+            let c = node_checks("local", &f, Some(ImageFix::Build("spark-kit image build --kit k")), None, None);
             let made = c.iter().find(|c| c.id == "image").unwrap();
             assert_eq!(made.verdict, Verdict::Fail);
             assert_eq!(made.fix.as_deref(), Some("make it here, offline: `spark-kit image build --kit k`"));
@@ -248,18 +264,31 @@ mod tests {
             &facts(missing_again(), ""),
             Some(ImageFix::Sync("spark-kit image sync --kit k")),
             None,
+            None,
         );
         let synced = c.iter().find(|c| c.id == "image").unwrap();
         assert_eq!(
             synced.fix.as_deref(),
             Some("copy the head's image here: run `spark-kit image sync --kit k` on the head")
         );
-        let c = node_checks("spark-2", &facts(missing_again(), "abc123\tspark-kit-k-spark-2\trunning\n"), None, None);
+        // A survivor: start over it with the kit's `up --replace` (runnable as printed), or remove it by hand.
+        let ps = "abc123\tspark-kit-k-spark-2\trunning\ndef456\tspark-kit-k-spark-2b\texited\n";
+        let c = node_checks("spark-2", &facts(missing_again(), ps), None, None, Some("spark-kit up --kit k --replace"));
         let left = c.iter().find(|c| c.id == "containers").unwrap();
         assert_eq!(left.verdict, Verdict::Fail);
-        assert!(
-            left.message.contains("spark-kit-k-spark-2 (abc123, running)")
-                && left.fix.as_deref().unwrap().contains("--replace")
+        assert!(left.message.contains("spark-kit-k-spark-2 (abc123, running), spark-kit-k-spark-2b (def456, exited)"));
+        assert_eq!(
+            left.fix.as_deref(),
+            Some(
+                "start over them with `spark-kit up --kit k --replace` (it removes them first), or only remove them: \
+                 `docker rm -f spark-kit-k-spark-2 spark-kit-k-spark-2b` on spark-2"
+            )
+        );
+        let c = node_checks("spark-2", &facts(missing_again(), ps), None, None, None);
+        let fix = c.iter().find(|c| c.id == "containers").and_then(|c| c.fix.clone());
+        assert_eq!(
+            fix.as_deref(),
+            Some("remove them: `docker rm -f spark-kit-k-spark-2 spark-kit-k-spark-2b` on spark-2")
         );
     }
 
@@ -267,9 +296,9 @@ mod tests {
     fn a_node_whose_image_is_not_the_recorded_one_fails() {
         let lock = "/d/k/spark-kit.lock";
         let rec = Some(Recorded { id: ID_A, lock });
-        let same = node_checks("spark-1", &facts(Ok(ID_A), ""), None, rec);
+        let same = node_checks("spark-1", &facts(Ok(ID_A), ""), None, rec, None);
         assert_eq!(same.iter().find(|c| c.id == "image").unwrap().verdict, Verdict::Pass);
-        let c = node_checks("spark-2", &facts(Ok(ID_B), ""), None, rec);
+        let c = node_checks("spark-2", &facts(Ok(ID_B), ""), None, rec, None);
         let image = c.iter().find(|c| c.id == "image").unwrap();
         assert_eq!(image.verdict, Verdict::Fail);
         assert_eq!(

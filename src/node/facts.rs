@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::probe::{ProbeError, ProbeSource};
+use crate::runtime::docker::DockerRequest;
 
 /// Outcome of one probe: its text, or why there is none.
 pub type Probed = Result<String, ProbeError>;
@@ -78,21 +79,6 @@ pub struct NodeFacts {
     pub docker: Option<DockerFacts>,
 }
 
-/// What preflight asks about Docker (kits with `engine.runtime: docker`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DockerRequest {
-    /// `engine.docker_image`.
-    pub image: String,
-    /// The kit's name: containers labelled `spark-kit.kit=<kit>` are this deployment's.
-    pub kit: String,
-    /// Read the vLLM version inside the image (the image runs its own vLLM).
-    #[serde(default)]
-    pub read_vllm: bool,
-    /// Directory on the node caching that version per image id (one file per id).
-    #[serde(default)]
-    pub version_cache: Option<String>,
-}
-
 /// Docker facts of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DockerFacts {
@@ -128,7 +114,7 @@ pub struct FactRequest {
     pub ports: Vec<(String, u16, String)>,
     /// ssh targets: `(node name, argv of an ssh call that runs `true`)`.
     pub ssh: Vec<(String, Vec<String>)>,
-    /// Docker runtime kits.
+    /// The runtime's part ([`crate::runtime::Runtime::preflight_request`]): docker kits.
     #[serde(default)]
     pub docker: Option<DockerRequest>,
     /// This node's rank of the cross-node all-reduce (`spark-kit preflight` on multi-node kits).
@@ -190,7 +176,7 @@ pub fn gather(p: &dyn ProbeSource, req: &FactRequest) -> NodeFacts {
 }
 
 fn docker(p: &dyn ProbeSource, req: &DockerRequest) -> DockerFacts {
-    let filter = format!("label={}={}", crate::engine::dockerctl::LABEL_KIT, req.kit);
+    let filter = format!("label={}={}", crate::runtime::docker::dockerctl::LABEL_KIT, req.kit);
     let image_id = p.run("docker-image", &["docker", "image", "inspect", "--format", "{{.Id}}", &req.image]);
     let id = image_id.as_ref().ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     DockerFacts {

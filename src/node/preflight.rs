@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use super::checks::{node_checks, Check, NodeSpec, Verdict, VllmSource};
 use super::docker_checks;
-use super::facts::{DockerRequest, FactRequest, NodeFacts};
+use super::facts::{FactRequest, NodeFacts};
 use super::parity::cross_checks;
-use crate::kit::schema::{Kit, ModelSource, Node, Role, Runtime, Transport};
+use crate::kit::schema::{Kit, ModelSource, Node, Role, Transport};
 
 /// What preflight knows besides the kit.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +29,9 @@ pub struct PreflightInput {
     /// The command that copies the head's image to the workers, as the user can run it
     /// (`spark-kit image sync --kit K`), for docker kits: a worker's missing or differing image.
     pub image_sync: Option<String>,
+    /// The command that starts the deployment over what an earlier run left (`spark-kit up --kit K
+    /// --replace`, it removes them on every node first), as the user can run it: a survivor's fix.
+    pub replace: Option<String>,
     /// `up`'s gateway already listens on `engine.port` (the API port is then not checked free).
     pub gateway_holds_api_port: bool,
     /// The command that builds the engine venv, as the user can run it (`spark-kit setup --kit
@@ -112,12 +115,12 @@ pub fn spec_for(kit: &Kit, node: &Node, input: &PreflightInput) -> NodeSpec {
     }
 }
 
-/// Where the kit's engine gets its vLLM: the image itself, unless the image mounts the venv.
+/// Where the kit's engine gets its vLLM, as its runtime says: the engine venv, or the image itself.
 fn vllm_source(kit: &Kit) -> VllmSource {
-    if kit.engine.runtime == Runtime::Docker && !kit.engine.docker_mount_venv {
-        VllmSource::Image
-    } else {
+    if crate::runtime::of(kit).vllm_in_venv(kit) {
         VllmSource::Venv
+    } else {
+        VllmSource::Image
     }
 }
 
@@ -174,12 +177,7 @@ pub fn request_for(kit: &Kit, node: &Node, input: &PreflightInput) -> FactReques
         ports,
         ssh,
         all_reduce: all_reduce_for(kit, node, input),
-        docker: (kit.engine.runtime == Runtime::Docker).then(|| DockerRequest {
-            image: kit.engine.docker_image.clone().unwrap_or_default(),
-            kit: kit.name.clone(),
-            read_vllm: vllm_source(kit) == VllmSource::Image,
-            version_cache: input.image_vllm_cache.clone(),
-        }),
+        docker: crate::runtime::of(kit).preflight_request(kit, input.image_vllm_cache.as_deref()),
     }
 }
 
@@ -303,7 +301,7 @@ pub fn run(kit: &Kit, input: &PreflightInput, facts_of: &dyn Fn(&Node, &FactRequ
                         .recorded_image
                         .as_ref()
                         .map(|(id, lock)| docker_checks::Recorded { id: id.as_str(), lock: lock.as_str() });
-                    checks.extend(docker_checks::node_checks(&node.name, d, fix, recorded));
+                    checks.extend(docker_checks::node_checks(&node.name, d, fix, recorded, input.replace.as_deref()));
                 }
                 facts.push((node.name.clone(), f));
             }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::engine::boot_phase::{progress_line, Pacer, CLEAR_LINE};
-use crate::engine::venv::SetupReporter;
+use crate::runtime::venv::build::SetupReporter;
 use crate::runtime::UpReporter;
 use crate::supervisor::state::State;
 use crate::supervisor::{ClusterReporter, Snapshot};
@@ -80,7 +80,7 @@ impl crate::image_sync::SyncReporter for WriterLines<'_> {
     }
 }
 
-impl crate::engine::image_build::BuildReporter for WriterLines<'_> {
+impl crate::runtime::docker::image_build::BuildReporter for WriterLines<'_> {
     fn line(&self, text: &str) {
         self.write(text);
     }

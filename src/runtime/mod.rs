@@ -17,10 +17,12 @@ use std::time::Instant;
 use crate::cancel::Cancel;
 use crate::deploy::Deployment;
 use crate::engine::process::{self, Engine, LineSink};
-use crate::engine::venv as setup;
-use crate::engine::{dockerctl, image_build, model, overlay, recipe::Recipe};
+use crate::engine::{model, overlay};
 use crate::kit::schema::{Kit, ModelSource, Runtime as RuntimeKind};
 use crate::memguard::EngineRef;
+use docker::{dockerctl, image_build};
+use venv::build as setup;
+use venv::recipe::{Recipe, RecipeError};
 
 /// Progress of a bring-up on one node; the agent turns it into `Phase` events.
 pub trait UpReporter: setup::SetupReporter {
@@ -96,6 +98,26 @@ pub trait Runtime {
         Ok(Vec::new())
     }
 
+    /// The image the engine runs in (`engine.docker_image`, docker), None for a plain process
+    /// (the venv runtime): what `image build` / `image sync` work on, what the lock records.
+    fn image<'k>(&self, _kit: &'k Kit) -> Option<&'k str> {
+        None
+    }
+
+    /// Whether the engine's vLLM (and its torch) is the engine venv's on the node, rather than
+    /// an image's own: then preflight reads vLLM's version with the venv's python, `setup` fixes
+    /// it, and the all-reduce runs with that python. The venv runtime: always.
+    fn vllm_in_venv(&self, _kit: &Kit) -> bool {
+        true
+    }
+
+    /// The runtime's part of a node's preflight request (`node::facts::FactRequest::docker`):
+    /// docker, the image and the kit's containers to look at. `version_cache`: the directory
+    /// caching the vLLM version of each image id. The venv runtime asks nothing more.
+    fn preflight_request(&self, _kit: &Kit, _version_cache: Option<&str>) -> Option<docker::DockerRequest> {
+        None
+    }
+
     /// What an earlier run of `kit` left on this node, without removing it (`status` names
     /// them when no deployment runs). The venv runtime leaves nothing.
     fn leftovers(&self, _kit: &Kit) -> Result<Vec<Leftover>, UpError> {
@@ -160,12 +182,20 @@ pub fn makes_model(kit: &Kit) -> bool {
     matches!(kit.model.source, ModelSource::TinyExl3 | ModelSource::TinyDense)
 }
 
-/// The runtime `kit.engine.runtime` names.
-pub fn for_kit(kit: &Kit) -> Result<Box<dyn Runtime>, UpError> {
+/// The runtime `kit.engine.runtime` names: the one place outside the kit's own checks that
+/// decides by it. Everything else asks the runtime ([`Runtime::image`],
+/// [`Runtime::vllm_in_venv`], [`Runtime::preflight_request`], the leftovers).
+#[must_use]
+pub fn of(kit: &Kit) -> Box<dyn Runtime> {
     match kit.engine.runtime {
-        RuntimeKind::Venv => Ok(Box::new(venv::Venv)),
-        RuntimeKind::Docker => Ok(Box::new(docker::Docker)),
+        RuntimeKind::Venv => Box::new(venv::Venv),
+        RuntimeKind::Docker => Box::new(docker::Docker),
     }
+}
+
+/// [`of`], as the agent asks for it.
+pub fn for_kit(kit: &Kit) -> Result<Box<dyn Runtime>, UpError> {
+    Ok(of(kit))
 }
 
 /// Why bring-up failed. All are runtime failures (exit 1).
@@ -178,7 +208,7 @@ pub enum UpError {
     #[error("{0}")]
     Setup(#[from] setup::SetupError),
     #[error(transparent)]
-    Recipe(#[from] crate::engine::recipe::RecipeError),
+    Recipe(#[from] RecipeError),
     #[error(transparent)]
     Overlay(#[from] overlay::OverlayError),
     #[error(transparent)]
@@ -241,10 +271,31 @@ mod tests {
     }
 
     #[test]
-    fn the_runtime_comes_from_the_kit() {
-        let mut kit = crate::kit::builtin_kit("tiny-cpu");
-        assert!(for_kit(&kit).is_ok());
-        kit.engine.runtime = RuntimeKind::Docker;
-        assert!(for_kit(&kit).is_ok());
+    fn each_runtime_answers_for_its_kit() {
+        let venv = crate::kit::builtin_kit("tiny-cpu");
+        let rt = of(&venv);
+        assert_eq!(rt.image(&venv), None);
+        assert!(rt.vllm_in_venv(&venv));
+        assert_eq!(rt.preflight_request(&venv, Some("/c")), None);
+
+        let mut kit = crate::kit::builtin_kit("tiny-cpu-docker");
+        let image = kit.engine.docker_image.clone();
+        assert!(image.as_deref().is_some_and(|i| !i.is_empty()));
+        for mount in [false, true] {
+            kit.engine.docker_mount_venv = mount;
+            let rt = of(&kit);
+            assert_eq!(rt.image(&kit), image.as_deref());
+            assert_eq!(rt.vllm_in_venv(&kit), mount, "the image's own vLLM unless it mounts the venv");
+            let req = rt.preflight_request(&kit, Some("/c")).unwrap();
+            assert_eq!(
+                req,
+                docker::DockerRequest {
+                    image: image.clone().unwrap(),
+                    kit: kit.name.clone(),
+                    read_vllm: !mount,
+                    version_cache: Some("/c".into()),
+                }
+            );
+        }
     }
 }

@@ -56,10 +56,8 @@ impl ClusterError {
     pub fn hint(&self) -> Option<String> {
         match self {
             Self::Preflight(e) | Self::Weights(e) => e.hint(),
-            Self::Spawn(_) | Self::NoHello { .. } => None,
-            Self::Replace(_) => {
-                Some("remove them by hand (`docker rm -f <name>` on that node), then run up again".into())
-            }
+            // Replace: `up` names `spark-kit up --kit K --replace` with the kit as given (commands/up_text.rs).
+            Self::Spawn(_) | Self::NoHello { .. } | Self::Replace(_) => None,
         }
     }
 }
@@ -314,7 +312,7 @@ impl Sup<'_> {
 
     pub(super) fn no_hello(&mut self, i: usize, secs: u64) -> ClusterError {
         let log = self.agents.log(self.kit, i);
-        let tail = crate::engine::venv::tail(&log, 3).replace('\n', " | ");
+        let tail = crate::engine::process::tail(&log, 3).replace('\n', " | ");
         ClusterError::NoHello {
             node: format!("{} ({tail})", self.kit.nodes[i].name),
             secs,

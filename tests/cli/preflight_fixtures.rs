@@ -32,6 +32,7 @@ fn input() -> PreflightInput {
         vllm_python: Some("/opt/engine/bin/python".into()),
         image_build: None,
         image_sync: None,
+        replace: None,
         gateway_holds_api_port: false,
         setup: Some("spark-kit setup --kit dgx-spark-2x-dsv41-exl3".into()),
         image_vllm_cache: None,

@@ -1,4 +1,4 @@
-//! The engine's `docker run` command (src/engine/docker.rs) run as built on a real daemon
+//! The engine's `docker run` command (src/runtime/docker/run.rs) run as built on a real daemon
 //! (tests/common/docker.rs) for the tiny-cpu-docker kit: the daemon accepts every flag, the
 //! container carries the name and labels of deployment, node and rank, the weights and the
 //! overlay are mounted read-only, the overlay is on PYTHONPATH, oom_score_adj is 1000 and the
@@ -13,7 +13,8 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{docker, spark_kit};
-use spark_kit::engine::{argv, docker as engine_docker};
+use spark_kit::engine::argv;
+use spark_kit::runtime::docker::run as engine_docker;
 
 const VLLM: &str = "import os\nos.makedirs('/usr/local/bin', exist_ok=True)\nopen('/usr/local/bin/vllm', 'w').write('#!/usr/bin/python3\\nimport os, sys, time\\nprint(\"vllm\", *sys.argv[1:], flush=True)\\nprint(\"PYTHONPATH=\" + os.environ.get(\"PYTHONPATH\", \"\"), flush=True)\\ntime.sleep(600)\\n')\nos.chmod('/usr/local/bin/vllm', 0o755)\n";
 
@@ -65,7 +66,7 @@ fn the_engine_container_logs_tagged_lines_and_stops_to_nothing() {
     let env: Vec<(String, String)> =
         vec![("DOCKER_HOST".into(), d.host.clone()), ("PATH".into(), std::env::var("PATH").unwrap())];
     let mut engine =
-        spark_kit::engine::container::launch(&run, &env, log.clone(), "local/r0".into(), Some(sink)).unwrap();
+        spark_kit::runtime::docker::container::launch(&run, &env, log.clone(), "local/r0".into(), Some(sink)).unwrap();
     let name = engine_docker::container_name(&kit, 0);
     let until = Instant::now() + Duration::from_secs(30);
     while !lines.lock().unwrap().iter().any(|l| l.starts_with("vllm serve /model")) {
@@ -77,13 +78,13 @@ fn the_engine_container_logs_tagged_lines_and_stops_to_nothing() {
     assert!(engine.try_wait().is_none(), "the docker client runs as long as the container");
     std::env::set_var("DOCKER_HOST", &d.host);
     // What the memory guard follows: the container's id and its main process on the host.
-    let r = spark_kit::engine::container::engine_ref(&name).unwrap().expect("running");
+    let r = spark_kit::runtime::docker::container::engine_ref(&name).unwrap().expect("running");
     let spark_kit::memguard::EngineRef::Container { id, pid } = r else { panic!("{r:?}") };
     assert_eq!(id.as_str(), d.ok(&["inspect", "--format", "{{.Id}}", &name]));
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     assert!(cg.contains(id.as_str()), "the main pid is in the container's cgroup: {cg}");
     let t = Instant::now();
-    spark_kit::engine::container::stop(&name, kit.engine.shutdown_timeout_s).unwrap();
+    spark_kit::runtime::docker::container::stop(&name, kit.engine.shutdown_timeout_s).unwrap();
     eprintln!("docker stop + rm: {:.2} s", t.elapsed().as_secs_f64());
     let until = Instant::now() + Duration::from_secs(10);
     while engine.try_wait().is_none() {
@@ -113,7 +114,7 @@ fn the_engine_container_logs_tagged_lines_and_stops_to_nothing() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(&format!("from an earlier run on this node: {name} ({}, running)", &id[..12])), "{err}");
     assert!(err.contains(&format!("remove them (`docker rm -f {name}`), or start over them with")), "{err}");
-    let removed = spark_kit::engine::container::remove_deployment("launch-test").unwrap();
+    let removed = spark_kit::runtime::docker::container::remove_deployment("launch-test").unwrap();
     assert_eq!(removed, [name]);
     let left = d.ok(&[
         "ps",
@@ -185,7 +186,13 @@ fn the_engine_run_command_runs_on_a_real_daemon_and_preflight_names_the_survivor
     assert_ne!(out.status.code(), Some(0));
     let line = text.lines().find(|l| l.contains("containers")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("FAIL") && line.contains(&name) && line.contains(&id[..12]), "{line}");
-    assert!(text.contains(&format!("`docker rm -f {name}` on local), or add --replace to `spark-kit up`")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "start over them with `spark-kit up --kit tiny-cpu-docker --replace` (it removes them first), or only \
+             remove them: `docker rm -f {name}` on local"
+        )),
+        "{text}"
+    );
 
     d.ok(&["stop", "-t", &kit.engine.shutdown_timeout_s.to_string(), &name]);
     let _ = d.docker(&["rm", "-f", &name]);

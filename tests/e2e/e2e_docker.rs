@@ -188,7 +188,7 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     let mounts =
         env.d.ok(&["inspect", "--format", "{{range .Mounts}}{{.Source}}>{{.Destination}}>{{.RW}} {{end}}", &id]);
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    for c in spark_kit::engine::docker::CACHES {
+    for c in spark_kit::runtime::docker::run::CACHES {
         let want = format!("{home}/{c}>/root/{c}>true");
         assert!(mounts.split_whitespace().any(|m| m == want), "{want} not among {mounts}");
     }
@@ -250,7 +250,8 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains(&format!("from an earlier run: {name} ({}, created)", &leftover[..12])), "{text}");
-    assert!(text.contains(&format!("`docker rm -f {name}` on local), or add --replace")), "{text}");
+    let fix = format!("`spark-kit up --kit {KIT} --replace` (it removes them first), or only remove them: `docker rm -f {name}` on local");
+    assert!(text.contains(&fix), "{text}");
     assert_eq!(env.containers(), vec![leftover.clone()], "up touched the survivor without --replace");
     //    This deployment's memory guard gets floors a hog can reach: the hard one
     //    GUARD_MARGIN below what is available now (the engine's boot stays well above it).

@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::recipe::{steps, Recipe, RecipeError};
 use crate::cancel::Cancel;
+use crate::engine::process::tail;
+use crate::engine::STILL_EVERY;
 
 /// File whose presence says the venv is complete; written last.
 pub const MARKER: &str = "spark-kit-venv.json";
@@ -29,9 +31,6 @@ pub trait SetupReporter {
     /// The step is still running after `secs` seconds (every [`STILL_EVERY`]: no quiet minute).
     fn still(&self, _label: &str, _secs: f64) {}
 }
-
-/// How often a running step says it is still running.
-pub const STILL_EVERY: Duration = Duration::from_secs(10);
 
 /// Reporter that reports nothing (tests, `--quiet`).
 pub struct Silent;
@@ -268,14 +267,6 @@ fn run_step(
         tail: tail(log_path, 15),
         log: log_path.into(),
     })
-}
-
-/// The last `n` lines of a file (for error messages).
-#[must_use]
-pub fn tail(path: &Path, n: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn site_packages(python: &Path) -> Result<PathBuf, SetupError> {

@@ -3,7 +3,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::overlay::file;
+use crate::engine::overlay::file;
 use crate::hex::encode as hex;
 
 /// Bump when the install steps change meaning, so old cache entries are not trusted.

@@ -4,8 +4,8 @@
 //! unlimited memlock, the InfiniBand devices for RoCE, `--oom-score-adj 1000` so the kernel picks
 //! vLLM over the host's daemons, and read-only mounts of the weights and the overlay.
 
-use super::argv::{node_ranks, EngineSpec};
 use super::dockerctl::{LABEL_KIT, LABEL_NODE, LABEL_RANK};
+use crate::engine::argv::{node_ranks, EngineSpec};
 use crate::kit::schema::Kit;
 
 /// Paths on the node that the container needs.

@@ -2,6 +2,10 @@
 //! materialised overlay and the model on this machine; the engine is this binary's hidden
 //! `__engine`, which embeds the venv's CPython and runs `vllm serve` on its main thread.
 
+pub mod build;
+pub mod prune;
+pub mod recipe;
+
 use super::{prepare_files, LaunchEnv, Prepared, Runtime, UpError, UpReporter};
 use crate::cancel::Cancel;
 use crate::deploy::Deployment;

@@ -1,22 +1,44 @@
 //! The docker runtime: the same overlay, model and Engram files as the venv runtime
 //! ([`prepare_files`]), the engine run as a container of `engine.docker_image`
-//! ([`crate::engine::docker::run_argv`]) whose `docker run` client is the engine process
+//! ([`run::run_argv`]) whose `docker run` client is the engine process
 //! ([`container::launch`]: own process group, tagged log, hang sink), the node's compile caches
-//! mounted read-write ([`crate::engine::docker::CACHES`]). The memory guard follows
+//! mounted read-write ([`run::CACHES`]). The memory guard follows
 //! the container's cgroup, and stopping or losing the engine ends in `docker stop -t
 //! <shutdown_timeout_s>` then `docker rm -f` ([`container::stop`]).
+
+pub mod container;
+pub mod dockerctl;
+pub mod image_build;
+pub mod run;
+
+use serde::{Deserialize, Serialize};
 
 use super::{makes_model, prepare_files, LaunchEnv, Leftover, Prepared, Runtime, UpError, UpReporter};
 use crate::cancel::Cancel;
 use crate::deploy::Deployment;
-use crate::engine::docker::{cache_mounts, container_name, run_argv, Mounts};
+use crate::engine::argv;
 use crate::engine::process::{self, Engine};
-use crate::engine::{argv, container, dockerctl, image_build};
 use crate::kit::schema::Kit;
 use crate::memguard::EngineRef;
+use run::{cache_mounts, container_name, run_argv, Mounts};
 
 /// `engine.runtime: docker`.
 pub struct Docker;
+
+/// What preflight asks about Docker on a node ([`Runtime::preflight_request`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DockerRequest {
+    /// `engine.docker_image`.
+    pub image: String,
+    /// The kit's name: containers labelled `spark-kit.kit=<kit>` are this deployment's.
+    pub kit: String,
+    /// Read the vLLM version inside the image (the image runs its own vLLM).
+    #[serde(default)]
+    pub read_vllm: bool,
+    /// Directory on the node caching that version per image id (one file per id).
+    #[serde(default)]
+    pub version_cache: Option<String>,
+}
 
 fn docker_error(what: String) -> impl FnOnce(dockerctl::DockerError) -> UpError {
     move |source| UpError::Docker { what, source }
@@ -106,6 +128,27 @@ impl Runtime for Docker {
         let listed = dockerctl::containers_labelled(dockerctl::LABEL_KIT, &kit.name)
             .map_err(docker_error(format!("listing the containers of kit {}", kit.name)))?;
         Ok(listed.into_iter().map(|c| Leftover { name: c.name, id: c.id, state: c.state }).collect())
+    }
+
+    /// `engine.docker_image`.
+    fn image<'k>(&self, kit: &'k Kit) -> Option<&'k str> {
+        Some(kit.engine.docker_image.as_deref().unwrap_or_default())
+    }
+
+    /// The image's own vLLM, unless the container mounts the engine venv
+    /// (`engine.docker_mount_venv`).
+    fn vllm_in_venv(&self, kit: &Kit) -> bool {
+        kit.engine.docker_mount_venv
+    }
+
+    /// The image (its id, its vLLM when the image runs its own) and the kit's containers.
+    fn preflight_request(&self, kit: &Kit, version_cache: Option<&str>) -> Option<DockerRequest> {
+        Some(DockerRequest {
+            image: self.image(kit).unwrap_or_default().to_string(),
+            kit: kit.name.clone(),
+            read_vllm: !self.vllm_in_venv(kit),
+            version_cache: version_cache.map(str::to_string),
+        })
     }
 
     /// `docker stop -t <shutdown_timeout_s>`, then `docker rm -f` if it is still listed.

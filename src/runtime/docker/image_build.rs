@@ -191,7 +191,7 @@ pub fn build(kit: &Kit, venv: &Path, cache: &Path, rep: &dyn BuildReporter) -> R
 fn inputs_hash(venv: &Path, layout: &PythonLayout) -> Result<String, ImageError> {
     let mut h = Sha256::new();
     h.update(format!("{FORMAT}\0{}\0", venv.display()).as_bytes());
-    let marker = venv.join(super::venv::MARKER);
+    let marker = venv.join(crate::runtime::venv::build::MARKER);
     // A venv named by engine.venv may have no marker: then its python's identity stands in.
     h.update(fs::read(&marker).unwrap_or_default());
     let mut files: Vec<PathBuf> = layout.executables.clone();

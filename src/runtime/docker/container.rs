@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::dockerctl::{self, DockerError, LABEL_KIT};
-use super::process::{self, Engine, Launch, LineSink, SpawnError};
+use crate::engine::process::{self, Engine, Launch, LineSink, SpawnError};
 
 /// Variables that tell the docker client which daemon to talk to (the engine's own environment
 /// is passed with `--env` inside the `docker run` argv).
@@ -21,7 +21,7 @@ pub fn client_env(env: &[(String, String)]) -> Vec<(String, String)> {
     env.iter().filter(|(k, _)| CLIENT_ENV.contains(&k.as_str())).cloned().collect()
 }
 
-/// Start `docker run …` (`run_argv`, from [`super::docker::run_argv`]) in the foreground.
+/// Start `docker run …` (`run_argv`, from [`super::run::run_argv`]) in the foreground.
 pub fn launch(
     run_argv: &[String],
     env: &[(String, String)],
