@@ -92,7 +92,11 @@ pub fn sync(
     sha: &str,
     rep: &dyn SyncReporter,
 ) -> Result<Vec<NodeSync>, ImageSyncError> {
-    let image = kit.engine.docker_image.clone().filter(|i| !i.is_empty()).ok_or(ImageSyncError::NoImageSet)?;
+    let image = crate::runtime::of(kit)
+        .image(kit)
+        .filter(|i| !i.is_empty())
+        .map(str::to_string)
+        .ok_or(ImageSyncError::NoImageSet)?;
     let want = dockerctl::image_id(&image)
         .map_err(ImageSyncError::Head)?
         .ok_or_else(|| ImageSyncError::Head(DockerError::NoImage(image.clone())))?;

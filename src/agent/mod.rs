@@ -15,3 +15,6 @@ pub mod run;
 pub mod start;
 
 pub use run::{run, Emit, JsonLines};
+
+#[cfg(test)]
+mod tests;

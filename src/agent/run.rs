@@ -27,8 +27,9 @@ use crate::node::probe::LocalProbe;
 use crate::runtime::{self, Runtime};
 
 /// How long a stop waits for a cancelled preparation to end (its processes are killed at once;
-/// what remains is the worker noticing).
-pub const STOP_PREPARING: Duration = Duration::from_millis(1500);
+/// what remains is the worker noticing, within 100 ms). The supervisor gives an agent whose
+/// engine never started 1.2 s to answer a stop.
+pub const STOP_PREPARING: Duration = Duration::from_millis(800);
 
 /// The loop's look at the worker and the guard while nothing arrives; heartbeats go every second.
 const TICK: Duration = Duration::from_millis(100);

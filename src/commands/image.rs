@@ -44,7 +44,7 @@ pub fn sync(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure> 
 
 pub fn build(args: &ImageSyncArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     let s = docker_kit(args, ctx, "build")?;
-    if !s.kit.engine.docker_mount_venv {
+    if !crate::runtime::of(&s.kit).builds_image(&s.kit) {
         let e = image_build::ImageError::NotBuildable { kit: s.kit.name.clone() };
         return Err(Failure::usage_error(&e).with_hint(e.fix()));
     }

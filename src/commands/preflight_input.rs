@@ -51,7 +51,7 @@ pub fn input(s: &Settings) -> PreflightInput {
         .flatten()
         .and_then(|r| venv::find(d.cache(), &r))
         .map(|v| v.path.join("bin/python").display().to_string());
-    let image_build = kit.engine.docker_mount_venv.then(|| s.kit_ref.command("image build", &[]));
+    let image_build = runtime.builds_image(kit).then(|| s.kit_ref.command("image build", &[]));
     let image_sync = runtime.image(kit).map(|_| s.kit_ref.command("image sync", &[]));
     PreflightInput {
         weights_per_rank,

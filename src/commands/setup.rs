@@ -20,7 +20,7 @@ pub fn run(args: &SetupArgs, ctx: &mut Context<'_>) -> Result<(), Failure> {
     }
     let recipe = Recipe::load(&kit.engine.requirements)?;
     recipe.check_host(std::env::consts::ARCH, venv::BUILD_PYTHON_VERSION).map_err(|e| {
-        Failure::usage(e.to_string()).with_hint(
+        Failure::usage_error(&e).with_hint(
             "run `spark-kit setup` on the nodes themselves, with a spark-kit built there against that CPython \
              (docs/operations.md, \"Which vLLM\"); on this machine use --kit tiny-cpu",
         )

@@ -7,6 +7,7 @@ use crate::cli::{ControlArgs, StatusArgs};
 use crate::error::Failure;
 use crate::hints::KitRef;
 use crate::live::LocateError;
+use crate::node::docker_checks::survivors_fix;
 use crate::supervisor::control::request;
 use crate::supervisor::status_text::{not_running_json, render, running_json};
 
@@ -23,10 +24,10 @@ fn with_survivors(f: Failure, args: &crate::cli::KitArgs, env: &[(String, String
     let names: Vec<&str> = left.iter().map(|c| c.name.as_str()).collect();
     Failure {
         message: format!("{}; containers of it from an earlier run on this node: {}", f.message, named.join(", ")),
-        hint: Some(format!(
-            "remove them (`docker rm -f {}`), or start over them with {}",
-            names.join(" "),
-            KitRef::new(args.kit.as_deref()).quoted("up", &["--replace"])
+        hint: Some(survivors_fix(
+            "this node",
+            &names,
+            Some(&KitRef::new(args.kit.as_deref()).command("up", &["--replace"])),
         )),
         ..f
     }

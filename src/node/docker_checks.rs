@@ -6,7 +6,7 @@
 use super::checks::{Check, Verdict};
 use super::facts::DockerFacts;
 use super::probe::ProbeError;
-use crate::runtime::docker::dockerctl::{classify, parse_ps, DockerError, Listed};
+use crate::runtime::docker::dockerctl::{classify, parse_ps, DockerError};
 
 fn check(node: &str, id: &'static str, verdict: Verdict, message: String, fix: Option<String>) -> Check {
     Check { node: node.to_string(), id, verdict, message, fix }
@@ -25,11 +25,12 @@ fn error_of(e: &ProbeError, what: &str, image: Option<&str>) -> DockerError {
     }
 }
 
-/// What to do about containers an earlier run left on `node`: start over them with spark-kit
-/// (`replace`, when known), or only remove them by hand (no spark-kit command removes them
-/// without starting the deployment: `down` needs a running one).
-fn survivors_fix(node: &str, left: &[Listed], replace: Option<&str>) -> String {
-    let names: Vec<&str> = left.iter().map(|c| c.name.as_str()).collect();
+/// What to do about containers an earlier run left on `node` (`names`): start over them with
+/// spark-kit (`replace`, `spark-kit up --kit K --replace`, when known), or only remove them by
+/// hand (no spark-kit command removes them without starting the deployment: `down` needs a
+/// running one). Also `status`'s hint, with nothing running.
+#[must_use]
+pub fn survivors_fix(node: &str, names: &[&str], replace: Option<&str>) -> String {
     let by_hand = format!("`docker rm -f {}` on {node}", names.join(" "));
     match replace {
         Some(cmd) => format!("start over them with `{cmd}` (it removes them first), or only remove them: {by_hand}"),
@@ -137,7 +138,7 @@ pub fn node_checks(
                     "containers",
                     Verdict::Fail,
                     format!("containers of this deployment from an earlier run: {}", names.join(", ")),
-                    Some(survivors_fix(node, &left, replace)),
+                    Some(survivors_fix(node, &left.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), replace)),
                 ));
             }
         }

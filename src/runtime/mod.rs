@@ -104,6 +104,12 @@ pub trait Runtime {
         None
     }
 
+    /// Whether spark-kit makes that image itself (`spark-kit image build`, offline, from the
+    /// engine venv): docker with `engine.docker_mount_venv`. Otherwise it is pulled.
+    fn builds_image(&self, _kit: &Kit) -> bool {
+        false
+    }
+
     /// Whether the engine's vLLM (and its torch) is the engine venv's on the node, rather than
     /// an image's own: then preflight reads vLLM's version with the venv's python, `setup` fixes
     /// it, and the all-reduce runs with that python. The venv runtime: always.
@@ -275,6 +281,7 @@ mod tests {
         let venv = crate::kit::builtin_kit("tiny-cpu");
         let rt = of(&venv);
         assert_eq!(rt.image(&venv), None);
+        assert!(!rt.builds_image(&venv));
         assert!(rt.vllm_in_venv(&venv));
         assert_eq!(rt.preflight_request(&venv, Some("/c")), None);
 
@@ -286,6 +293,7 @@ mod tests {
             let rt = of(&kit);
             assert_eq!(rt.image(&kit), image.as_deref());
             assert_eq!(rt.vllm_in_venv(&kit), mount, "the image's own vLLM unless it mounts the venv");
+            assert_eq!(rt.builds_image(&kit), mount, "spark-kit builds only an image the venv is mounted into");
             let req = rt.preflight_request(&kit, Some("/c")).unwrap();
             assert_eq!(
                 req,

@@ -107,6 +107,16 @@ impl Agents {
         }
     }
 
+    /// Give up on node `i`'s agent (it did not answer): hang up and kill the local end now (the
+    /// agent itself, or the ssh / exec client that carries it). Its connection's loss is still
+    /// heard ([`Msg::Lost`]).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(a) = self.procs.get_mut(i).and_then(Option::as_mut) {
+            a.hang_up();
+            a.reap(Instant::now());
+        }
+    }
+
     /// A sender onto the channel the supervisor hears (for work running beside the loop).
     #[must_use]
     pub fn sender(&self) -> Sender<Note> {

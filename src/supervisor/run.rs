@@ -128,6 +128,11 @@ impl Gates {
 /// How often the loop looks at the stop request, the timers and the gates' deadlines.
 const TICK: Duration = Duration::from_millis(100);
 
+/// How long an agent whose engine never reported started has to answer a stop before it is
+/// killed (the agent answers within 0.8 s, cancelling a preparation): a stop at the engines
+/// gate ends within 2 s.
+const STOP_ANSWER: Duration = Duration::from_millis(1200);
+
 /// Run the deployment until stopped; returns the exit code. Everything the agents (and the
 /// weights' rsync) say arrives on one channel and is received here only, between looks at the
 /// stop request: a stop is seen at every gate and state.
@@ -219,7 +224,9 @@ impl Sup<'_> {
         if self.stop_deadline.is_some_and(|d| Instant::now() >= d) {
             self.stop_deadline = None;
             // Only agents whose engine never reported started are given up on (an agent stuck
-            // before its engine ran); one with an engine is waited for, as it drains and kills it.
+            // before its engine ran) and killed; one with an engine is waited for, as it drains
+            // and kills it.
+            let mut given_up = Vec::new();
             for (i, done) in &mut self.stopping {
                 if !*done && self.watch[*i].started_at.is_none() {
                     self.rep.line(&format!(
@@ -227,7 +234,11 @@ impl Sup<'_> {
                         self.kit.nodes[*i].name
                     ));
                     *done = true;
+                    given_up.push(*i);
                 }
+            }
+            for i in given_up {
+                self.agents.kill(i);
             }
             if self.watch.iter().all(|w| w.started_at.is_none()) {
                 // No engine runs: closing the agents need not wait for a drain.
@@ -317,9 +328,9 @@ impl Sup<'_> {
                 self.stopping.insert(i, false);
             }
         }
-        // An agent answers a stop at once when its engine has not started; it reports its
-        // engine stopped after at most its drain.
-        self.stop_deadline = Some(Instant::now() + Duration::from_secs(2));
+        // An agent answers a stop at once when its engine has not started (a preparation under
+        // way is cancelled: within 0.8 s); it reports its engine stopped after at most its drain.
+        self.stop_deadline = Some(Instant::now() + STOP_ANSWER);
         self.engines_started = false;
     }
 

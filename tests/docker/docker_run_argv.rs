@@ -113,7 +113,11 @@ fn the_engine_container_logs_tagged_lines_and_stops_to_nothing() {
     let id = d.ok(&["inspect", "--format", "{{.Id}}", &name]);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains(&format!("from an earlier run on this node: {name} ({}, running)", &id[..12])), "{err}");
-    assert!(err.contains(&format!("remove them (`docker rm -f {name}`), or start over them with")), "{err}");
+    let up = format!("spark-kit up --kit {} --replace", spark_kit::hints::shell_quote(&kit_file.to_string_lossy()));
+    let fix = format!(
+        "start over them with `{up}` (it removes them first), or only remove them: `docker rm -f {name}` on this node"
+    );
+    assert!(err.contains(&fix), "{err}");
     let removed = spark_kit::runtime::docker::container::remove_deployment("launch-test").unwrap();
     assert_eq!(removed, [name]);
     let left = d.ok(&[

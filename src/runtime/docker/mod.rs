@@ -135,6 +135,11 @@ impl Runtime for Docker {
         Some(kit.engine.docker_image.as_deref().unwrap_or_default())
     }
 
+    /// A small rootfs the engine venv is mounted into (`engine.docker_mount_venv`).
+    fn builds_image(&self, kit: &Kit) -> bool {
+        kit.engine.docker_mount_venv
+    }
+
     /// The image's own vLLM, unless the container mounts the engine venv
     /// (`engine.docker_mount_venv`).
     fn vllm_in_venv(&self, kit: &Kit) -> bool {

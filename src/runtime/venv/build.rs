@@ -346,4 +346,29 @@ mod tests {
         run_step("quick", &argv, d.path(), (&mut log, &log_path), (&quiet, every), &never).unwrap();
         assert!(quiet.0.into_inner().unwrap().is_empty());
     }
+
+    #[test]
+    fn a_cancel_ends_a_running_step_and_a_wait_for_the_lock_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        let log_path = d.path().join("log");
+        let mut log = fs::File::create(&log_path).unwrap();
+        let cancel = Cancel::default();
+        let other = cancel.clone();
+        let t = Instant::now();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            other.cancel();
+        });
+        let argv: Vec<String> = ["sh", "-c", "sleep 60"].iter().map(|s| (*s).to_string()).collect();
+        let e = run_step("install", &argv, d.path(), (&mut log, &log_path), (&Silent, STILL_EVERY), &cancel);
+        assert!(matches!(e, Err(SetupError::Cancelled)), "{e:?}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        // Another build holds the venv's lock: the wait for it ends too.
+        let lock_path = d.path().join("v.lock");
+        let _held = nix::fcntl::Flock::lock(fs::File::create(&lock_path).unwrap(), nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let again = fs::OpenOptions::new().write(true).open(&lock_path).unwrap();
+        assert!(matches!(lock(again, &lock_path, &cancel), Err(SetupError::Cancelled)));
+    }
 }
