@@ -235,7 +235,7 @@ pub const VARS: &[EnvVar] = &[
         "SPARK_EXL3_MOE_COOP",
         &[Overlay],
         "overlay exl3.backends.select",
-        "EXL3 MoE calls of up to 64 rows: `1` exllamav3's decode kernel (launches of up to 42 rows); `own` spark-kit's own decode kernel at 1-4 rows (exllamav3's where it cannot run); `0` the sorted `exl3_moe` kernels",
+        "EXL3 MoE calls of up to 64 rows: `1` exllamav3's decode kernel (launches of up to 42 rows); `own` spark-kit's own decode kernel at 1-64 rows on sm_80+ (tensor-core GEMVs; 1-4 rows below; exllamav3's where it cannot run); `0` the sorted `exl3_moe` kernels",
         "`1`",
     ),
     var(

@@ -2,7 +2,7 @@
 
 Calls of up to 64 rows take exllamav3's decode kernel (`exl3_moe_coop`) in launches of as many
 rows as its 256 slots allow (`moe_schedule.decode_chunk`); `SPARK_EXL3_MOE_COOP=own` asks for
-spark-kit's own kernel at 1..8 rows, which falls back to exllamav3's where it cannot run.
+spark-kit's own kernel (1..64 rows on sm_80+), which falls back to exllamav3's where it cannot run.
 python_overlay/tests/gpu/exl3_moe_decode.py times and checks the same paths on an H200.
 """
 

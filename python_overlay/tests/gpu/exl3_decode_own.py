@@ -1,12 +1,17 @@
-"""spark-kit's own EXL3 MoE decode kernel alone (no exllamav3 build, ~1 min on an H200).
+"""spark-kit's own EXL3 MoE decode kernel alone (no exllamav3 build, ~1-2 min on an H200).
 
     python tests/gpu/exl3_decode_own.py --out DIR
 
 Rank 0 of the reference layer (384 experts, 5120 / 1152, top-6, MUL1, K 3, random trellis
-words) built straight from tensors: accuracy at 1/4/8 rows (8 experts routed) against the float32
-CPU reference (fp16 within 2e-3; bf16 output adds one bf16 rounding), every launch's time alone (stage mask) and the register-batch depth (unroll 2/4/8)
-at 1/4/8 rows, each over 8 routings in turn, beside the cold-read floor of the same bytes; a sweep of the
-launch options (PDL, streaming depth, gate/up k-split, 6-blocks-per-SM variant, inputs staged in shared memory) against the previous defaults.
+words) built straight from tensors: accuracy against the float32 CPU reference (8 experts routed, so
+at 16 and 64 rows each expert takes several runs of rows; fp16 within 2e-3, bf16 output adds one bf16
+rounding) of the CUDA-core GEMVs at 1/4/8 rows and the tensor-core GEMVs (fp16x2 FMA per weight pair,
+runs of 8 and of 16; the affine map folded after the sums, with the served block layouts and with
+4 x 2 blocks forced) at 1-64 rows; graph replay with new inputs vs eager and no host sync; then at
+1..64 rows, each over 8 routings in turn beside the cold-read floor of the same bytes: the CUDA-core
+kernel's best options (<= 8 rows), a sweep of the tensor-core kernel's (4 or 6 blocks per SM, bias
+folding, gate/up k-parts, 2 x 4 or 4 x 2 blocks for gate/up and for down, runs of 16), the served
+defaults, every launch's time alone (stage mask) with the best.
 `--profile ROWS` only calls the kernel 3 times (for ncu).
 Writes DIR/results-decode-own.json.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -39,12 +45,50 @@ def log(*a):
     print(*a, flush=True)
 
 
+FIELDS = ("pdl", "unroll", "parts_a", "parts_b", "occ6", "xs", "mma", "run16_from", "blocks", "nobias", "kw2_a", "kw2_b")
+BOOLS = {"pdl", "occ6", "xs", "mma", "nobias", "kw2_a", "kw2_b"}
+
+
+def config_of(own) -> tuple:
+    return tuple(getattr(own, f) for f in FIELDS)
+
+
+def set_config(own, cfg) -> None:
+    for f, v in zip(FIELDS, cfg):
+        setattr(own, f, v if v is None else bool(v) if f in BOOLS else int(v))
+
+
+def key_of(cfg) -> str:
+    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb = cfg
+    return (f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}_k{blocks}_n{int(nb)}"
+            f"_wa{'a' if ka is None else int(ka)}_wb{int(kb)}")
+
+
+def configs(tokens: int) -> list[tuple]:
+    """The CUDA-core kernel's previous defaults and best options (<= 8 rows) and the tensor-core sweep."""
+    slots = tokens * TOP_K
+    out = []
+    cc = (True, 16, 2, 1, False, False, False, 0, 4, False, False, False)
+    if tokens <= 8:
+        out += [cc, (True, 16, 3, 1, False, False, False, 0, 4, False, False, False)]
+    for blocks in (4, 6):
+        out.append((True, 16, 2, 1, False, False, True, 0, blocks, False, False, False))  # no bias folding
+        for pa in (1, 2):
+            for ka in (False, True):
+                for kb in (False, True):
+                    out.append((True, 16, pa, 1, False, False, True, 0, blocks, True, ka, kb))
+    if tokens > 8:
+        out.append((True, 16, 2, 1, False, False, True, 1, 4, False, False, False))  # runs of 16
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--profile", type=int, default=0,
                         help="only call the kernel eagerly 3 times at this many rows (for ncu) and exit")
-    parser.add_argument("--config", default="", help="pdl,unroll,parts_a,parts_b,occ6,xs for --profile")
+    parser.add_argument("--config", default="", help=",".join(FIELDS) + " for --profile")
+    parser.add_argument("--rows", default="1,2,4,8,16,32,64", help="row counts to time")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -53,24 +97,28 @@ def main() -> int:
     tables = {f"{sid}_{kind}": torch.tensor([e[sid][kind].data_ptr() for e in experts], dtype=torch.int64).cuda()
               for sid in ("w1", "w3", "w2") for kind in ("trellis", "suh", "svh")}
     own = OwnDecodeMoE(tables, K, HIDDEN, INTER, EXPERTS, TOP_K, torch.device("cuda"))
-    DEFAULTS = (own.pdl, own.unroll, own.parts_a, own.parts_b, own.occ6, own.xs)  # what the served path runs
+    defaults = config_of(own)  # what the served path runs
+    occ6_from = own.occ6_from
     per_expert = sum(t.numel() * t.element_size() for e in experts[:1] for p in e.values()
                      for k, t in p.items() if k != "mul1")
     if args.profile:
         if args.config:
-            pdl, unroll, pa, pb, occ, xs = (int(v) for v in args.config.split(","))
-            own.pdl, own.unroll, own.parts_a, own.parts_b = bool(pdl), unroll, pa, pb
-            own.occ6, own.xs = bool(occ), bool(xs)
+            set_config(own, [int(v) for v in args.config.split(",")])
         x, w, ids = routing(args.profile, gen, experts=EXPERTS)
         for _ in range(3):
             own(x, w, ids)
         torch.cuda.synchronize()
         return 0
     cap = torch.cuda.get_device_capability()
-    floor = Floor(loader.load(f"sm_{cap[0]}{cap[1]}"), per_expert * 64)
-    results = {"gpu": torch.cuda.get_device_name(), "expert_bytes": per_expert, "accuracy": [], "timing": []}
+    floor = Floor(loader.load(f"sm_{cap[0]}{cap[1]}"), per_expert * EXPERTS)
+    results = {"gpu": torch.cuda.get_device_name(), "expert_bytes": per_expert, "defaults": key_of(defaults),
+               "accuracy": [], "timing": []}
     dense = {}
-    for tokens in (1, 4, 8):
+    # 8 experts routed: at 16 and 64 rows each expert takes several runs of 8 (or 16) rows
+    acc_cases = [(t, False, 0, False) for t in (1, 4, 8)] + [(t, True, r, False) for t in (1, 4, 16, 64) for r in (0, 9)]
+    acc_cases += [(t, True, 0, True) for t in (1, 2, 4, 8, 16, 64)]
+    acc_cases += [(t, True, 0, "kw2") for t in (1, 8, 64)]
+    for tokens, mma, r16, nb in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
         for dtype in (torch.float16, torch.bfloat16):
             xd = x.to(dtype)
@@ -83,16 +131,49 @@ def main() -> int:
                 d = dense[e]
                 we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
                 ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
+            set_config(own, defaults)
+            own.mma, own.run16_from, own.nobias = mma, r16, bool(nb)
+            if nb == "kw2":  # else the served layout (bias folding: gate/up per `gate_up_layout`, down 4 x 2)
+                own.kw2_a = own.kw2_b = True
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype, device="cuda")
             y = own(xd, w, ids.to(torch.int32), out).float().cpu()
-            row = {"tokens": tokens, "dtype": str(dtype), "vs_ref": rel(torch.nan_to_num(y, nan=1e9), ref),
-                   "nonfinite": int((~torch.isfinite(y)).sum())}
+            row = {"tokens": tokens, "dtype": str(dtype), "mma": mma, "run16_from": r16, "nobias": nb,
+                   "vs_ref": rel(torch.nan_to_num(y, nan=1e9), ref), "nonfinite": int((~torch.isfinite(y)).sum())}
             results["accuracy"].append(row)
             log(json.dumps(row))
-    for tokens in (1, 4, 8):
+    set_config(own, defaults)
+    # graph replay with new inputs vs eager; no host sync
+    replays = []
+    for tokens, nb in ((1, False), (4, False), (16, False), (64, False), (1, True), (4, True), (64, True), (4, "kw2")):
+        own.nobias = bool(nb)
+        if nb == "kw2":
+            own.kw2_a = own.kw2_b = True
+        x, w, ids = routing(tokens, gen, experts=EXPERTS)
+        static = [t.clone() for t in (x, w, ids)]
+        graph, out = capture(lambda: own(*static))
+        new = routing(tokens, gen, experts=EXPERTS)
+        for s_, n_ in zip(static, new):
+            s_.copy_(n_)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = own(*new)
+        replays.append({"tokens": tokens, "nobias": nb, "max_rel": rel(out, eager)})
+        del graph
+    set_config(own, defaults)
+    results["graph_replay_vs_eager"] = replays
+    log(json.dumps(replays))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        own(*routing(4, gen, experts=EXPERTS))
+        results["host_sync"] = False
+    except RuntimeError as err:
+        results["host_sync"] = str(err)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for tokens in (int(v) for v in args.rows.split(",")):
         sets = [routing(tokens, gen, experts=EXPERTS) for _ in range(ROTATE)]
         active = sum(len(set(i.reshape(-1).tolist())) for _, _, i in sets) / ROTATE
-        nbytes = int(active * per_expert)
+        nbytes = int(active * per_expert + tokens * HIDDEN * 2 * 2)
         row = {"tokens": tokens, "active": active, "bytes": nbytes, "floor_us": round(floor.time_us(nbytes // 16 * 16), 2)}
 
         def g():
@@ -102,36 +183,38 @@ def main() -> int:
             return round(us, 2)
 
         sweep = {}
-        combos = [(False, 4, 2, 1, False, False)]  # the previous version's defaults, without PDL
-        combos += [(True, u, pa, 1, occ, False) for u in (4, 8, 16) for pa in (2, 3) for occ in (False, True)]
-        combos += [(True, 4, pa, 1, occ, True) for pa in (2, 3, 4) for occ in (False, True)]
-        for pdl, unroll, parts_a, parts_b, occ, xs in combos:
-            own.pdl, own.unroll, own.parts_a, own.parts_b, own.occ6, own.xs = pdl, unroll, parts_a, parts_b, occ, xs
-            sweep[f"pdl{int(pdl)}_u{unroll}_a{parts_a}_b{parts_b}_o{int(occ)}_x{int(xs)}"] = g()
-        own.pdl, own.unroll, own.parts_a, own.parts_b, own.occ6, own.xs = DEFAULTS
-        sweep["served_defaults"] = g()
+        own.occ6_from = 0  # the sweep sets occ6 itself
+        for cfg in configs(tokens):
+            set_config(own, cfg)
+            sweep[key_of(cfg)] = g()
+        set_config(own, defaults)
+        own.occ6_from = occ6_from
+        row["served_defaults_us"] = g()
         row["sweep_us"] = sweep
-        row["old_default_us"] = sweep["pdl0_u4_a2_b1_o0_x0"]
-        row["served_defaults_us"] = sweep.pop("served_defaults")
+        cuda_core = {k: v for k, v in sweep.items() if "_m0_" in k}
+        if cuda_core:
+            row["cuda_core_best_us"] = min(cuda_core.values())
         best_key = min(sweep, key=sweep.get)
         row["best_config"] = best_key
-        cfg = dict(part[:1] == "p" and ("pdl", part[3:]) or (part[0], part[1:]) for part in best_key.split("_"))
-        own.pdl, own.unroll, own.parts_a, own.parts_b = cfg["pdl"] == "1", int(cfg["u"]), int(cfg["a"]), int(cfg["b"])
-        own.occ6, own.xs = cfg["o"] == "1", cfg["x"] == "1"
+        set_config(own, [int(v) for v in re.findall(r"-?\d+", best_key)])
+        own.occ6_from = 0
         for name, mask in STAGES.items():
             own.stages = mask
             row[f"{name}_us"] = g()
         own.stages = 31
-        own.pdl, own.unroll, own.parts_a, own.parts_b, own.occ6, own.xs = DEFAULTS
+        set_config(own, defaults)
+        own.occ6_from = occ6_from
         best = sweep[best_key]
         row["best_us"], row["best_x_floor"] = best, round(best / row["floor_us"], 2)
         row["best_pct_hbm"] = round(100 * nbytes / (best * 1e-6) / 4.8e12, 1)
         results["timing"].append(row)
-        log(json.dumps(row))
+        log(json.dumps({k: v for k, v in row.items() if k != "sweep_us"}))
+        (args.out / "results-decode-own.json").write_text(json.dumps(results, indent=1))
     (args.out / "results-decode-own.json").write_text(json.dumps(results, indent=1))
     # bf16 output: one rounding of each output element (2^-9 relative) on top of the fp16 budget
     tol = {str(torch.float16): 2e-3, str(torch.bfloat16): 2e-3 + 2 ** -8}
     ok = all(r["vs_ref"] <= tol[r["dtype"]] and r["nonfinite"] == 0 for r in results["accuracy"])
+    ok = ok and all(r["max_rel"] == 0.0 for r in replays) and results["host_sync"] is False
     log("OK" if ok else "FAILED")
     return 0 if ok else 1
 

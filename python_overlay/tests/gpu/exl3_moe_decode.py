@@ -11,7 +11,7 @@ intermediate 2304 -> 1152 per rank, top-6, MUL1, K 3, random trellis words). Ste
 DIR/results-decode.json after each):
 1. accuracy: both TP-2 ranks summed vs the unsplit float32 CPU reference (8 experts routed) at
    1..64 rows for the served path (`Exl3FusedMoE`, decode kernel up to 64 rows), the same layer
-   under SPARK_EXL3_MOE_COOP=own (own kernel at 1..8 rows, after its load-time self-check) and =0
+   under SPARK_EXL3_MOE_COOP=own (own kernel at 1..64 rows, after its load-time self-check) and =0
    (sorted tiers), and 8-row chunks; the own kernel's output poisoned with NaN first; graph
    replay with new inputs vs eager.
 2. moe: every size in ROWS, each timed over 8 routings in turn (weights beyond the L2):
@@ -99,9 +99,10 @@ class Floor:
         return base.graph_time(fns, iters=20)
 
 
-def own_call(own: OwnDecodeMoE, x, w, ids, chunk=8):
-    """The own kernel over any row count (8-row chunks), output pre-filled with NaN."""
+def own_call(own: OwnDecodeMoE, x, w, ids):
+    """The own kernel over any row count (chunks of its row limit), output pre-filled with NaN."""
     out = torch.full((ids.shape[0], HIDDEN), float("nan"), dtype=x.dtype, device="cuda")
+    chunk = own.max_rows
     for s in range(0, ids.shape[0], chunk):
         own(x[s:s + chunk], w[s:s + chunk], ids[s:s + chunk], out[s:s + chunk])
     return out
@@ -149,13 +150,15 @@ def accuracy(ext, lib, results):
         for name, layers in paths.items():
             row[f"{name}_vs_ref"] = base.rel(sum(layer(x, w, ids).float().cpu() for layer in layers), ref)
         row["coop_chunk8_vs_ref"] = base.rel(sum(c(x, w, ids).float().cpu() for c in chunk8), ref)
-        if tokens <= 8 and results["own_wired"]:
+        if results["own_wired"]:
             y = sum(own_call(layer.own, x, w, ids).float().cpu() for layer in owns)
+            row["own_vs_ref"] = base.rel(torch.nan_to_num(y, nan=1e9), ref)
             row["own_nonfinite"] = int((~torch.isfinite(y)).sum())
         rows.append(row)
         log(json.dumps(row))
     replays = []
-    for tokens, name in ((16, "fused"), (64, "fused"), (4, "fused_own"), (1, "fused_own")):
+    for tokens, name in ((16, "fused"), (64, "fused"), (4, "fused_own"), (1, "fused_own"), (16, "fused_own"),
+                         (64, "fused_own")):
         if name not in paths:
             continue
         layer = paths[name][0]
@@ -228,9 +231,11 @@ def moe(ext, lib, results):
         row["fused_tiers_us"] = g(tiers)
         ref = tiers(*sets[0]).float()
         row["fused_vs_tiers"] = base.rel(fused(*sets[0]), ref)
-        if tokens <= 8 and fused_own is not None and fused_own.own is not None:
+        if fused_own is not None and fused_own.own is not None:
             row["fused_own_us"] = g(fused_own)
             row["fused_own_vs_tiers"] = base.rel(fused_own(*sets[0]), ref)
+            if tokens <= fused_own.own.max_rows:
+                row["own_us"] = g(fused_own.own)
         for c in CHUNKS:
             if c >= tokens and c != 8 and c != CHUNKS[-1]:
                 continue
@@ -259,8 +264,9 @@ def moe(ext, lib, results):
                 row[key.replace("_us", "_x_floor")] = round(us / row["floor_us"], 2)
             row[key.replace("_us", "_pct_hbm")] = round(100 * nbytes / (us * 1e-6) / HBM, 1)
         row["fused_over_exl3_best"] = round(row["fused_us"] / row["exl3_best_us"], 3)
-        if "fused_own_us" in row:
-            row["fused_own_over_exl3_best"] = round(row["fused_own_us"] / row["exl3_best_us"], 3)
+        for key in ("fused_own", "own"):
+            if f"{key}_us" in row:
+                row[f"{key}_over_exl3_best"] = round(row[f"{key}_us"] / row["exl3_best_us"], 3)
         table.append(row)
         log(json.dumps(row))
     results["moe_rank0"] = table
@@ -303,7 +309,8 @@ def main() -> int:
     ok = bool(acc) and all(r["fused_vs_ref"] <= TOL and r["coop_chunk8_vs_ref"] <= TOL for r in acc)
     ok = ok and not any(k.endswith("_error") for k in results)
     own_ok = bool(acc) and results.get("own_wired") and all(
-        r.get("fused_own_vs_ref", 1.0) <= TOL and r.get("own_nonfinite", 0) == 0 for r in acc)
+        r.get("fused_own_vs_ref", 1.0) <= TOL and r.get("own_vs_ref", 1.0) <= TOL and r.get("own_nonfinite", 0) == 0
+        for r in acc)
     log(f"own kernel accuracy {'OK' if own_ok else 'FAILED'}")
     log("OK" if ok else "FAILED")
     return 0 if ok else 1

@@ -11,8 +11,8 @@ the device (`moe_schedule.route`), launches from shapes only
 
 Calls of up to `moe_schedule.DECODE_MAX_ROWS` rows (decode, speculation) take
 a decode kernel instead, chosen by `select.moe_decode()`: exllamav3's
-`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`), or at
-1..4 rows spark-kit's own kernel (`cuda_decode.own`), which falls back to
+`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`), or
+spark-kit's own kernel (`cuda_decode.own`: 1..64 rows on sm_80+, 1..4 below), which falls back to
 exllamav3's (logged once) where it cannot take the layer and fails closed when
 its self-check disagrees with exllamav3's.
 
@@ -187,7 +187,7 @@ class Exl3FusedMoE:
             return None
 
     def _own(self) -> own_kernel.OwnDecodeMoE | None:
-        """spark-kit's own decode kernel for 1..8 rows when the switch asks for it and it can take the layer."""
+        """spark-kit's own decode kernel (1..64 rows) when the switch asks for it and it can take the layer."""
         if self.coop is None or select.moe_decode() != select.DECODE_OWN:
             return None
         why = own_kernel.supports(self.groups, self.top_k) or (None if self.device.type == "cuda" else "not a CUDA device")
@@ -206,7 +206,8 @@ class Exl3FusedMoE:
             return
         gen = torch.Generator(device=self.device).manual_seed(2)
         experts = self.groups[0][-1]
-        for rows in (*range(1, own_kernel.ROWS + 1), 1):
+        top = self.own.max_rows
+        for rows in sorted({*range(1, min(top, 8) + 1), min(top, 16), min(top, 17), top}) + [1]:
             ids = self_check_ids(experts, self.num_local, self.top_k, rows).to(self.device)
             x = torch.randn(rows, self.hidden, generator=gen, device=self.device).to(torch.float16)
             w = torch.softmax(torch.randn(rows, self.top_k, generator=gen, device=self.device), -1)
@@ -258,7 +259,7 @@ class Exl3FusedMoE:
             return self.loop(x, topk_weights, topk_ids, expert_map, weight_on_input)
         tokens, top_k = topk_ids.shape
         decode = expert_map is None and top_k <= self.top_k and 0 < tokens <= moe_schedule.DECODE_MAX_ROWS
-        if decode and self.own is not None and tokens <= own_kernel.SERVE_ROWS and not weight_on_input:
+        if decode and self.own is not None and tokens <= self.own.serve_rows and not weight_on_input:
             return self.own(x, topk_weights, topk_ids)  # reads and writes x's dtype: no conversion kernels
         if decode and self.coop is not None and not weight_on_input:
             return self.coop(x, topk_weights, topk_ids, x.dtype)  # one conversion launch at most each side

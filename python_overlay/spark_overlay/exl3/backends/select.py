@@ -11,10 +11,10 @@ Switches (registered in src/envvars.rs):
     SPARK_EXL3_MOE_COOP   which kernel takes MoE calls of up to 64 rows (decode,
                           speculation): "1" (default) exllamav3's decode kernel
                           exl3_moe_coop in chunks of up to 42 rows; "own":
-                          spark-kit's own decode kernel at 1..4 rows
-                          (backends/cuda_decode, MUL1, K 2..6; other layers and
-                          5..64 rows keep exllamav3's); "0": the sorted exl3_moe
-                          kernels at every size
+                          spark-kit's own decode kernel at 1..64 rows on sm_80+
+                          (tensor-core GEMVs; 1..4 rows below sm_80)
+                          (backends/cuda_decode, MUL1, K 2..6; other layers keep
+                          exllamav3's); "0": the sorted exl3_moe kernels at every size
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-// spark-kit's own EXL3 MoE decode kernels (1-8 token rows, MUL1 codebook); the conversions around
+// spark-kit's own EXL3 MoE decode kernels (1-8 token rows on CUDA cores, 1-64 with the tensor-core GEMVs of
+// decode_mma.cuh; MUL1 codebook); the conversions around
 // exllamav3's decode kernel and the bench's cold-read floor are in decode_glue.cuh, the helpers all
 // share in decode_util.cuh (one translation unit). Plain CUDA, no torch headers: the launchers are
 // extern "C", take raw device pointers and a stream, and return the launch's cudaError_t, so the
 // overlay loads the library with ctypes (loader.py) and CUDA graphs capture the launches.
 //
 // One MoE layer call, slots = rows x top_k (row r, pick k; expert e = ids[r, k]):
-//   rot_in   warp per (slot, 128-chunk, gate/up): xh = H128(x * suh) / sqrt(128), fp32
+//   rot_in   warp per (slot, 128-chunk, gate/up): xh = H128(x * suh) / sqrt(128), fp32 (tensor cores:
+//            fp16, and with the bias folded each chunk's sum of those fp16 values)
 //   gemv     block per (slot, projection, 32 output columns, k-part): W_hat decoded in registers
 //            from the trellis (MUL1: state * 0x83DCD12D, byte sum by dp4a, one fp32 FMA to the
 //            codebook's affine value), CUDA-core FMAs for every row that picked the expert. The
@@ -21,11 +23,11 @@
 // (W = diag(suh) H W_hat H diag(svh); 16x16 tiles, tensor-core element order; MUL1).
 
 #include "decode_util.cuh"
+#include "decode_tile.cuh"
 
 namespace {
 
 constexpr float R_SCALE = 0.088388347648f;  // 1 / sqrt(128)
-constexpr uint32_t MUL1_MULT = 0x83DCD12Du;
 // fp32 bits of 2^23 + 1024: the dp4a byte sum b lands in the mantissa, value 2^23 + 1024 + b
 constexpr uint32_t MUL1_BIAS_BITS = 0x4B000000u + 1024u;
 // value = (1024 + b) * S + O (S = fp16 0x1EEE, O = fp16 0xC931) = f * S + (O - 2^23 * S), exact in fp32
@@ -66,16 +68,76 @@ struct MoeArgs
     void* out; int out_dt;             // [bsz, H]
     int bsz, topk, H, I, n_local;
     const int64_t* tables;             // 9 x n_local pointers: g/u/d x trellis/suh/svh
-    float* xh;                         // [slots, 2, H]
+    float* xh;                         // [slots, 2, H] (fp16 when x16)
     float* gu;                         // [parts_a, slots, 2, I]
-    float* ah;                         // [slots, I]
+    float* ah;                         // [slots, I] (fp16 when x16)
     float* dd;                         // [parts_b, slots, H]
     int parts_a, parts_b;
+    int x16;                           // the tensor-core gemv: inputs xh and ah stored as fp16
+    int nobias;                        // x16 gemv without the codebook's affine map: mid and out apply it
+    float* sums;                       // nobias: [slots, 2, H/128] sums of xh's fp16 chunks, then [slots, I/128] of ah's
 };
+
+constexpr float MUL1_S_F = 0.00676727294921875f;  // fp16 0x1EEE
+constexpr float MUL1_O_F = -10.3828125f;           // fp16 0xC931
+
+// Sum over a warp of each lane's 4 values as the fp16 store rounds them (fixed order: graph == eager)
+__device__ __forceinline__ float chunk_sum16(const float (&v)[4])
+{
+    float t = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) t += __half2float(__float2half_rn(v[i]));
+    #pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+    return t;
+}
+
+// Sum of n chunk sums over a warp (fixed order)
+__device__ __forceinline__ float sum_chunks(const float* p, int n, int lane)
+{
+    float t = 0.0f;
+    for (int c = lane; c < n; c += 32) t += p[c];
+    #pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+    return t;
+}
 
 __device__ __forceinline__ const void* table(const MoeArgs& a, int proj, int kind, int e)
 {
     return (const void*) a.tables[(proj * 3 + kind) * a.n_local + e];
+}
+
+// A gemv block's item (slot, projection, n-group of `cols` columns, k-part; k-part fastest) and its shape
+struct GemvItem
+{
+    int n_in, n_out, parts, part, group, proj_i, proj, slot, slots;
+};
+
+__device__ __forceinline__ GemvItem gemv_item_of(const MoeArgs& a, int down, int item, int cols)
+{
+    const int n_in = down ? a.I : a.H, n_out = down ? a.H : a.I;
+    const int nproj = down ? 1 : 2;
+    const int groups = n_out / cols;
+    const int parts = down ? a.parts_b : a.parts_a;
+    const int part = item % parts; item /= parts;
+    const int group = item % groups; item /= groups;
+    const int proj_i = item % nproj;
+    return {n_in, n_out, parts, part, group, proj_i, down ? 2 : proj_i, item / nproj, a.bsz * a.topk};
+}
+
+// Stores 4 consecutive floats of a gemv input row (fp16 for the tensor-core gemv, else fp32)
+__device__ __forceinline__ void store_in4(const MoeArgs& a, float* base, size_t i, const float (&v)[4])
+{
+    if (a.x16)
+    {
+        __half2* dst = (__half2*) ((half*) base + i);
+        dst[0] = __floats2half2_rn(v[0], v[1]);
+        dst[1] = __floats2half2_rn(v[2], v[3]);
+    }
+    else
+    {
+        *(float4*) (base + i) = make_float4(v[0], v[1], v[2], v[3]);
+    }
 }
 
 __global__ void rot_in_kernel(const MoeArgs a)
@@ -100,8 +162,12 @@ __global__ void rot_in_kernel(const MoeArgs a)
     for (int i = 0; i < 4; ++i)
         v[i] = load_as_float(a.x, (int64_t) row * a.H + col + i, a.x_dt) * __half2float(suh[col + i]);
     had128(v[0], v[1], v[2], v[3], lane);
-    float4* dst = (float4*) (a.xh + ((size_t) slot * 2 + proj) * a.H + col);
-    *dst = make_float4(v[0], v[1], v[2], v[3]);
+    store_in4(a, a.xh, ((size_t) slot * 2 + proj) * a.H + col, v);
+    if (a.nobias)
+    {
+        const float t = chunk_sum16(v);
+        if (lane == 0) a.sums[((size_t) slot * 2 + proj) * chunks + chunk] = t;
+    }
 }
 
 // GEMV over one projection for every row that picked the item's expert.
@@ -112,18 +178,9 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const int n_in = down ? a.I : a.H;
-    const int n_out = down ? a.H : a.I;
-    const int nproj = down ? 1 : 2;
-    const int groups = n_out >> 5;
-    const int parts = down ? a.parts_b : a.parts_a;
-    int b = item;
-    const int part = b % parts; b /= parts;
-    const int group = b % groups; b /= groups;
-    const int proj_i = b % nproj;
-    const int slot = b / nproj;
-    const int slots = a.bsz * a.topk;
-    const int proj = down ? 2 : proj_i;
+    const GemvItem it = gemv_item_of(a, down, item, 32);
+    const int n_in = it.n_in, n_out = it.n_out, parts = it.parts, part = it.part, group = it.group;
+    const int proj_i = it.proj_i, proj = it.proj, slot = it.slot, slots = it.slots;
 
     // Rows of this expert (the first slot that picked it takes them all)
     __shared__ int sh_slot[NR];
@@ -159,20 +216,10 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
     const int ktiles = n_in >> 4;
     const int ntile = group * 2 + (warp & 1);
     const int kw = warp >> 1;
-    const int per_part = (ktiles + parts - 1) / parts;
-    const int k_lo = part * per_part;
-    const int k_hi = min(ktiles, k_lo + per_part);
-    const int per_warp = (k_hi - k_lo + 3) >> 2;
-    const int kb = k_lo + kw * per_warp;
-    const int ke = min(k_hi, kb + per_warp);
+    int kb, ke;
+    warp_k_range(ktiles, parts, part, kw, 4, kb, ke);
 
-    // This lane's bits of a tile: positions 8*lane .. 8*lane+7, windows from bit base
-    constexpr int R = 256 * K;
-    const int base = ((8 * K * lane + K - 16) % R + R) % R;
-    const int w0 = base >> 5;
-    const int w1 = (w0 + 1) % WORDS;
-    const int w2 = (w0 + 2) % WORDS;
-    const int off = base & 31;
+    const TileBits bits = tile_bits<K>(lane);
     const int q = lane & 3;
 
     const float* xin[NR];
@@ -265,21 +312,13 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
         auto tile = [&] (int u)
         {
             const int kt = kb + batch * U + u;
-            const uint32_t* tw = stage + u * WORDS;
-            const uint32_t wa = tw[w0], wb = tw[w1], wc = tw[w2];
-            const uint32_t h0 = __funnelshift_l(wb, wa, off);
-            const uint32_t h1 = __funnelshift_l(wc, wb, off);
+            uint32_t m[8];
+            mul1_products<K>(stage + u * WORDS, bits, m);
             float wv[8];
             #pragma unroll
             for (int j = 0; j < 8; ++j)
             {
-                const int sh = j * K;
-                uint32_t st;
-                if (sh == 0) st = h0 >> 16;
-                else if (sh < 32) st = __funnelshift_l(h1, h0, sh) >> 16;
-                else st = (h1 << (sh - 32)) >> 16;
-                const uint32_t m = st * MUL1_MULT;
-                const uint32_t f = __dp4a(m, 0x01010101u, MUL1_BIAS_BITS);
+                const uint32_t f = __dp4a(m[j], 0x01010101u, MUL1_BIAS_BITS);
                 wv[j] = fmaf(__uint_as_float(f), MUL1_S, MUL1_C);
             }
             // element (r, c) of position j: r = 2q + (j & 1) + 8 * ((j >> 1) & 1), c = lane / 4 + 8 * (j >> 2)
@@ -310,16 +349,7 @@ __device__ __forceinline__ void gemv_item(const MoeArgs& a, int down, int item)
                 acc1[r] = fmaf(wv[7], xb.y, acc1[r]);
             }
         };
-        const int valid = ke - (kb + batch * U);
-        if (valid >= U)
-        {
-            #pragma unroll
-            for (int u = 0; u < U; ++u) tile(u);
-        }
-        else
-        {
-            for (int u = 0; u < valid; ++u) tile(u);
-        }
+        run_tiles<U>(ke - (kb + batch * U), tile);
         __syncwarp();
     }
     asm volatile("cp.async.wait_all;\n" ::);
@@ -380,6 +410,18 @@ __global__ void mid_kernel(const MoeArgs a)
         g[0] += gv.x; g[1] += gv.y; g[2] += gv.z; g[3] += gv.w;
         u[0] += uv.x; u[1] += uv.y; u[2] += uv.z; u[3] += uv.w;
     }
+    const int chunks_h = a.H >> 7;
+    if (a.nobias)  // the codebook's affine map over the k-sums: S * sum x (1024 + b) + O * sum x
+    {
+        const float og = MUL1_O_F * sum_chunks(a.sums + ((size_t) slot * 2 + 0) * chunks_h, chunks_h, lane);
+        const float ou = MUL1_O_F * sum_chunks(a.sums + ((size_t) slot * 2 + 1) * chunks_h, chunks_h, lane);
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)
+        {
+            g[i] = fmaf(g[i], MUL1_S_F, og);
+            u[i] = fmaf(u[i], MUL1_S_F, ou);
+        }
+    }
     had128(g[0], g[1], g[2], g[3], lane);
     had128(u[0], u[1], u[2], u[3], lane);
     const half* gs = (const half*) table(a, 0, 2, e);
@@ -394,7 +436,12 @@ __global__ void mid_kernel(const MoeArgs a)
         v[i] = gg / (1.0f + __expf(-gg)) * uu * __half2float(ds[col + i]);
     }
     had128(v[0], v[1], v[2], v[3], lane);
-    *(float4*) (a.ah + (size_t) slot * a.I + col) = make_float4(v[0], v[1], v[2], v[3]);
+    store_in4(a, a.ah, (size_t) slot * a.I + col, v);
+    if (a.nobias)
+    {
+        const float t = chunk_sum16(v);
+        if (lane == 0) a.sums[(size_t) slots * 2 * chunks_h + (size_t) slot * chunks + chunk] = t;
+    }
 }
 
 constexpr int OUT_MAX_TOPK = 8;  // picks per row the out kernel takes (a warp each)
@@ -422,6 +469,14 @@ __global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
         {
             const float4 t = *(const float4*) (a.dd + ((size_t) p * slots + slot) * a.H + col);
             v0 += t.x; v1 += t.y; v2 += t.z; v3 += t.w;
+        }
+        if (a.nobias && e >= 0 && e < a.n_local)
+        {
+            const int chunks_i = a.I >> 7;
+            const float o = MUL1_O_F * sum_chunks(a.sums + (size_t) slots * 2 * chunks + (size_t) slot * chunks_i,
+                                                  chunks_i, lane);
+            v0 = fmaf(v0, MUL1_S_F, o); v1 = fmaf(v1, MUL1_S_F, o);
+            v2 = fmaf(v2, MUL1_S_F, o); v3 = fmaf(v3, MUL1_S_F, o);
         }
         had128(v0, v1, v2, v3, lane);
         float* dst = part[k] + lane * 4;
@@ -451,6 +506,13 @@ __global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
 constexpr int STAGE_PDL = 32;   // spark_decode_moe's stages: launch with programmatic dependent launch
 constexpr int STAGE_OCC6 = 64;  // gemv kernels built for 6 blocks per SM (fewer registers)
 constexpr int STAGE_XS = 128;   // gemv kernels stage the inputs through shared memory (1-2 rows)
+constexpr int STAGE_MMA = 256;  // the tensor-core gemv (decode_mma.cuh), runs of 8 rows; fp16 inputs; 1..64 rows
+constexpr int STAGE_RUN16 = 512;  // with STAGE_MMA: runs of 16 rows (two MMAs per tile)
+constexpr int STAGE_NOBIAS = 1024;  // with STAGE_MMA (runs of 8): the codebook's affine map after the sums
+constexpr int STAGE_OCC5 = 2048;  // with STAGE_MMA: gemv built for 5 blocks per SM (STAGE_OCC6: 6; else 4)
+constexpr int STAGE_KW2_A = 4096;  // with STAGE_NOBIAS: gate/up blocks of 4 n-tiles x 2 k-warps
+constexpr int STAGE_KW2_B = 8192;  // with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
+constexpr int MMA_MAX_ROWS = 64;
 
 template <int K, int NR, int MINB>
 cudaError_t launch_gemv_b(int items, const MoeArgs& a, int down, int unroll, int pdl, int xs, cudaStream_t stream)
@@ -515,29 +577,39 @@ cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, int unrol
 
 }  // namespace
 
+#include "decode_mma.cuh"
+
 extern "C" {
 
 // Supported bits per weight of the own kernel (MUL1 only); the overlay falls back to exllamav3's
 // decode kernel for anything else.
 int spark_decode_supports(int k) { return k >= 2 && k <= 6; }
 
-// One MoE layer call, 1..8 rows (bsz * topk <= 64). Scratch sizes: xh slots*2*H, gu parts_a*slots*2*I,
-// ah slots*I, dd parts_b*slots*H floats. unroll: k-tiles streamed per warp (2, 4, 8, 16: see launch_gemv_b); stages: bit mask
+// One MoE layer call, 1..8 rows (bsz * topk <= 64; 1..64 rows with STAGE_MMA). Scratch sizes: xh slots*2*H,
+// gu parts_a*slots*2*I, ah slots*I, dd parts_b*slots*H floats. unroll: k-tiles streamed per warp (2, 4, 8, 16: see launch_gemv_b); stages: bit mask
 // of the five launches to run (31 = all; fewer only to time them one by one), plus STAGE_PDL (32): launch
 // them with programmatic dependent launch, STAGE_OCC6 (64): the gemv variant capped for 6 blocks per SM,
-// STAGE_XS (128): the gemv variant that stages its inputs through shared memory. Returns a cudaError_t.
+// STAGE_XS (128): the gemv variant that stages its inputs through shared memory, STAGE_MMA (256): the
+// tensor-core gemv (fp16 inputs, runs of 8 rows; + STAGE_RUN16: runs of 16). Returns a cudaError_t.
 int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* out,
                      int out_dt, int bsz, int topk, int H, int I, int n_local, const int64_t* tables, int k,
                      float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, int stages,
                      cudaStream_t stream)
 {
-    if (bsz < 1 || bsz > 8 || topk < 1 || topk > OUT_MAX_TOPK || H % 128 || I % 128 || !spark_decode_supports(k))
+    const int mma = (stages & STAGE_MMA) != 0;
+    if (bsz < 1 || bsz > (mma ? MMA_MAX_ROWS : 8) || topk < 1 || topk > OUT_MAX_TOPK || H % 128 || I % 128 || !spark_decode_supports(k))
         return (int) cudaErrorInvalidValue;
     if (parts_a < 1 || parts_b < 1) return (int) cudaErrorInvalidValue;
     MoeArgs a;
     a.x = x; a.x_dt = x_dt; a.ids = ids; a.ids64 = ids64; a.w = w; a.w_dt = w_dt; a.out = out; a.out_dt = out_dt;
     a.bsz = bsz; a.topk = topk; a.H = H; a.I = I; a.n_local = n_local; a.tables = tables;
     a.xh = xh; a.gu = gu; a.ah = ah; a.dd = dd; a.parts_a = parts_a; a.parts_b = parts_b;
+    a.x16 = mma;
+    const int nt = (stages & STAGE_RUN16) ? 2 : 1;
+    a.nobias = mma && nt == 1 && (stages & STAGE_NOBIAS) != 0;
+    // x16: the fp16 inputs fill the first half of xh; the chunk sums go in its second half
+    a.sums = xh + (size_t) bsz * topk * H;
+    const int blocks = (stages & STAGE_OCC6) ? 6 : (stages & STAGE_OCC5) ? 5 : 4;
     const int slots = bsz * topk;
     const int pdl = (stages & STAGE_PDL) != 0;
     const int occ6 = (stages & STAGE_OCC6) != 0;
@@ -546,12 +618,16 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     cudaError_t err = cudaSuccess;
     if (stages & 1) err = launch(rot_in_kernel, (warps_in + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
-    if (stages & 2) err = launch_gemv_any(a, k, 0, bsz, unroll, pdl, occ6, xs, stream);
+    if (stages & 2)
+        err = mma ? launch_gemv_mma_any(a, k, 0, nt, blocks, (stages & STAGE_KW2_A) != 0, pdl, stream)
+                  : launch_gemv_any(a, k, 0, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     const int warps_mid = slots * (I / 128);
     if (stages & 4) err = launch(mid_kernel, (warps_mid + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
-    if (stages & 8) err = launch_gemv_any(a, k, 1, bsz, unroll, pdl, occ6, xs, stream);
+    if (stages & 8)
+        err = mma ? launch_gemv_mma_any(a, k, 1, nt, blocks, (stages & STAGE_KW2_B) != 0, pdl, stream)
+                  : launch_gemv_any(a, k, 1, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     if (stages & 16) err = launch(out_kernel, bsz * (H / 128), 32 * topk, stream, pdl, a);
     return (int) err;

@@ -1,9 +1,11 @@
-"""spark-kit's own EXL3 MoE decode kernel (decode_moe.cu) for 1..8 token rows.
+"""spark-kit's own EXL3 MoE decode kernel (decode_moe.cu) for 1..64 token rows.
 
 Takes the layer's device pointer tables from the fused path (`Exl3FusedMoE.tables`), reads the
 caller's dtypes as they are (x f16/bf16, ids int32/int64, weights f32/f16/bf16) and writes the
 output in x's dtype: no conversion or zeroing kernels around its five launches. MUL1 codebook,
 one K for gate/up/down in 2..6 (`supports`); anything else keeps exllamav3's decode kernel.
+On sm_80+ its GEMVs run on the tensor cores (decode_mma.cuh: fp16 inputs, one MMA per weight tile
+for up to 8 rows of an expert), 1..64 rows; else the CUDA-core GEMVs, 1..8 rows.
 """
 
 from __future__ import annotations
@@ -13,15 +15,40 @@ import torch
 from ...format.codebook import CODEBOOK_MUL1
 from . import loader
 
-ROWS = 8  # rows per call (the kernel's limit; more rows are chunked by the caller)
-# Rows the served path gives it: on an H200 it takes 0.84x / 0.89x / 0.83x of the time of exllamav3's decode
-# kernel at 1 / 2 / 4 rows, but 1.15x at 8 (python_overlay/tests/gpu/results-h200-decode*.json, docs/performance.md)
-SERVE_ROWS = 4
+ROWS = 64  # rows per call with the tensor-core GEMVs (the kernel's limit)
+CUDA_CORE_ROWS = 8  # rows per call with the CUDA-core GEMVs
+# Rows the served path gives it. Tensor-core GEMVs: every size, on an H200 0.62-0.72x of the served
+# path's time at 1-64 rows (exllamav3's decode kernel in chunks of 42); CUDA-core GEMVs: 0.84x / 0.89x /
+# 0.83x at 1 / 2 / 4 rows, but 1.15x at 8 (python_overlay/tests/gpu/results-h200-decode*.json, docs/performance.md)
+SERVE_ROWS = 64
+CUDA_CORE_SERVE_ROWS = 4
 MAX_TOP_K = 8  # picks per row (the output kernel's warps per block)
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 STAGE_PDL = 32  # decode_moe.cu: launch with programmatic dependent launch
 STAGE_OCC6 = 64  # decode_moe.cu: the gemv variant built for 6 blocks per SM
 STAGE_XS = 128  # decode_moe.cu: the gemv variant that stages its inputs through shared memory
+STAGE_MMA = 256  # decode_moe.cu: the tensor-core gemv (decode_mma.cuh), runs of 8 rows
+STAGE_RUN16 = 512  # with STAGE_MMA: runs of 16 rows
+STAGE_NOBIAS = 1024  # with STAGE_MMA: the codebook's affine map applied to the sums (no fp16x2 FMA per weight pair)
+STAGE_OCC5 = 2048  # with STAGE_MMA: the gemv built for 5 blocks per SM (STAGE_OCC6: 6; else 4)
+STAGE_KW2_A = 4096  # with STAGE_NOBIAS: gate/up blocks of 4 n-tiles x 2 k-warps (else 2 x 4)
+STAGE_KW2_B = 8192  # with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
+_scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def shared_scratch(device: torch.device, top_k: int, hidden: int, inter: int) -> tuple[torch.Tensor, ...]:
+    """The kernel's fp32 scratch (xh, gu, ah, dd), one set per shape and device for every layer.
+
+    Launches on one stream run one after another, so the layers of a process share it (~33 MiB at
+    64 rows x top-6): gu holds up to 4 gate/up k-parts of 8 rows or 2 of 64, dd 4 down k-parts of 8 or 1 of 64.
+    """
+    key = (str(device), top_k, hidden, inter)
+    if key not in _scratch:
+        slots, small = ROWS * top_k, CUDA_CORE_ROWS * top_k
+        f32 = {"dtype": torch.float32, "device": device}
+        _scratch[key] = (torch.empty(slots, 2, hidden, **f32), torch.empty(max(4 * small, 2 * slots), 2, inter, **f32),
+                         torch.empty(slots, inter, **f32), torch.empty(max(4 * small, slots), hidden, **f32))
+    return _scratch[key]
 
 
 def supports(groups: list[tuple], top_k: int = 1) -> str | None:
@@ -38,6 +65,15 @@ def supports(groups: list[tuple], top_k: int = 1) -> str | None:
     return None
 
 
+def gate_up_layout(rows: int) -> tuple[int, bool]:
+    """Gate/up k-parts and 4 x 2 blocks of the tensor-core GEMV at `rows` rows (the H200's fastest, bias folded):
+    2 parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
+    (python_overlay/tests/gpu/results-h200-decode-own-mma.json)."""
+    if rows <= 1:
+        return 2, False
+    return 1, rows >= 4
+
+
 class OwnDecodeMoE:
     """One layer's own decode kernel, sharing the fused path's pointer tables."""
 
@@ -49,7 +85,8 @@ class OwnDecodeMoE:
         order = [f"{sid}_{kind}" for sid in ("w1", "w3", "w2") for kind in ("trellis", "suh", "svh")]
         self.tables = torch.stack([tables[name] for name in order]).contiguous()  # [9, num_local] int64
         self.k, self.hidden, self.inter, self.num_local, self.top_k = int(k), hidden, inter, num_local, top_k
-        self.parts_a, self.parts_b = 0, 1  # 0: chosen per call (3 k-parts for gate/up at <= 8 slots, else 2)
+        # 0: chosen per call (tensor cores: `gate_up_layout`; CUDA cores: 3 at <= 8 slots, else 2)
+        self.parts_a, self.parts_b = 0, 1
         # k-tiles streamed per stage (16: 8 tiles x 4 deep, the fastest at 1, 4 and 8 rows on an H200);
         # launches to run (31: all five)
         self.unroll, self.stages = 16, 31
@@ -59,18 +96,34 @@ class OwnDecodeMoE:
         self.xs = False
         # programmatic dependent launch (sm_90+): each launch's weight prefetch overlaps the one before
         self.pdl = cap[0] >= 9
-        slots = ROWS * top_k
-        f32 = {"dtype": torch.float32, "device": self.device}
-        self.xh = torch.empty(slots, 2, hidden, **f32)
-        self.gu = torch.empty(4, slots, 2, inter, **f32)
-        self.ah = torch.empty(slots, inter, **f32)
-        self.dd = torch.empty(4, slots, hidden, **f32)
+        # tensor-core GEMVs (mma.sync m16n8k16: sm_80+); runs of 16 rows from run16_from rows on (0: never)
+        self.mma = cap[0] >= 8
+        self.run16_from = 0  # runs of 16 were 3-18 % slower than two runs of 8 at 16-64 rows on an H200
+        # tensor cores: blocks per SM asked of the compiler (4, 5 or 6: 64 / 48 / 40 registers), and 6 from
+        # occ6_from rows on (up to 6 % faster at 16-64 rows, 0.5-5 % slower below)
+        # (0: never; with the options below 4 blocks were the fastest at every size on an H200)
+        self.blocks, self.occ6_from = 4, 0
+        # tensor cores: the codebook's affine map applied to the sums instead of per weight pair (1-5 % faster
+        # at 1-64 rows); with it, gate/up (kw2_a; None: `gate_up_layout`) and down blocks of 4 n-tiles x 2
+        # k-warps instead of 2 x 4 (twice the k-tiles per warp: down 15 % faster at 1 row)
+        self.nobias = True
+        self.kw2_a, self.kw2_b = None, True
+        self.xh, self.gu, self.ah, self.dd = shared_scratch(self.device, top_k, hidden, inter)
+
+    @property
+    def max_rows(self) -> int:
+        return ROWS if self.mma else CUDA_CORE_ROWS
+
+    @property
+    def serve_rows(self) -> int:
+        """Rows up to which the served path takes this kernel instead of exllamav3's."""
+        return SERVE_ROWS if self.mma else CUDA_CORE_SERVE_ROWS
 
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
         rows, top_k = topk_ids.shape
-        if not 0 < rows <= ROWS or top_k > self.top_k:
-            raise ValueError(f"own decode kernel: {rows} rows x top-{top_k} (takes 1..{ROWS} x top-{self.top_k})")
+        if not 0 < rows <= self.max_rows or top_k > self.top_k:
+            raise ValueError(f"own decode kernel: {rows} rows x top-{top_k} (takes 1..{self.max_rows} x top-{self.top_k})")
         dtype = x.dtype
         x = x.reshape(rows, self.hidden)
         x = x if x.dtype in (torch.float16, torch.bfloat16) else x.to(torch.float16)
@@ -81,15 +134,26 @@ class OwnDecodeMoE:
         w = w.contiguous()
         if out is None:
             out = torch.empty(rows, self.hidden, dtype=dtype if dtype in DTYPES else x.dtype, device=x.device)
-        parts_a = self.parts_a or (3 if rows * top_k <= 8 else 2)
+        slots = rows * top_k
+        auto_parts, auto_kw2 = gate_up_layout(rows)
+        parts_a = self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)
+        kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
+        if parts_a * slots > self.gu.shape[0] or self.parts_b * slots > self.dd.shape[0]:
+            raise ValueError(f"own decode kernel: {parts_a} / {self.parts_b} k-parts at {rows} rows exceed its scratch")
+        stages = self.stages | (STAGE_PDL if self.pdl else 0)
+        if self.mma:
+            blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
+            stages |= STAGE_MMA | (STAGE_RUN16 if 0 < self.run16_from <= rows else 0)
+            stages |= (STAGE_NOBIAS if self.nobias else 0) | {6: STAGE_OCC6, 5: STAGE_OCC5}.get(blocks, 0)
+            stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
+        else:
+            stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         err = self.lib.spark_decode_moe(
             x.data_ptr(), DTYPES[x.dtype], ids.data_ptr(), int(ids.dtype == torch.int64), w.data_ptr(),
             DTYPES[w.dtype], out.data_ptr(), DTYPES[out.dtype], rows, top_k, self.hidden, self.inter,
             self.num_local, self.tables.data_ptr(), self.k, self.xh.data_ptr(), self.gu.data_ptr(),
-            self.ah.data_ptr(), self.dd.data_ptr(), parts_a, self.parts_b, self.unroll,
-            self.stages | (STAGE_PDL if self.pdl else 0) | (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0),
-            stream,
+            self.ah.data_ptr(), self.dd.data_ptr(), parts_a, self.parts_b, self.unroll, stages, stream,
         )
         loader.check(err, "spark_decode_moe")
         return out if out.dtype == dtype else out.to(dtype)

@@ -1,0 +1,312 @@
+// The tensor-core GEMV of the own MoE decode kernel (included by decode_moe.cu after MoeArgs): each
+// 16x16 weight tile is decoded once per warp straight into the A fragment of one
+// mma.sync.m16n8k16 (W^T: 16 output columns x 16 k) and multiplied with up to 8 token rows of fp16
+// inputs per MMA (the B fragment), so the per-weight cost no longer grows with the rows.
+//
+// MUL1 decode per weight: the 16-bit state (funnel shift, shift), one integer multiply, one dp4a
+// byte sum b whose bias 0x6400 makes the fp16 bits of 1024 + b (exact: b <= 1020); two of those
+// packed into a half2 (byte permute) and one fp16x2 FMA (1024 + b) * S + O per pair, the codebook's
+// value rounded once to fp16 (the reference table's value exactly). NB (no bias): the MMA takes the
+// exact 1024 + b itself and the next launch applies the codebook's affine map to the sums,
+// y = S * sum_k x_k (1024 + b_k) + O * sum_k x_k, with sum_k x_k from the same fp16 inputs (the
+// launch that wrote them also wrote their 128-chunk sums): one instruction less per two weights and
+// the weights exact before the fp32 sums instead of rounded to fp16. Fragment layout: the lane's
+// tile position j holds k = 2q + (j & 1) + 8 ((j >> 1) & 1), n = g + 8 (j >> 2) (q = lane % 4,
+// g = lane / 4), so A = {j0 j1}, {j4 j5}, {j2 j3}, {j6 j7}; B = x[row g][k 2q, 2q+1], [2q+8, 2q+9];
+// C = y[n g, g+8][rows 2q, 2q+1].
+
+#pragma once
+
+#include "decode_tile.cuh"
+#include "decode_util.cuh"
+
+namespace {
+
+constexpr uint32_t MUL1_H16_BIAS = 0x6400u;             // fp16 1024.0: 0x6400 + b = fp16(1024 + b)
+constexpr uint32_t MUL1_S_H2 = 0x1EEE1EEEu;              // fp16x2 S
+constexpr uint32_t MUL1_O_H2 = 0xC931C931u;              // fp16x2 O
+
+__device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c)
+{
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// GEMV over one projection for a run of up to 8 * NT rows that picked the item's expert (fp16 inputs).
+// Block: 8 warps = 8 / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
+// expert's slots are taken in runs of 8 * NT in slot order: the block of the slot that starts a run
+// takes the run, every other block of that expert exits, so each weight is decoded once per run.
+template <int K, int NT, int U, int D, bool NB, int KW>
+__device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int item)
+{
+    constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
+    constexpr int RUN = 8 * NT;
+    constexpr int NTB = 8 / KW;   // n-tiles per block
+    constexpr int COLS = 16 * NTB;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const GemvItem it = gemv_item_of(a, down, item, COLS);
+    const int n_in = it.n_in, n_out = it.n_out, parts = it.parts, part = it.part, group = it.group;
+    const int proj_i = it.proj_i, proj = it.proj, slot = it.slot, slots = it.slots;
+
+    __shared__ int sh_slot[RUN];
+    __shared__ int sh_n;
+    __shared__ float sh_red[KW][RUN][COLS];
+    const int e = expert_of(a.ids, a.ids64, slot);
+    if (e < 0 || e >= a.n_local) return;
+    if (warp == 0)
+    {
+        // rank = the expert's slots before this one; the run is ranks [rank, rank + RUN)
+        int n = 0, rank = -1;
+        for (int base = 0; base < slots; base += 32)
+        {
+            const int s = base + lane;
+            const bool hit = s < slots && expert_of(a.ids, a.ids64, s) == e;
+            const unsigned m = __ballot_sync(0xffffffffu, hit);
+            if (slot >= base && slot < base + 32) rank = n + __popc(m & ((1u << (slot - base)) - 1u));
+            if (hit && rank >= 0)
+            {
+                const int rs = n + __popc(m & ((1u << lane) - 1u));
+                if (rs >= rank && rs < rank + RUN) sh_slot[rs - rank] = s;
+            }
+            n += __popc(m);
+            if (rank >= 0 && n >= rank + RUN) break;
+        }
+        if (lane == 0) sh_n = rank % RUN == 0 ? min(n - rank, RUN) : 0;
+    }
+    __syncthreads();
+    const int nr = sh_n;
+    if (nr == 0) return;
+
+    const uint32_t* trellis = (const uint32_t*) table(a, proj, 0, e);
+    const int ntiles_n = n_out >> 4;
+    const int ktiles = n_in >> 4;
+    const int ntile = group * NTB + warp % NTB;
+    const int kw = warp / NTB;
+    int kb, ke;
+    warp_k_range(ktiles, parts, part, kw, KW, kb, ke);
+
+    const TileBits bits = tile_bits<K>(lane);
+    const int q = lane & 3;
+    const int g = lane >> 2;
+
+    // The B fragment's row of each 8-row group: rows past the run repeat its last row (their
+    // output columns are never stored)
+    const half* xrow[NT];
+    #pragma unroll
+    for (int t = 0; t < NT; ++t)
+    {
+        const int s = sh_slot[min(t * 8 + g, nr - 1)];
+        const half* xh = (const half*) a.xh;
+        const half* ah = (const half*) a.ah;
+        xrow[t] = (down ? ah + (size_t) s * a.I : xh + ((size_t) s * 2 + proj_i) * a.H) + 2 * q;
+    }
+
+    float acc[NT][4];
+    #pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+    // Each warp streams its k-tiles through a ring of D stages of U tiles in shared memory (cp.async,
+    // 16-byte pieces, L1 bypassed). The lane's pieces of a stage and their offsets are fixed, so one
+    // stage's issue is a compare, an address and a copy per piece.
+    constexpr int PPT = WORDS / 4;            // 16-byte pieces per tile
+    constexpr int PIECES = U * PPT;           // per stage
+    constexpr int PPL = (PIECES + 31) / 32;   // per lane
+    __shared__ uint4 ring[8][D][PIECES];
+    const size_t tile_stride = (size_t) ntiles_n * WORDS;
+    const uint32_t* tp = trellis + (size_t) ntile * WORDS + (size_t) kb * tile_stride;
+    const int ntile_k = ke - kb;
+    const int batches = ntile_k > 0 ? (ntile_k + U - 1) / U : 0;
+    // per piece of this lane: the tiles left when it is past the stage's end, its next source, its slot
+    int p_left[PPL];
+    const uint32_t* p_src[PPL];
+    #pragma unroll
+    for (int c = 0; c < PPL; ++c)
+    {
+        const int i = lane + 32 * c;
+        p_left[c] = i < PIECES ? ntile_k - i / PPT : 0;
+        p_src[c] = tp + (size_t) (i / PPT) * tile_stride + (i % PPT) * 4;
+    }
+    const size_t batch_stride = (size_t) U * tile_stride;
+    const unsigned ring_base = (unsigned) __cvta_generic_to_shared(&ring[warp][0][lane]);
+    // issues the next batch (batches in order, once each)
+    int next = 0;
+    auto issue = [&] ()
+    {
+        const unsigned dst = ring_base + (unsigned) ((next % D) * PIECES * 16);
+        const int t0 = next * U;
+        #pragma unroll
+        for (int c = 0; c < PPL; ++c)
+        {
+            if (t0 < p_left[c])
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst + c * 512), "l"(p_src[c]));
+            p_src[c] += batch_stride;
+        }
+        ++next;
+    };
+    auto commit = [] () { asm volatile("cp.async.commit_group;\n" ::); };
+    #pragma unroll
+    for (int i = 0; i < D - 1; ++i)
+    {
+        issue();
+        commit();
+    }
+    // Everything above reads only the routing ids and the weights; the inputs come from the kernel before
+    pdl_wait();
+    pdl_trigger();
+    for (int batch = 0; batch < batches; ++batch)
+    {
+        issue();
+        commit();
+        asm volatile("cp.async.wait_group %0;\n" :: "n"(D - 1));
+        __syncwarp();
+        const uint32_t* stage = (const uint32_t*) ring[warp][batch % D];
+        auto tile = [&] (int u)
+        {
+            const int kt = kb + batch * U + u;
+            uint32_t f[8];
+            mul1_products<K>(stage + u * WORDS, bits, f);
+            #pragma unroll
+            for (int j = 0; j < 8; ++j) f[j] = __dp4a(f[j], 0x01010101u, MUL1_H16_BIAS);
+            uint32_t af[4];
+            af[0] = __byte_perm(f[0], f[1], 0x5410);
+            af[1] = __byte_perm(f[4], f[5], 0x5410);
+            af[2] = __byte_perm(f[2], f[3], 0x5410);
+            af[3] = __byte_perm(f[6], f[7], 0x5410);
+            if (!NB)
+            {
+                #pragma unroll
+                for (int i = 0; i < 4; ++i) af[i] = hfma2_bits(af[i], MUL1_S_H2, MUL1_O_H2);
+            }
+            #pragma unroll
+            for (int t = 0; t < NT; ++t)
+            {
+                if (t * 8 >= nr) break;
+                const uint32_t b0 = __ldg((const unsigned int*) (xrow[t] + kt * 16));
+                const uint32_t b1 = __ldg((const unsigned int*) (xrow[t] + kt * 16 + 8));
+                mma16816(acc[t], af, b0, b1);
+            }
+        };
+        run_tiles<U>(ntile_k - batch * U, tile);
+        __syncwarp();
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+    // C fragment: acc[t] = y[n g][rows 8t + 2q, +1], y[n g + 8][same rows]; then the k-warps in a fixed order
+    const int c = (warp % NTB) * 16 + g;
+    #pragma unroll
+    for (int t = 0; t < NT; ++t)
+    {
+        const int r = t * 8 + 2 * q;
+        if (r < nr)
+        {
+            sh_red[kw][r][c] = acc[t][0];
+            sh_red[kw][r][c + 8] = acc[t][2];
+        }
+        if (r + 1 < nr)
+        {
+            sh_red[kw][r + 1][c] = acc[t][1];
+            sh_red[kw][r + 1][c + 8] = acc[t][3];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nr * COLS; i += blockDim.x)
+    {
+        const int r = i / COLS, cc = i % COLS;
+        float v = sh_red[0][r][cc];
+        #pragma unroll
+        for (int w = 1; w < KW; ++w) v += sh_red[w][r][cc];
+        const int s = sh_slot[r];
+        const int col = group * COLS + cc;
+        if (down) a.dd[((size_t) part * slots + s) * a.H + col] = v;
+        else a.gu[(((size_t) part * slots + s) * 2 + proj_i) * a.I + col] = v;
+    }
+}
+
+template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4>
+__global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(const MoeArgs a, int down)
+{
+    gemv_mma_item<K, NT, U, D, NB, KW>(a, down, blockIdx.x);
+}
+
+// The largest shared-memory carveout for a kernel, asked once (5-6 blocks of ~29 KB need more than the default)
+template <auto KERN>
+void prefer_shared()
+{
+    static const cudaError_t done = cudaFuncSetAttribute(KERN, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                         (int) cudaSharedmemCarveoutMaxShared);
+    (void) done;
+}
+
+template <auto KERN>
+cudaError_t launch_mma(int items, const MoeArgs& a, int down, int pdl, cudaStream_t stream)
+{
+    prefer_shared<KERN>();
+    return launch(KERN, items, 256, stream, pdl, a, down);
+}
+
+}  // namespace
+
+namespace {
+
+// Stages of 8 tiles (4 deep at K <= 4, 3 deep above: static shared memory). blocks: 4, 5 or 6 blocks per SM
+// asked of the compiler (64 / 48 / 40 registers); nt 2 (runs of 16 rows): 4 blocks, no bias folding;
+// kw2: 4 n-tiles x 2 k-warps per block (twice the k-tiles per warp), with bias folding, 4 or 6 blocks.
+template <int K, int D>
+cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int blocks, int kw2, int pdl,
+                              cudaStream_t stream)
+{
+    if (nt >= 2) return launch_mma<gemv_mma_kernel<K, 2, 8, D, 4, false>>(items, a, down, pdl, stream);
+    if (kw2)
+    {
+        if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true, 2>>(items / 2, a, down, pdl, stream);
+        return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2>>(items / 2, a, down, pdl, stream);
+    }
+    if (a.nobias)
+    {
+        if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true>>(items, a, down, pdl, stream);
+        if (blocks == 5) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 5, true>>(items, a, down, pdl, stream);
+        return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true>>(items, a, down, pdl, stream);
+    }
+    if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, false>>(items, a, down, pdl, stream);
+    if (blocks == 5) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 5, false>>(items, a, down, pdl, stream);
+    return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, false>>(items, a, down, pdl, stream);
+}
+
+template <int K>
+cudaError_t launch_gemv_mma(const MoeArgs& a, int down, int nt, int blocks, int kw2, int pdl, cudaStream_t stream)
+{
+    const int slots = a.bsz * a.topk;
+    const int nproj = down ? 1 : 2;
+    const int groups = (down ? a.H : a.I) >> 5;
+    const int parts = down ? a.parts_b : a.parts_a;
+    const int items = slots * nproj * groups * parts;
+    if constexpr (K <= 4) return launch_gemv_mma_d<K, 4>(items, a, down, nt, blocks, kw2, pdl, stream);
+    else return launch_gemv_mma_d<K, 3>(items, a, down, nt, blocks, kw2, pdl, stream);
+}
+
+// nt: 8-row groups per run (1: runs of 8 rows, 2: runs of 16)
+cudaError_t launch_gemv_mma_any(const MoeArgs& a, int k, int down, int nt, int blocks, int kw2, int pdl,
+                                cudaStream_t stream)
+{
+    kw2 = kw2 && nt == 1 && a.nobias;
+    switch (k)
+    {
+        case 2: return launch_gemv_mma<2>(a, down, nt, blocks, kw2, pdl, stream);
+        case 3: return launch_gemv_mma<3>(a, down, nt, blocks, kw2, pdl, stream);
+        case 4: return launch_gemv_mma<4>(a, down, nt, blocks, kw2, pdl, stream);
+        case 5: return launch_gemv_mma<5>(a, down, nt, blocks, kw2, pdl, stream);
+        case 6: return launch_gemv_mma<6>(a, down, nt, blocks, kw2, pdl, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace
