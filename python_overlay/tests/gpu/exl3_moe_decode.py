@@ -12,15 +12,15 @@ DIR/results-decode.json after each):
 1. accuracy: both TP-2 ranks summed vs the unsplit float32 CPU reference (8 experts routed) at
    1..64 rows for the served path (`Exl3FusedMoE`, decode kernel up to 64 rows), the same layer
    under SPARK_EXL3_MOE_COOP=own (own kernel at 1..64 rows, after its load-time self-check), =0
-   (sorted tiers) and unset (the default; whether it took the own kernel is recorded), and 8-row chunks; the own kernel's output poisoned with NaN first; graph
-   replay with new inputs vs eager.
+   (sorted tiers) and unset (the default; whether it took the own kernel is recorded), and 8-row
+   chunks; the own kernel's output poisoned with NaN first; graph replay with new inputs vs eager.
 2. moe: every size in ROWS, each timed over 8 routings in turn (weights beyond the L2):
    exllamav3's best path (<= 8 rows its decode kernel as its module calls it; above, exl3_moe with
    its host-side schedule), the served path, the layer with the switch unset (`default_us`), the
-   own kernel, the sorted tiers, the decode kernel in chunks of 8/16/32/42 rows, and the floor: a cold read (rotating buffers, graph) of exactly
-   the bytes that size reads (the routed experts' trellises and scales, x and y). Each as a
-   multiple of the floor and as % of 4.8 TB/s; glue = served path - its launches alone with the
-   inputs already converted.
+   own kernel, the sorted tiers, the decode kernel in chunks of 8/16/32/42 rows, and the floor: a
+   cold read (rotating buffers, graph) of exactly the bytes that size reads (the routed experts'
+   trellises and scales, x and y). Each as a multiple of the floor and as % of 4.8 TB/s; glue =
+   served path - its launches alone with the inputs already converted.
 3. linears: exl3_gemm vs fp16 matmul at decode sizes (from exl3_moe_fused.py).
 4. estimate: decode ceiling with the checkpoint's layer count read from src/checkpoint/dsv41.rs.
 """
