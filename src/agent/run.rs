@@ -157,7 +157,7 @@ pub fn run(rank: usize, env: &[(String, String)], input: impl Read + Send + 'sta
                     stop(&mut running, preparing.take(), drain_s, out);
                 }
                 Ok(Command::Clean { kit }) => {
-                    let removed = runtime::for_kit(&kit).and_then(|r| r.remove_leftovers(&kit));
+                    let removed = runtime::of(&kit).remove_leftovers(&kit);
                     match removed {
                         Ok(removed) => out.emit(&Event::Cleaned { removed }),
                         Err(e) => out.emit(&Event::Error { message: one_line(&e), fatal: false }),

@@ -91,7 +91,7 @@ impl Preparing {
         let (k, d, c) = (kit.clone(), deploy.clone(), cancel.clone());
         let rep = Phases { tx: tx.clone(), last_line: Arc::clone(last_line), clock };
         let thread = std::thread::spawn(move || {
-            let done = runtime::for_kit(&k).and_then(|r| r.prepare(&k, &d, &rep, &c)).map_err(|e| one_line(&e));
+            let done = runtime::of(&k).prepare(&k, &d, &rep, &c).map_err(|e| one_line(&e));
             let _ = tx.send(Said::Done(done));
         });
         Self { kit, node, deploy, cancel, rx, thread: Some(thread) }
@@ -151,7 +151,7 @@ pub fn launch(
     clock: Instant,
 ) -> Result<(Engine, Box<dyn Runtime>), String> {
     let (kit, node, deploy) = (&*p.kit, p.node, &p.deploy);
-    let runtime = runtime::for_kit(kit).map_err(|e| e.to_string())?;
+    let runtime = runtime::of(kit);
     if kit.nodes[node].role == Role::Head {
         let (host, port) = deploy.ports.internal_addr();
         check_port(host, port)

@@ -61,6 +61,8 @@ impl ChildExit {
     #[must_use]
     pub fn parse(line: &str) -> Option<Self> {
         let rest = &line[line.find(PREFIX)? + PREFIX.len()..];
+        // Another writer's line glued on (a write that was not whole) ends this one.
+        let rest = rest.find(PREFIX).map_or(rest, |end| &rest[..end]);
         let mut parts = rest.splitn(3, ' ');
         let pid = parts.next()?.strip_prefix("pid=")?.parse().ok()?;
         let how = parts.next()?;
@@ -170,6 +172,10 @@ mod tests {
             assert_eq!(ChildExit::parse(&tagged).as_ref(), Some(x));
         }
         assert_eq!(ChildExit::parse("INFO something else"), None);
+        // Seen in a CI log: the native watcher's and the Python hook's lines for one child glued
+        // into one (the newline written apart): the comm ends where the second line begins.
+        let glued = format!("x err| {}{}", b.line(), b.line());
+        assert_eq!(ChildExit::parse(&glued).as_ref(), Some(&b));
         assert_eq!(
             describe("exit status: 0", &[a.clone(), b, c]),
             "exit status: 0; first to die: its child pid 42 (VLLM::EngineCor) killed by signal 9 (SIGKILL)"

@@ -21,10 +21,14 @@ use crate::runtime::UpReporter;
 use crate::supervisor::state::State;
 use crate::supervisor::{ClusterReporter, Snapshot};
 
-/// One progress line on stderr (a line at a time, so threads do not interleave within a line).
+/// One progress line on stderr, written with its newline in one `write` (so neither another
+/// thread nor another writer of the same descriptor — the embedded Python's `sys.stderr` —
+/// lands inside it; a pipe keeps writes of up to 4 KiB whole).
 pub fn line(text: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{}", text.trim_end_matches('\n'));
+    let mut buf = String::with_capacity(text.len() + 1);
+    buf.push_str(text.trim_end_matches('\n'));
+    buf.push('\n');
+    let _ = std::io::stderr().lock().write_all(buf.as_bytes());
 }
 
 /// Whether stderr is a terminal (progress bars) or a log / pipe (plain lines).

@@ -1,9 +1,9 @@
 //! How a node runs its engine, in its own room: a [`Runtime`] prepares what the engine needs on
 //! this node and starts it as one process group the agent can watch and stop, and answers for
 //! what a run of it leaves behind ([`Runtime::leftovers`], [`Runtime::remove_leftovers`]);
-//! [`for_kit`] is the one place that picks the runtime from `engine.runtime`. The venv runtime
+//! [`of`] is the one place that picks the runtime from `engine.runtime`. The venv runtime
 //! is [`venv`], the docker runtime [`docker`]; a new runtime is a new file here and one arm in
-//! [`for_kit`]. Used by the node agent (`agent/`) and by `status` (leftovers); `engine/` keeps
+//! [`of`]. Used by the node agent (`agent/`) and by `status` (leftovers); `engine/` keeps
 //! the vLLM process, its argv and its log.
 
 pub mod docker;
@@ -197,11 +197,6 @@ pub fn of(kit: &Kit) -> Box<dyn Runtime> {
         RuntimeKind::Venv => Box::new(venv::Venv),
         RuntimeKind::Docker => Box::new(docker::Docker),
     }
-}
-
-/// [`of`], as the agent asks for it.
-pub fn for_kit(kit: &Kit) -> Result<Box<dyn Runtime>, UpError> {
-    Ok(of(kit))
 }
 
 /// Why bring-up failed. All are runtime failures (exit 1).
