@@ -105,3 +105,74 @@ def test_a_bad_switch_value_fails_naming_it(uniform, monkeypatch):
     monkeypatch.setenv(select.MOE_COOP_ENV, "fast")
     with pytest.raises(Exl3FormatError, match="SPARK_EXL3_MOE_COOP='fast' is not 0, 1 or own"):
         fused_layer(uniform)
+
+
+class DisagreeingOwn:
+    """Stands in for the own kernel object: exllamav3's decode result (the stand-in's), scaled by `scale`."""
+
+    max_rows = serve_rows = moe_schedule.DECODE_MAX_ROWS
+
+    def __init__(self, layer, scale: float):
+        self.layer, self.scale, self.calls = layer, scale, 0
+
+    def __call__(self, x, topk_weights, topk_ids, out=None):
+        self.calls += 1
+        return (self.layer.coop(x, topk_weights, topk_ids, torch.float32) * self.scale).to(x.dtype)
+
+
+def own_standin(monkeypatch, scale: float) -> list:
+    """Exl3FusedMoE's own kernel replaced by a DisagreeingOwn (scale 1: it agrees); the objects made, in order."""
+    made = []
+
+    def make(layer):
+        made.append(DisagreeingOwn(layer, scale))
+        return made[-1]
+
+    monkeypatch.setattr("spark_overlay.exl3.backends.cuda_moe_fused.Exl3FusedMoE._own", make)
+    return made
+
+
+def own_default(monkeypatch):
+    """The switch unset, with "own" as its default (the state the default is meant to move to)."""
+    monkeypatch.delenv(select.MOE_COOP_ENV, raising=False)
+    monkeypatch.setattr(select, "MOE_COOP_DEFAULT", "own")
+    assert select.moe_decode() == select.DECODE_OWN and not select.moe_decode_explicit()
+
+
+def test_own_kernel_agreeing_at_load_serves_the_decode_calls(uniform, monkeypatch):
+    own_default(monkeypatch)
+    made = own_standin(monkeypatch, 1.0)
+    layer, ext = fused_layer(uniform)
+    assert layer.own is made[0]
+    checked = made[0].calls
+    x, w, ids = routing(5, seed=11)
+    ext.launches.clear()
+    layer(x, w, ids)
+    assert made[0].calls == checked + 1
+
+
+def test_own_kernel_disagreeing_under_the_default_falls_back_to_exllamav3s_logged(uniform, monkeypatch, caplog):
+    own_default(monkeypatch)
+    made = own_standin(monkeypatch, 1.5)
+    with caplog.at_level(logging.WARNING, logger="vllm.spark_overlay.exl3"):
+        layer, ext = fused_layer(uniform)
+    assert layer.own is None and layer.coop is not None
+    assert "experts.0.gate_proj: spark-kit's own decode kernel disagrees with exllamav3's on this layer at 1 rows " \
+        "(max rel diff 5.01e-01 > 0.01)" in caplog.text
+    assert "this layer uses exllamav3's decode kernel (set SPARK_EXL3_MOE_COOP=1 for every layer)" in caplog.text
+    calls = made[0].calls
+    x, w, ids = routing(5, seed=12)
+    ext.launches.clear()
+    y = layer(x, w, ids)
+    assert made[0].calls == calls and [launch.get("coop") for launch in ext.launches] == [True]
+    ref = reference(uniform, x.float(), w, ids)
+    assert (y.float() - ref).abs().max() <= 5e-3 * ref.abs().max()
+
+
+def test_own_kernel_disagreeing_when_set_explicitly_fails_the_load(uniform, monkeypatch):
+    monkeypatch.setenv(select.MOE_COOP_ENV, "own")
+    own_standin(monkeypatch, 1.5)
+    with pytest.raises(Exl3FormatError, match=r"experts\.0\.gate_proj: spark-kit's own decode kernel disagrees with "
+                       r"exllamav3's on this layer at 1 rows \(max rel diff 5\.01e-01 > 0\.01\); set "
+                       r"SPARK_EXL3_MOE_COOP=1 to use exllamav3's"):
+        fused_layer(uniform)

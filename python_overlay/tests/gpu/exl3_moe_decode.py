@@ -11,16 +11,16 @@ intermediate 2304 -> 1152 per rank, top-6, MUL1, K 3, random trellis words). Ste
 DIR/results-decode.json after each):
 1. accuracy: both TP-2 ranks summed vs the unsplit float32 CPU reference (8 experts routed) at
    1..64 rows for the served path (`Exl3FusedMoE`, decode kernel up to 64 rows), the same layer
-   under SPARK_EXL3_MOE_COOP=own (own kernel at 1..64 rows, after its load-time self-check) and =0
-   (sorted tiers), and 8-row chunks; the own kernel's output poisoned with NaN first; graph
-   replay with new inputs vs eager.
+   under SPARK_EXL3_MOE_COOP=own (own kernel at 1..64 rows, after its load-time self-check), =0
+   (sorted tiers) and unset (the default; whether it took the own kernel is recorded), and 8-row
+   chunks; the own kernel's output poisoned with NaN first; graph replay with new inputs vs eager.
 2. moe: every size in ROWS, each timed over 8 routings in turn (weights beyond the L2):
    exllamav3's best path (<= 8 rows its decode kernel as its module calls it; above, exl3_moe with
-   its host-side schedule), the served path, the own kernel, the sorted tiers, the decode kernel
-   in chunks of 8/16/32/42 rows, and the floor: a cold read (rotating buffers, graph) of exactly
-   the bytes that size reads (the routed experts' trellises and scales, x and y). Each as a
-   multiple of the floor and as % of 4.8 TB/s; glue = served path - its launches alone with the
-   inputs already converted.
+   its host-side schedule), the served path, the layer with the switch unset (`default_us`), the
+   own kernel, the sorted tiers, the decode kernel in chunks of 8/16/32/42 rows, and the floor: a
+   cold read (rotating buffers, graph) of exactly the bytes that size reads (the routed experts'
+   trellises and scales, x and y). Each as a multiple of the floor and as % of 4.8 TB/s; glue =
+   served path - its launches alone with the inputs already converted.
 3. linears: exl3_gemm vs fp16 matmul at decode sizes (from exl3_moe_fused.py).
 4. estimate: decode ceiling with the checkpoint's layer count read from src/checkpoint/dsv41.rs.
 """
@@ -28,6 +28,7 @@ DIR/results-decode.json after each):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -108,15 +109,18 @@ def own_call(own: OwnDecodeMoE, x, w, ids):
     return out
 
 
-def layer_with(mode: str, loop, ext, prefix):
-    """An Exl3FusedMoE built under SPARK_EXL3_MOE_COOP=mode (the switch is read at load)."""
+def layer_with(mode: str | None, loop, ext, prefix):
+    """An Exl3FusedMoE built under SPARK_EXL3_MOE_COOP=mode, or with it unset (None: the default; read at load)."""
     old = os.environ.get(select.MOE_COOP_ENV)
-    os.environ[select.MOE_COOP_ENV] = mode
+    if mode is None:
+        os.environ.pop(select.MOE_COOP_ENV, None)
+    else:
+        os.environ[select.MOE_COOP_ENV] = mode
     try:
         return Exl3FusedMoE(loop, ext, "cuda", base.MAX_ROWS, prefix, top_k=TOP_K)
     finally:
         if old is None:
-            del os.environ[select.MOE_COOP_ENV]
+            os.environ.pop(select.MOE_COOP_ENV, None)
         else:
             os.environ[select.MOE_COOP_ENV] = old
 
@@ -137,6 +141,9 @@ def accuracy(ext, lib, results):
     loops = [base.rank_loop(full, r, 2, ext) for r in range(2)]
     paths = {"fused": [layer_with("1", lp, ext, f"rank{r}") for r, lp in enumerate(loops)],
              "tiers": [layer_with("0", lp, ext, f"rank{r}") for r, lp in enumerate(loops)]}
+    paths["default"] = [layer_with(None, lp, ext, f"rank{r}") for r, lp in enumerate(loops)]
+    results["default_uses_own"] = all(layer.own is not None for layer in paths["default"])
+    log(f"switch unset (default): own kernel {'used' if results['default_uses_own'] else 'NOT used'} on both ranks")
     owns = [own_layer(lp, ext, f"rank{r}", results) for r, lp in enumerate(loops)]
     results["own_wired"] = all(layer is not None and layer.own is not None for layer in owns)
     if results["own_wired"]:
@@ -158,7 +165,7 @@ def accuracy(ext, lib, results):
         log(json.dumps(row))
     replays = []
     for tokens, name in ((16, "fused"), (64, "fused"), (4, "fused_own"), (1, "fused_own"), (16, "fused_own"),
-                         (64, "fused_own")):
+                         (64, "fused_own"), (1, "default"), (4, "default"), (16, "default"), (64, "default")):
         if name not in paths:
             continue
         layer = paths[name][0]
@@ -193,6 +200,7 @@ def moe(ext, lib, results):
     fused = layer_with("1", loop, ext, prefix)
     fused_own = own_layer(loop, ext, prefix, results)
     tiers = layer_with("0", loop, ext, prefix)
+    default = layer_with(None, loop, ext, prefix)
     host = base.host_scheduled(fused)
     direct = base.coop_direct(fused)
     coops = {c: coop_for(fused, c) for c in CHUNKS}
@@ -231,6 +239,8 @@ def moe(ext, lib, results):
         row["fused_tiers_us"] = g(tiers)
         ref = tiers(*sets[0]).float()
         row["fused_vs_tiers"] = base.rel(fused(*sets[0]), ref)
+        row["default_us"] = g(default)
+        row["default_vs_tiers"] = base.rel(default(*sets[0]), ref)
         if fused_own is not None and fused_own.own is not None:
             row["fused_own_us"] = g(fused_own)
             row["fused_own_vs_tiers"] = base.rel(fused_own(*sets[0]), ref)
@@ -264,13 +274,13 @@ def moe(ext, lib, results):
                 row[key.replace("_us", "_x_floor")] = round(us / row["floor_us"], 2)
             row[key.replace("_us", "_pct_hbm")] = round(100 * nbytes / (us * 1e-6) / HBM, 1)
         row["fused_over_exl3_best"] = round(row["fused_us"] / row["exl3_best_us"], 3)
-        for key in ("fused_own", "own"):
+        for key in ("fused_own", "own", "default"):
             if f"{key}_us" in row:
                 row[f"{key}_over_exl3_best"] = round(row[f"{key}_us"] / row["exl3_best_us"], 3)
         table.append(row)
         log(json.dumps(row))
     results["moe_rank0"] = table
-    del fused, fused_own, tiers, loop, coops
+    del fused, fused_own, tiers, default, loop, coops
     torch.cuda.empty_cache()
 
 
@@ -281,7 +291,7 @@ def estimate(results):
         return
     counts = layer_counts()
     out = {**counts, "linears_us_per_layer": lin}
-    for key in ("exl3_best", "fused", "fused_own", "floor"):
+    for key in ("exl3_best", "fused", "fused_own", "default", "floor"):
         if f"{key}_us" in one:
             for name, n in (("decode", counts["decoder_layers"]),
                             ("with_mtp", counts["decoder_layers"] + counts["mtp_stages"])):
@@ -292,6 +302,7 @@ def estimate(results):
 
 def main() -> int:
     args = base.arguments()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                "layer_counts": layer_counts()}
     t = time.time()
@@ -312,6 +323,10 @@ def main() -> int:
         r.get("fused_own_vs_ref", 1.0) <= TOL and r.get("own_vs_ref", 1.0) <= TOL and r.get("own_nonfinite", 0) == 0
         for r in acc)
     log(f"own kernel accuracy {'OK' if own_ok else 'FAILED'}")
+    default_ok = bool(acc) and all(r["default_vs_ref"] <= TOL for r in acc)
+    default_ok = default_ok and (results.get("default_uses_own") or select.MOE_COOP_DEFAULT != "own")
+    log(f"default (switch unset, {select.MOE_COOP_DEFAULT!r}) accuracy {'OK' if default_ok else 'FAILED'}")
+    ok = ok and default_ok
     log("OK" if ok else "FAILED")
     return 0 if ok else 1
 

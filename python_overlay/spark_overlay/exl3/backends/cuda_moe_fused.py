@@ -11,10 +11,11 @@ the device (`moe_schedule.route`), launches from shapes only
 
 Calls of up to `moe_schedule.DECODE_MAX_ROWS` rows (decode, speculation) take
 a decode kernel instead, chosen by `select.moe_decode()`: exllamav3's
-`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`), or
-spark-kit's own kernel (`cuda_decode.own`: 1..64 rows on sm_80+, 1..4 below), which falls back to
-exllamav3's (logged once) where it cannot take the layer and fails closed when
-its self-check disagrees with exllamav3's.
+`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`, the default), or
+spark-kit's own kernel (`cuda_decode.own`: 1..64 rows on sm_80+, 1..4 below), which falls
+back to exllamav3's (logged once) where it cannot take the layer; where its self-check
+disagrees with exllamav3's it fails closed when `=own` was set explicitly, and falls back
+with a warning when "own" is only the default (switch unset).
 
 Fail closed at load, naming the tensor: a 3INST codebook (the kernel takes
 mcg/mul1), gate/up/down of an expert on different codebooks, a missing
@@ -112,9 +113,9 @@ class Exl3FusedMoE:
         self.top_k = max(1, min(int(top_k), self.num_local))
         self.coop = self._coop()
         self.own = self._own()
-        if self_check:
-            self.check_against_loop()
+        if self_check:  # the own kernel first: a failed check drops it before the loop check serves it
             self.check_own()
+            self.check_against_loop()
 
     # -- load ------------------------------------------------------------------------------
 
@@ -201,7 +202,10 @@ class Exl3FusedMoE:
         return None
 
     def check_own(self) -> None:
-        """The own kernel vs exllamav3's decode kernel at every row count it takes; fail closed on a disagreement."""
+        """The own kernel vs exllamav3's decode kernel at every row count it takes.
+
+        On a disagreement: with SPARK_EXL3_MOE_COOP=own set explicitly an Exl3FormatError (fail closed);
+        with the switch unset and "own" its default, a warning and exllamav3's kernel for this layer."""
         if self.own is None:
             return
         gen = torch.Generator(device=self.device).manual_seed(2)
@@ -213,11 +217,14 @@ class Exl3FusedMoE:
             w = torch.softmax(torch.randn(rows, self.top_k, generator=gen, device=self.device), -1)
             err = max_rel(self.own(x, w, ids), self.coop(x, w, ids, torch.float32))
             if not err <= SELF_CHECK_TOLERANCE:
-                raise Exl3FormatError(
-                    f"{self.loop.layers[experts[0]]['w1'].name}: spark-kit's own decode kernel disagrees with "
-                    f"exllamav3's on this layer at {rows} rows (max rel diff {err:.2e} > {SELF_CHECK_TOLERANCE}); "
-                    f"unset {select.MOE_COOP_ENV} to use exllamav3's"
-                )
+                what = (f"{self.loop.layers[experts[0]]['w1'].name}: spark-kit's own decode kernel disagrees with "
+                        f"exllamav3's on this layer at {rows} rows (max rel diff {err:.2e} > {SELF_CHECK_TOLERANCE})")
+                if select.moe_decode_explicit():
+                    raise Exl3FormatError(f"{what}; set {select.MOE_COOP_ENV}=1 to use exllamav3's")
+                logger.warning("exl3: %s; this layer uses exllamav3's decode kernel (set %s=1 for every layer)",
+                               what, select.MOE_COOP_ENV)
+                self.own = None  # never serve the own kernel's result after a failed check
+                return
 
     def check_against_loop(self) -> None:
         """Fused vs loop on rows that reach every tier of every expert group; primes each kernel instance."""

@@ -13,8 +13,12 @@ Switches (registered in src/envvars.rs):
                           exl3_moe_coop in chunks of up to 42 rows; "own":
                           spark-kit's own decode kernel at 1..64 rows on sm_80+
                           (tensor-core GEMVs; 1..4 rows below sm_80)
-                          (backends/cuda_decode, MUL1, K 2..6; other layers keep
-                          exllamav3's); "0": the sorted exl3_moe kernels at every size
+                          (backends/cuda_decode, MUL1, K 2..6; other layers, and
+                          any where it cannot be built, keep exllamav3's with a
+                          warning; where its load-time check disagrees the load
+                          fails when "own" was set, and falls back to exllamav3's
+                          with a warning when "own" is only the default);
+                          "0": the sorted exl3_moe kernels at every size
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ def moe_decode(env: Mapping[str, str] = os.environ) -> str:
     if raw not in _DECODE_VALUES:
         raise Exl3FormatError(f"{MOE_COOP_ENV}={raw!r} is not 0, 1 or own")
     return _DECODE_VALUES[raw]
+
+
+def moe_decode_explicit(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the user set the switch (then a failed own-kernel check fails the load instead of falling back)."""
+    return MOE_COOP_ENV in env
 
 
 def moe_coop(env: Mapping[str, str] = os.environ) -> bool:
