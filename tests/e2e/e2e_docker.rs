@@ -286,7 +286,11 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
     //    process is left alone. Then `down` (the supervisor is restarting it): no container.
     if guard {
         let (id, _) = env.running();
-        let mut host = Command::new("sleep").arg("600").spawn().unwrap();
+        // Killed when dropped (also when an assert below fails), and off the test's output: an
+        // orphan holding it would keep the lane's log pipe open for its 600 s.
+        let mut host = common::Reap(Some(
+            Command::new("sleep").arg("600").stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap(),
+        ));
         let python = venv_python();
         let mut hog = env
             .d
@@ -337,7 +341,7 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
             serde_json::from_str(&std::fs::read_to_string(acted["receipt"].as_str().unwrap()).unwrap()).unwrap();
         assert_eq!(r["signals"][0]["target"], "container", "{r}");
         assert_eq!(r["signals"][0]["container"], id.as_str(), "{r}");
-        assert!(host.try_wait().unwrap().is_none(), "the host's process was not left alone");
+        assert!(host.0.as_mut().unwrap().try_wait().unwrap().is_none(), "the host's process was not left alone");
         eprintln!(
             "memory guard in up: acted {:.1} s after the hog started ({} MiB grown in the container), reaction {} ms, gone after {} ms",
             t.elapsed().as_secs_f64(),
@@ -346,8 +350,7 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
             r["outcome"]["ms"]
         );
         let _ = hog.wait();
-        host.kill().unwrap();
-        let _ = host.wait();
+        drop(host);
     } else {
         eprintln!("skipping the memory-guard step: MemAvailable {} MiB < {} MiB", avail / MIB, 2 * GUARD_MARGIN / MIB);
     }
