@@ -235,8 +235,8 @@ pub const VARS: &[EnvVar] = &[
         "SPARK_EXL3_MOE_COOP",
         &[Overlay],
         "overlay exl3.backends.select",
-        "EXL3 MoE calls of up to 64 rows: `1` exllamav3's decode kernel (launches of up to 42 rows); `own` spark-kit's own decode kernel at 1-64 rows on sm_80+ (tensor-core GEMVs; 1-4 rows below; exllamav3's where it cannot run); `0` the sorted `exl3_moe` kernels",
-        "`1`",
+        "EXL3 MoE calls of up to 64 rows: `own` spark-kit's own decode kernel at 1-64 rows on sm_80+ (tensor-core GEMVs; 1-4 rows below; exllamav3's, with a warning, where it cannot run or its load-time check disagrees; set explicitly, a disagreement fails the load); `1` exllamav3's decode kernel (launches of up to 42 rows); `0` the sorted `exl3_moe` kernels",
+        "`own`",
     ),
     var(
         "VLLM_PROCESS_NAME_PREFIX",

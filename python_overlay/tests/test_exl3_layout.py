@@ -88,7 +88,8 @@ def test_select_backend_and_switches():
     assert select.moe_coop({"SPARK_EXL3_MOE_COOP": "0"}) is False
     with pytest.raises(Exl3FormatError, match="SPARK_EXL3_MOE_COOP='yes' is not 0, 1 or own"):
         select.moe_coop({"SPARK_EXL3_MOE_COOP": "yes"})
-    assert select.moe_decode({}) == "exllamav3"
+    assert select.moe_decode({}) == "own" and select.moe_decode({"SPARK_EXL3_MOE_COOP": "1"}) == "exllamav3"
+    assert not select.moe_decode_explicit({}) and select.moe_decode_explicit({"SPARK_EXL3_MOE_COOP": "own"})
     assert select.moe_decode({"SPARK_EXL3_MOE_COOP": "own"}) == "own"
     assert select.moe_coop({"SPARK_EXL3_MOE_COOP": "own"}) is True
     assert select.moe_decode({"SPARK_EXL3_MOE_COOP": "0"}) == "off"

@@ -11,8 +11,8 @@ the device (`moe_schedule.route`), launches from shapes only
 
 Calls of up to `moe_schedule.DECODE_MAX_ROWS` rows (decode, speculation) take
 a decode kernel instead, chosen by `select.moe_decode()`: exllamav3's
-`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`, the default), or
-spark-kit's own kernel (`cuda_decode.own`: 1..64 rows on sm_80+, 1..4 below), which falls
+`exl3_moe_coop` in launches of up to 42 rows (`cuda_decode.coop_rows`, `=1`), or
+spark-kit's own kernel (the default; `cuda_decode.own`: 1..64 rows on sm_80+, 1..4 below), which falls
 back to exllamav3's (logged once) where it cannot take the layer; where its self-check
 disagrees with exllamav3's it fails closed when `=own` was set explicitly, and falls back
 with a warning when "own" is only the default (switch unset).

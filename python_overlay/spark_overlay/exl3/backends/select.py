@@ -9,16 +9,16 @@ reads the environment.
 Switches (registered in src/envvars.rs):
 
     SPARK_EXL3_MOE_COOP   which kernel takes MoE calls of up to 64 rows (decode,
-                          speculation): "1" (default) exllamav3's decode kernel
-                          exl3_moe_coop in chunks of up to 42 rows; "own":
-                          spark-kit's own decode kernel at 1..64 rows on sm_80+
+                          speculation): "own" (default) spark-kit's own decode
+                          kernel at 1..64 rows on sm_80+
                           (tensor-core GEMVs; 1..4 rows below sm_80)
                           (backends/cuda_decode, MUL1, K 2..6; other layers, and
                           any where it cannot be built, keep exllamav3's with a
                           warning; where its load-time check disagrees the load
                           fails when "own" was set, and falls back to exllamav3's
                           with a warning when "own" is only the default);
-                          "0": the sorted exl3_moe kernels at every size
+                          "1": exllamav3's decode kernel exl3_moe_coop in chunks of
+                          up to 42 rows; "0": the sorted exl3_moe kernels at every size
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from ..format.errors import Exl3FormatError
 
 CPU, CUDA = "cpu", "cuda"
-MOE_COOP_ENV, MOE_COOP_DEFAULT = "SPARK_EXL3_MOE_COOP", "1"
+MOE_COOP_ENV, MOE_COOP_DEFAULT = "SPARK_EXL3_MOE_COOP", "own"
 SWITCHES = (MOE_COOP_ENV,)
 DECODE_OFF, DECODE_EXLLAMAV3, DECODE_OWN = "off", "exllamav3", "own"
 _DECODE_VALUES = {"0": DECODE_OFF, "1": DECODE_EXLLAMAV3, "own": DECODE_OWN}
@@ -41,7 +41,7 @@ def backend(on_cuda: bool) -> str:
 
 
 def moe_decode(env: Mapping[str, str] = os.environ) -> str:
-    """The decode kernel of MoE calls up to 64 rows: "exllamav3" (default), "own" or "off" (sorted tiers)."""
+    """The decode kernel of MoE calls up to 64 rows: "own" (default), "exllamav3" or "off" (sorted tiers)."""
     raw = env.get(MOE_COOP_ENV, MOE_COOP_DEFAULT)
     if raw not in _DECODE_VALUES:
         raise Exl3FormatError(f"{MOE_COOP_ENV}={raw!r} is not 0, 1 or own")
