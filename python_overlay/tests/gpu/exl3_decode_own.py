@@ -60,20 +60,19 @@ def set_config(own, cfg) -> None:
 def key_of(cfg) -> str:
     pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo = cfg
     return (f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}_k{blocks}_n{int(nb)}"
-            f"_wa{'a' if ka is None else int(ka)}_wb{int(kb)}_fi{int(fi)}_fm{int(fm)}_fo{int(fo)}")
+            f"_wa{'a' if ka is None else int(ka)}_wb{int(kb)}_fi{'a' if fi is None else int(fi)}"
+            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}")
 
 
 def configs(tokens: int) -> list[tuple]:
-    """The tensor-core kernel with the previous defaults (five launches) and each fusion of the small launches
-    into the GEMVs; at 1-2 rows also other gate/up k-parts and block layouts (waves)."""
+    """The tensor-core kernel with the previous defaults (five launches) and the fusions of the small launches
+    into the GEMVs (input Hadamard, activation, output); at 1-2 rows also the gate/up block layouts with the
+    input Hadamard fused in (4 x 2 blocks: one wave at 1 row)."""
     pa, ka = gate_up_layout(tokens)
-    fusions = [(0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1)] + ([(1, 0, 0), (1, 1, 1)] if tokens <= 2 else [])
+    fusions = [(0, 0, 0), (0, 1, 0), (0, 0, 1)]
     out = [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, *f) for f in fusions]
-    layouts = {1: [(1, False), (1, True), (2, True), (3, False), (4, False), (4, True)], 2: [(2, False), (2, True)]}
-    for pa2, ka2 in layouts.get(tokens, []):
-        for f in ((0, 1, 1), (1, 1, 1)):
-            if f[0] and pa2 not in (2, 4):
-                continue
+    if tokens <= 2:
+        for pa2, ka2, f in ((2, True, (1, 1, 0)), (2, False, (1, 1, 0)), (2, True, (1, 0, 0)), (4, True, (1, 1, 0))):
             out.append((True, 16, pa2, 1, False, False, True, 0, 4, True, ka2, True, *f))
     return out
 

@@ -28,6 +28,7 @@ constexpr uint32_t MUL1_O_H2 = 0xC931C931u;              // fp16x2 O
 constexpr int FI_ROWS = 2;                               // fuse_in: rows per call (the block's input buffer)
 constexpr int FI_MAX_K = 2560;                           // fuse_in: inputs per k-part (the block's input buffer)
 constexpr int FI_STRIDE = FI_MAX_K + 8;                  // its row stride in halves (rows on different banks)
+constexpr int FI_BATCH = 3;                              // fuse_in: chunks a warp loads before it transforms them
 
 __device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c)
 {
@@ -248,24 +249,41 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         const int nch = (min(ktiles, k_lo + (ktiles + parts - 1) / parts) - k_lo) >> 3;
         const half* suh = (const half*) table(a, proj, 1, e);
         float t0 = 0.0f, t1 = 0.0f;
-        for (int i = warp; i < nr * nch; i += 8)
+        // FI_BATCH chunks per warp at a time, every load issued before the first Hadamard
+        for (int i0 = warp; i0 < nr * nch; i0 += 8 * FI_BATCH)
         {
-            const int r = i / nch, c = i % nch;
-            const int row = sh_slot[r] / a.topk;
-            const int col = (k_lo >> 3) * 128 + c * 128 + lane * 4;
-            float v[4];
+            float v[FI_BATCH][4];
             #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                v[j] = load_as_float(a.x, (int64_t) row * a.H + col + j, a.x_dt) * __half2float(suh[col + j]);
-            had128(v[0], v[1], v[2], v[3], lane);
-            // k = 4m + {0..3} within its 16-group: positions p, p + 1, p + 4, p + 5 with p = 8 (m & 1) + 2 (m >> 1)
-            const int m = lane & 3;
-            half* dst = xs[r] + c * 128 + (lane >> 2) * 16 + 8 * (m & 1) + 2 * (m >> 1);
-            *(__half2*) dst = __floats2half2_rn(v[0], v[1]);
-            *(__half2*) (dst + 4) = __floats2half2_rn(v[2], v[3]);
-            const float t = chunk_sum16(v);
-            if (r == 0) t0 += t;
-            else t1 += t;
+            for (int u = 0; u < FI_BATCH; ++u)
+            {
+                const int i = i0 + 8 * u;
+                if (i < nr * nch)
+                {
+                    const int r = i / nch, c = i % nch;
+                    const int col = (k_lo >> 3) * 128 + c * 128 + lane * 4;
+                    const float4 xv = load4_as_float(a.x, (int64_t) (sh_slot[r] / a.topk) * a.H + col, a.x_dt);
+                    const uint2 sv = *(const uint2*) (suh + col);
+                    const float2 s01 = __half22float2(*(const __half2*) &sv.x);
+                    const float2 s23 = __half22float2(*(const __half2*) &sv.y);
+                    v[u][0] = xv.x * s01.x; v[u][1] = xv.y * s01.y; v[u][2] = xv.z * s23.x; v[u][3] = xv.w * s23.y;
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < FI_BATCH; ++u)
+            {
+                const int i = i0 + 8 * u;
+                if (i >= nr * nch) break;
+                const int r = i / nch, c = i % nch;
+                had128(v[u][0], v[u][1], v[u][2], v[u][3], lane);
+                // k = 4m + {0..3} within its 16-group: positions p, p + 1, p + 4, p + 5 with p = 8 (m & 1) + 2 (m >> 1)
+                const int m = lane & 3;
+                half* dst = xs[r] + c * 128 + (lane >> 2) * 16 + 8 * (m & 1) + 2 * (m >> 1);
+                *(__half2*) dst = __floats2half2_rn(v[u][0], v[u][1]);
+                *(__half2*) (dst + 4) = __floats2half2_rn(v[u][2], v[u][3]);
+                const float t = chunk_sum16(v[u]);
+                if (r == 0) t0 += t;
+                else t1 += t;
+            }
         }
         if (lane == 0)
         {

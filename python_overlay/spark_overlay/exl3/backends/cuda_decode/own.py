@@ -37,6 +37,10 @@ STAGE_FUSE_IN = 16384  # with STAGE_NOBIAS, <= FUSE_IN_ROWS rows: gate/up builds
 STAGE_FUSE_MID = 32768  # with STAGE_NOBIAS: the last gate/up block of a chunk runs its activation (no activation launch)
 STAGE_FUSE_OUT = 65536  # with STAGE_NOBIAS: the last down block of an output chunk writes it (no output launch)
 FUSE_IN_ROWS, FUSE_IN_MAX_K, FUSE_IN_MAX_BITS = 2, 2560, 3  # decode_mma.cuh: FI_ROWS, FI_MAX_K; shared memory fits K <= 3
+# Served fusions (the H200's fastest, python_overlay/tests/gpu/results-h200-decode-own-fused.json): the input
+# Hadamard in gate/up at 1 row (with 4 x 2 gate/up blocks: 432 blocks, one wave), the activation in gate/up's
+# last blocks at 1-8 rows; the output in down's last blocks never (1-6 % slower at every size)
+FUSE_IN_AUTO_ROWS, FUSE_MID_AUTO_ROWS = 1, 8
 _scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 
@@ -71,12 +75,12 @@ def supports(groups: list[tuple], top_k: int = 1) -> str | None:
     return None
 
 
-def gate_up_layout(rows: int) -> tuple[int, bool]:
+def gate_up_layout(rows: int, fuse_in: bool = False) -> tuple[int, bool]:
     """Gate/up k-parts and 4 x 2 blocks of the tensor-core GEMV at `rows` rows (the H200's fastest, bias folded):
-    2 parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
-    (python_overlay/tests/gpu/results-h200-decode-own-mma.json)."""
+    2 parts of 2 x 4 blocks at 1 row (of 4 x 2 with the input Hadamard fused in), 1 part from 2 rows on, of
+    4 x 2 blocks from 4 rows on (python_overlay/tests/gpu/results-h200-decode-own-mma.json, -own-fused.json)."""
     if rows <= 1:
-        return 2, False
+        return 2, fuse_in
     return 1, rows >= 4
 
 
@@ -116,7 +120,10 @@ class OwnDecodeMoE:
         self.kw2_a, self.kw2_b = None, True
         # tensor cores, bias folded: the small launches folded into the GEMVs (input Hadamard into gate/up at
         # <= FUSE_IN_ROWS rows, activation into gate/up's last block per chunk, output into down's)
-        self.fuse_in, self.fuse_mid, self.fuse_out = False, False, False
+        # (None: by rows, FUSE_IN_AUTO_ROWS / FUSE_MID_AUTO_ROWS)
+        self.fuse_in: bool | None = None
+        self.fuse_mid: bool | None = None
+        self.fuse_out = False
         self.xh, self.gu, self.ah, self.dd, self.cnt = shared_scratch(self.device, top_k, hidden, inter)
 
     @property
@@ -144,10 +151,12 @@ class OwnDecodeMoE:
         if out is None:
             out = torch.empty(rows, self.hidden, dtype=dtype if dtype in DTYPES else x.dtype, device=x.device)
         slots = rows * top_k
-        auto_parts, auto_kw2 = gate_up_layout(rows)
+        want_in = rows <= FUSE_IN_AUTO_ROWS if self.fuse_in is None else self.fuse_in
+        fuse_mid = rows <= FUSE_MID_AUTO_ROWS if self.fuse_mid is None else self.fuse_mid
+        auto_parts, auto_kw2 = gate_up_layout(rows, want_in)
         parts_a = self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)
         kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
-        fuse_in = self.fuse_in and self.mma and self.nobias and rows <= FUSE_IN_ROWS and self.k <= FUSE_IN_MAX_BITS
+        fuse_in = want_in and self.mma and self.nobias and rows <= FUSE_IN_ROWS and self.k <= FUSE_IN_MAX_BITS
         if fuse_in:  # whole 128-chunks per gate/up k-part, at most FUSE_IN_MAX_K of them
             fit = [p for p in range(parts_a, 5) if self.hidden % (128 * p) == 0 and self.hidden // p <= FUSE_IN_MAX_K]
             fuse_in = bool(fit)
@@ -162,7 +171,7 @@ class OwnDecodeMoE:
             stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
             fused = self.nobias and not 0 < self.run16_from <= rows
             stages |= STAGE_FUSE_IN if fuse_in and fused else 0
-            stages |= (STAGE_FUSE_MID if self.fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
+            stages |= (STAGE_FUSE_MID if fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
         else:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
         stream = torch.cuda.current_stream(x.device).cuda_stream
