@@ -44,8 +44,8 @@ def log(*a):
 
 
 FIELDS = ("pdl", "unroll", "parts_a", "parts_b", "occ6", "xs", "mma", "run16_from", "blocks", "nobias", "kw2_a", "kw2_b",
-          "fuse_in", "fuse_mid", "fuse_out")
-BOOLS = {"pdl", "occ6", "xs", "mma", "nobias", "kw2_a", "kw2_b", "fuse_in", "fuse_mid", "fuse_out"}
+          "fuse_in", "fuse_mid", "fuse_out", "sk")
+BOOLS = {"pdl", "occ6", "xs", "mma", "nobias", "kw2_a", "kw2_b", "fuse_in", "fuse_mid", "fuse_out", "sk"}
 
 
 def config_of(own) -> tuple:
@@ -58,10 +58,10 @@ def set_config(own, cfg) -> None:
 
 
 def key_of(cfg) -> str:
-    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo = cfg
+    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo, sk = cfg
     return (f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}_k{blocks}_n{int(nb)}"
             f"_wa{'a' if ka is None else int(ka)}_wb{int(kb)}_fi{'a' if fi is None else int(fi)}"
-            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}")
+            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}_sk{int(sk)}")
 
 
 def configs(tokens: int) -> list[tuple]:
@@ -69,11 +69,14 @@ def configs(tokens: int) -> list[tuple]:
     into the GEMVs (input Hadamard, activation, output); at 1-2 rows also the gate/up block layouts with the
     input Hadamard fused in (4 x 2 blocks: one wave at 1 row)."""
     pa, ka = gate_up_layout(tokens)
-    fusions = [(0, 0, 0), (0, 1, 0), (0, 0, 1)]
+    fusions = [(0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0)]
     out = [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, *f) for f in fusions]
     if tokens <= 2:
-        for pa2, ka2, f in ((2, True, (1, 1, 0)), (2, False, (1, 1, 0)), (2, True, (1, 0, 0)), (4, True, (1, 1, 0))):
+        for pa2, ka2, f in ((2, True, (1, 1, 0, 0)), (2, False, (1, 1, 0, 0)), (2, True, (1, 0, 0, 0)),
+                            (4, True, (1, 1, 0, 0))):
             out.append((True, 16, pa2, 1, False, False, True, 0, 4, True, ka2, True, *f))
+    if tokens == 1:  # the gate/up GEMV split evenly over one wave of warps
+        out += [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, 0, 0, fo, 1) for fo in (0, 1)]
     return out
 
 
@@ -114,9 +117,10 @@ def main() -> int:
     acc_cases = [(t, 0, 0, 0, False) for t in (1, 4, 64)] + [(t, 1, 1, 1, False) for t in (1, 2)]
     acc_cases += [(t, 0, 1, 1, False) for t in (1, 2, 4, 8, 16, 64)] + [(1, 1, 0, 0, False), (2, 1, 0, 0, False)]
     acc_cases += [(4, 0, 1, 0, False), (4, 0, 0, 1, False), (2, 1, 1, 1, True), (4, 0, 1, 1, True), (16, 0, 1, 1, True)]
+    acc_cases += [(1, 0, 0, 0, "sk"), (1, 0, 0, 1, "sk")]
     for tokens, fi, fm, fo, tp in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
-        if tp:
+        if tp is True:
             ids = ids.clone()
             ids[:, 1::2] = -1
             ids[0, :] = EXPERTS + 3
@@ -132,12 +136,12 @@ def main() -> int:
                 we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
                 ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
             set_config(own, defaults)
-            own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
+            own.fuse_in, own.fuse_mid, own.fuse_out, own.sk = bool(fi), bool(fm), bool(fo), tp == "sk"
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype, device="cuda")
             y = own(xd, w, ids.to(torch.int32), out).float().cpu()
             row = {"tokens": tokens, "dtype": str(dtype), "fuse": f"{fi}{fm}{fo}", "tp": tp,
                    "vs_ref": rel(torch.nan_to_num(y, nan=1e9), ref), "nonfinite": int((~torch.isfinite(y)).sum())}
-            if tp:
+            if tp is True:
                 row["row0_max_abs"] = float(y[0].abs().max())
             results["accuracy"].append(row)
             log(json.dumps(row))
@@ -145,9 +149,9 @@ def main() -> int:
     # graph replay with new inputs vs eager; no host sync
     replays = []
     for tokens, fi, fm, fo in ((1, 0, 0, 0), (1, 1, 1, 1), (2, 1, 1, 1), (4, 0, 1, 1), (16, 0, 1, 1), (64, 0, 1, 1),
-                               (4, 0, 1, 0), (1, 1, 0, 0)):
+                               (4, 0, 1, 0), (1, 1, 0, 0), (1, 0, 0, "sk")):
         set_config(own, defaults)
-        own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
+        own.fuse_in, own.fuse_mid, own.fuse_out, own.sk = bool(fi), bool(fm), fo == 1, fo == "sk"
         x, w, ids = routing(tokens, gen, experts=EXPERTS)
         static = [t.clone() for t in (x, w, ids)]
         graph, out = capture(lambda: own(*static))

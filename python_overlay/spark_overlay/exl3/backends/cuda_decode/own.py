@@ -36,6 +36,7 @@ STAGE_KW2_B = 8192  # with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
 STAGE_FUSE_IN = 16384  # with STAGE_NOBIAS, <= FUSE_IN_ROWS rows: gate/up builds its own inputs (no input-Hadamard launch)
 STAGE_FUSE_MID = 32768  # with STAGE_NOBIAS: the last gate/up block of a chunk runs its activation (no activation launch)
 STAGE_FUSE_OUT = 65536  # with STAGE_NOBIAS: the last down block of an output chunk writes it (no output launch)
+STAGE_SK = 131072  # with STAGE_NOBIAS, 1 row, no fuse_in / fuse_mid: the gate/up GEMV split evenly over all warps
 FUSE_IN_ROWS, FUSE_IN_MAX_K, FUSE_IN_MAX_BITS = 2, 2560, 3  # decode_mma.cuh: FI_ROWS, FI_MAX_K; shared memory fits K <= 3
 # Served fusions (the H200's fastest, python_overlay/tests/gpu/results-h200-decode-own-fused.json): the input
 # Hadamard in gate/up at 1 row (with 4 x 2 gate/up blocks: 432 blocks, one wave), the activation in gate/up's
@@ -124,6 +125,8 @@ class OwnDecodeMoE:
         self.fuse_in: bool | None = None
         self.fuse_mid: bool | None = None
         self.fuse_out = False
+        # 1 row: the gate/up GEMV as equal runs of k-tiles over every warp of one wave (decode_sk.cuh)
+        self.sk = False
         self.xh, self.gu, self.ah, self.dd, self.cnt = shared_scratch(self.device, top_k, hidden, inter)
 
     @property
@@ -151,8 +154,10 @@ class OwnDecodeMoE:
         if out is None:
             out = torch.empty(rows, self.hidden, dtype=dtype if dtype in DTYPES else x.dtype, device=x.device)
         slots = rows * top_k
+        sk = self.sk and rows == 1 and self.mma and self.nobias
         want_in = rows <= FUSE_IN_AUTO_ROWS if self.fuse_in is None else self.fuse_in
         fuse_mid = rows <= FUSE_MID_AUTO_ROWS if self.fuse_mid is None else self.fuse_mid
+        want_in, fuse_mid = want_in and not sk, fuse_mid and not sk
         auto_parts, auto_kw2 = gate_up_layout(rows, want_in)
         parts_a = self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)
         kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
@@ -171,6 +176,7 @@ class OwnDecodeMoE:
             stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
             fused = self.nobias and not 0 < self.run16_from <= rows
             stages |= STAGE_FUSE_IN if fuse_in and fused else 0
+            stages |= STAGE_SK if sk else 0
             stages |= (STAGE_FUSE_MID if fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
         else:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
