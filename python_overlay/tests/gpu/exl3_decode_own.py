@@ -1,17 +1,16 @@
-"""spark-kit's own EXL3 MoE decode kernel alone (no exllamav3 build, ~1-2 min on an H200).
+"""spark-kit's own EXL3 MoE decode kernel alone (no exllamav3 build, ~20-60 s on an H200).
 
     python tests/gpu/exl3_decode_own.py --out DIR
 
 Rank 0 of the reference layer (384 experts, 5120 / 1152, top-6, MUL1, K 3, random trellis
 words) built straight from tensors: accuracy against the float32 CPU reference (8 experts routed, so
 at 16 and 64 rows each expert takes several runs of rows; fp16 within 2e-3, bf16 output adds one bf16
-rounding) of the CUDA-core GEMVs at 1/4/8 rows and the tensor-core GEMVs (fp16x2 FMA per weight pair,
-runs of 8 and of 16; the affine map folded after the sums, with the served block layouts and with
-4 x 2 blocks forced) at 1-64 rows; graph replay with new inputs vs eager and no host sync; then at
-1..64 rows, each over 8 routings in turn beside the cold-read floor of the same bytes: the CUDA-core
-kernel's best options (<= 8 rows), a sweep of the tensor-core kernel's (4 or 6 blocks per SM, bias
-folding, gate/up k-parts, 2 x 4 or 4 x 2 blocks for gate/up and for down, runs of 16), the served
-defaults, every launch's time alone (stage mask) with the best.
+rounding) of the tensor-core GEMVs at 1-64 rows with the small launches separate and with each fusion of
+them into the GEMVs (input Hadamard into gate/up at 1-2 rows, activation and output as last-block
+epilogues), also with picks outside this rank's experts (a row with none must come out zero); graph replay
+with new inputs vs eager; no host sync; the fusions' counters left zeroed; then at 1..64 rows, each over
+8 routings in turn beside the cold-read floor of the same bytes: the previous defaults (five launches),
+each fusion, at 1-2 rows the gate/up block layouts with the input Hadamard fused in, and the served defaults.
 `--profile ROWS` only calls the kernel 3 times (for ncu).
 Writes DIR/results-decode-own.json.
 """
@@ -44,8 +43,8 @@ def log(*a):
 
 
 FIELDS = ("pdl", "unroll", "parts_a", "parts_b", "occ6", "xs", "mma", "run16_from", "blocks", "nobias", "kw2_a", "kw2_b",
-          "fuse_in", "fuse_mid", "fuse_out", "sk")
-BOOLS = {"pdl", "occ6", "xs", "mma", "nobias", "kw2_a", "kw2_b", "fuse_in", "fuse_mid", "fuse_out", "sk"}
+          "fuse_in", "fuse_mid", "fuse_out")
+BOOLS = {"pdl", "occ6", "xs", "mma", "nobias", "kw2_a", "kw2_b", "fuse_in", "fuse_mid", "fuse_out"}
 
 
 def config_of(own) -> tuple:
@@ -58,10 +57,10 @@ def set_config(own, cfg) -> None:
 
 
 def key_of(cfg) -> str:
-    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo, sk = cfg
+    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo = cfg
     return (f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}_k{blocks}_n{int(nb)}"
             f"_wa{'a' if ka is None else int(ka)}_wb{int(kb)}_fi{'a' if fi is None else int(fi)}"
-            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}_sk{int(sk)}")
+            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}")
 
 
 def configs(tokens: int) -> list[tuple]:
@@ -69,14 +68,11 @@ def configs(tokens: int) -> list[tuple]:
     into the GEMVs (input Hadamard, activation, output); at 1-2 rows also the gate/up block layouts with the
     input Hadamard fused in (4 x 2 blocks: one wave at 1 row)."""
     pa, ka = gate_up_layout(tokens)
-    fusions = [(0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0)]
+    fusions = [(0, 0, 0), (0, 1, 0), (0, 0, 1)]
     out = [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, *f) for f in fusions]
     if tokens <= 2:
-        for pa2, ka2, f in ((2, True, (1, 1, 0, 0)), (2, False, (1, 1, 0, 0)), (2, True, (1, 0, 0, 0)),
-                            (4, True, (1, 1, 0, 0))):
+        for pa2, ka2, f in ((2, True, (1, 1, 0)), (2, False, (1, 1, 0)), (2, True, (1, 0, 0)), (4, True, (1, 1, 0))):
             out.append((True, 16, pa2, 1, False, False, True, 0, 4, True, ka2, True, *f))
-    if tokens == 1:  # the gate/up GEMV split evenly over one wave of warps
-        out += [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, 0, 0, fo, 1) for fo in (0, 1)]
     return out
 
 
@@ -117,10 +113,9 @@ def main() -> int:
     acc_cases = [(t, 0, 0, 0, False) for t in (1, 4, 64)] + [(t, 1, 1, 1, False) for t in (1, 2)]
     acc_cases += [(t, 0, 1, 1, False) for t in (1, 2, 4, 8, 16, 64)] + [(1, 1, 0, 0, False), (2, 1, 0, 0, False)]
     acc_cases += [(4, 0, 1, 0, False), (4, 0, 0, 1, False), (2, 1, 1, 1, True), (4, 0, 1, 1, True), (16, 0, 1, 1, True)]
-    acc_cases += [(1, 0, 0, 0, "sk"), (1, 0, 0, 1, "sk")]
     for tokens, fi, fm, fo, tp in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
-        if tp is True:
+        if tp:
             ids = ids.clone()
             ids[:, 1::2] = -1
             ids[0, :] = EXPERTS + 3
@@ -136,12 +131,12 @@ def main() -> int:
                 we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
                 ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
             set_config(own, defaults)
-            own.fuse_in, own.fuse_mid, own.fuse_out, own.sk = bool(fi), bool(fm), bool(fo), tp == "sk"
+            own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype, device="cuda")
             y = own(xd, w, ids.to(torch.int32), out).float().cpu()
             row = {"tokens": tokens, "dtype": str(dtype), "fuse": f"{fi}{fm}{fo}", "tp": tp,
                    "vs_ref": rel(torch.nan_to_num(y, nan=1e9), ref), "nonfinite": int((~torch.isfinite(y)).sum())}
-            if tp is True:
+            if tp:
                 row["row0_max_abs"] = float(y[0].abs().max())
             results["accuracy"].append(row)
             log(json.dumps(row))
@@ -149,9 +144,9 @@ def main() -> int:
     # graph replay with new inputs vs eager; no host sync
     replays = []
     for tokens, fi, fm, fo in ((1, 0, 0, 0), (1, 1, 1, 1), (2, 1, 1, 1), (4, 0, 1, 1), (16, 0, 1, 1), (64, 0, 1, 1),
-                               (4, 0, 1, 0), (1, 1, 0, 0), (1, 0, 0, "sk")):
+                               (4, 0, 1, 0), (1, 1, 0, 0)):
         set_config(own, defaults)
-        own.fuse_in, own.fuse_mid, own.fuse_out, own.sk = bool(fi), bool(fm), fo == 1, fo == "sk"
+        own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
         x, w, ids = routing(tokens, gen, experts=EXPERTS)
         static = [t.clone() for t in (x, w, ids)]
         graph, out = capture(lambda: own(*static))

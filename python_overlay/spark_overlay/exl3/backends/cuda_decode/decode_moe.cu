@@ -81,7 +81,6 @@ struct MoeArgs
     // (run, 128-chunk) computes that chunk's activation (no mid launch); fuse_out: the last down block of each
     // (row, 128-chunk) computes that output chunk (no out launch). cnt: their self-resetting counters.
     int fuse_in, fuse_mid, fuse_out;
-    int sk, sk_w, sk_segs;             // 1 row: the gate/up GEMV split evenly over all warps (decode_sk.cuh)
     int* cnt;                          // [MMA_MAX_ROWS * OUT_MAX_TOPK * I/128] mid, then [MMA_MAX_ROWS * H/128] out
 };
 
@@ -395,21 +394,6 @@ __global__ void __launch_bounds__(256, MINB) gemv_kernel(const MoeArgs a, int do
     gemv_item<K, NR, U, D, XS>(a, down, blockIdx.x);
 }
 
-// The activation's gate or up value of column n of (slot, proj) from decode_sk.cuh's partials, in warp order
-__device__ __forceinline__ float sk_column(const MoeArgs& a, int slot, int proj, int n)
-{
-    const int kt_col = a.H >> 4;
-    const int col = (slot * 2 + proj) * (a.I >> 4) + (n >> 4);
-    const int t_lo = col * kt_col, t_hi = t_lo + kt_col - 1;
-    float v = 0.0f;
-    for (int w = t_lo / a.sk_w; w <= t_hi / a.sk_w; ++w)
-    {
-        const int seg = col - (w * a.sk_w) / kt_col;
-        v += a.gu[((size_t) w * a.sk_segs + seg) * 16 + (n & 15)];
-    }
-    return v;
-}
-
 // Loads a float4 of another block's output: through L2 when the block reads it in the same launch (L2)
 template <bool L2>
 __device__ __forceinline__ float4 load4(const float* p)
@@ -428,16 +412,7 @@ __device__ __forceinline__ void mid_chunk(const MoeArgs& a, int slot, int chunk,
     if (e < 0 || e >= a.n_local) return;
     const int col = chunk * 128 + lane * 4;
     float g[4] = {0, 0, 0, 0}, u[4] = {0, 0, 0, 0};
-    if (a.sk)
-    {
-        #pragma unroll
-        for (int i = 0; i < 4; ++i)
-        {
-            g[i] = sk_column(a, slot, 0, col + i);
-            u[i] = sk_column(a, slot, 1, col + i);
-        }
-    }
-    for (int p = 0; p < (a.sk ? 0 : a.parts_a); ++p)
+    for (int p = 0; p < a.parts_a; ++p)
     {
         const float4 gv = load4<L2>(a.gu + (((size_t) p * slots + slot) * 2 + 0) * a.I + col);
         const float4 uv = load4<L2>(a.gu + (((size_t) p * slots + slot) * 2 + 1) * a.I + col);
@@ -568,7 +543,6 @@ constexpr int STAGE_KW2_B = 8192;  // with STAGE_NOBIAS: down blocks of 4 n-tile
 constexpr int STAGE_FUSE_IN = 16384;   // with STAGE_NOBIAS, <= FI_ROWS rows: no rot_in launch (MoeArgs.fuse_in)
 constexpr int STAGE_FUSE_MID = 32768;  // with STAGE_NOBIAS and counters: no mid launch (MoeArgs.fuse_mid)
 constexpr int STAGE_FUSE_OUT = 65536;  // with STAGE_NOBIAS and counters: no out launch (MoeArgs.fuse_out)
-constexpr int STAGE_SK = 131072;       // with STAGE_NOBIAS, 1 row, no fuse_in / fuse_mid: gate/up of decode_sk.cuh
 constexpr int MMA_MAX_ROWS = 64;
 
 template <int K, int NR, int MINB>
@@ -635,7 +609,6 @@ cudaError_t launch_gemv_any(const MoeArgs& a, int k, int down, int nr, int unrol
 }  // namespace
 
 #include "decode_mma.cuh"
-#include "decode_sk.cuh"
 
 extern "C" {
 
@@ -673,16 +646,6 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     a.fuse_mid = (fused & STAGE_FUSE_MID) != 0;
     a.fuse_out = (fused & STAGE_FUSE_OUT) != 0;
     a.cnt = cnt;
-    a.sk = (fused & STAGE_SK) != 0;
-    a.sk_w = 1;
-    a.sk_segs = 2;
-    if (a.sk && (bsz != 1 || a.fuse_in || a.fuse_mid)) return (int) cudaErrorInvalidValue;
-    int sk_grid = 0;
-    if (a.sk)
-    {
-        const cudaError_t e = sk_shape(a, sk_grid);
-        if (e != cudaSuccess) return (int) e;
-    }
     if ((a.fuse_mid || a.fuse_out) && cnt == nullptr) return (int) cudaErrorInvalidValue;
     // fuse_in: a gate/up k-part is whole 128-chunks and fits the block's input buffer
     if (a.fuse_in && (bsz > FI_ROWS || H % (128 * parts_a) || H / parts_a > FI_MAX_K)) return (int) cudaErrorInvalidValue;
@@ -696,8 +659,7 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     if ((stages & 1) && !a.fuse_in) err = launch(rot_in_kernel, (warps_in + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
     if (stages & 2)
-        err = a.sk ? launch_sk(a, k, sk_grid, pdl, stream)
-            : mma ? launch_gemv_mma_any(a, k, 0, nt, blocks, (stages & STAGE_KW2_A) != 0, pdl, stream)
+        err = mma ? launch_gemv_mma_any(a, k, 0, nt, blocks, (stages & STAGE_KW2_A) != 0, pdl, stream)
                   : launch_gemv_any(a, k, 0, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     const int warps_mid = slots * (I / 128);

@@ -36,12 +36,12 @@ STAGE_KW2_B = 8192  # with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
 STAGE_FUSE_IN = 16384  # with STAGE_NOBIAS, <= FUSE_IN_ROWS rows: gate/up builds its own inputs (no input-Hadamard launch)
 STAGE_FUSE_MID = 32768  # with STAGE_NOBIAS: the last gate/up block of a chunk runs its activation (no activation launch)
 STAGE_FUSE_OUT = 65536  # with STAGE_NOBIAS: the last down block of an output chunk writes it (no output launch)
-STAGE_SK = 131072  # with STAGE_NOBIAS, 1 row, no fuse_in / fuse_mid: the gate/up GEMV split evenly over all warps
 FUSE_IN_ROWS, FUSE_IN_MAX_K, FUSE_IN_MAX_BITS = 2, 2560, 3  # decode_mma.cuh: FI_ROWS, FI_MAX_K; shared memory fits K <= 3
-# Served fusions (the H200's fastest, python_overlay/tests/gpu/results-h200-decode-own-fused.json): the input
-# Hadamard in gate/up at 1 row (with 4 x 2 gate/up blocks: 432 blocks, one wave), the activation in gate/up's
-# last blocks at 1-8 rows; the output in down's last blocks never (1-6 % slower at every size)
-FUSE_IN_AUTO_ROWS, FUSE_MID_AUTO_ROWS = 1, 8
+# Served fusions (the H200's fastest, python_overlay/tests/gpu/results-h200-decode-own-fused*.json): the input
+# Hadamard in gate/up at 1-2 rows (with 2 k-parts of 4 x 2 gate/up blocks: 432 blocks at 1 row, one wave),
+# the activation in gate/up's last blocks at 1-8 rows (0-1 % slower above); the output in down's last blocks
+# never (2-7 % slower at every size)
+FUSE_IN_AUTO_ROWS, FUSE_MID_AUTO_ROWS = 2, 8
 _scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 
@@ -78,10 +78,13 @@ def supports(groups: list[tuple], top_k: int = 1) -> str | None:
 
 def gate_up_layout(rows: int, fuse_in: bool = False) -> tuple[int, bool]:
     """Gate/up k-parts and 4 x 2 blocks of the tensor-core GEMV at `rows` rows (the H200's fastest, bias folded):
-    2 parts of 2 x 4 blocks at 1 row (of 4 x 2 with the input Hadamard fused in), 1 part from 2 rows on, of
-    4 x 2 blocks from 4 rows on (python_overlay/tests/gpu/results-h200-decode-own-mma.json, -own-fused.json)."""
+    with the input Hadamard fused in (1-2 rows) 2 parts of 4 x 2 blocks; else 2 parts of 2 x 4 blocks at 1 row,
+    1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
+    (python_overlay/tests/gpu/results-h200-decode-own-mma.json, results-h200-decode-own-fused*.json)."""
+    if fuse_in:
+        return 2, True
     if rows <= 1:
-        return 2, fuse_in
+        return 2, False
     return 1, rows >= 4
 
 
@@ -125,8 +128,6 @@ class OwnDecodeMoE:
         self.fuse_in: bool | None = None
         self.fuse_mid: bool | None = None
         self.fuse_out = False
-        # 1 row: the gate/up GEMV as equal runs of k-tiles over every warp of one wave (decode_sk.cuh)
-        self.sk = False
         self.xh, self.gu, self.ah, self.dd, self.cnt = shared_scratch(self.device, top_k, hidden, inter)
 
     @property
@@ -154,14 +155,13 @@ class OwnDecodeMoE:
         if out is None:
             out = torch.empty(rows, self.hidden, dtype=dtype if dtype in DTYPES else x.dtype, device=x.device)
         slots = rows * top_k
-        sk = self.sk and rows == 1 and self.mma and self.nobias
         want_in = rows <= FUSE_IN_AUTO_ROWS if self.fuse_in is None else self.fuse_in
         fuse_mid = rows <= FUSE_MID_AUTO_ROWS if self.fuse_mid is None else self.fuse_mid
-        want_in, fuse_mid = want_in and not sk, fuse_mid and not sk
-        auto_parts, auto_kw2 = gate_up_layout(rows, want_in)
+        fuse_in = want_in and self.mma and self.nobias and rows <= FUSE_IN_ROWS and self.k <= FUSE_IN_MAX_BITS
+        fuse_in = fuse_in and not 0 < self.run16_from <= rows
+        auto_parts, auto_kw2 = gate_up_layout(rows, fuse_in)
         parts_a = self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)
         kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
-        fuse_in = want_in and self.mma and self.nobias and rows <= FUSE_IN_ROWS and self.k <= FUSE_IN_MAX_BITS
         if fuse_in:  # whole 128-chunks per gate/up k-part, at most FUSE_IN_MAX_K of them
             fit = [p for p in range(parts_a, 5) if self.hidden % (128 * p) == 0 and self.hidden // p <= FUSE_IN_MAX_K]
             fuse_in = bool(fit)
@@ -176,7 +176,6 @@ class OwnDecodeMoE:
             stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
             fused = self.nobias and not 0 < self.run16_from <= rows
             stages |= STAGE_FUSE_IN if fuse_in and fused else 0
-            stages |= STAGE_SK if sk else 0
             stages |= (STAGE_FUSE_MID if fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
         else:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
