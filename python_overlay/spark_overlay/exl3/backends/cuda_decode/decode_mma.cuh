@@ -14,6 +14,10 @@
 // tile position j holds k = 2q + (j & 1) + 8 ((j >> 1) & 1), n = g + 8 (j >> 2) (q = lane % 4,
 // g = lane / 4), so A = {j0 j1}, {j4 j5}, {j2 j3}, {j6 j7}; B = x[row g][k 2q, 2q+1], [2q+8, 2q+9];
 // C = y[n g, g+8][rows 2q, 2q+1].
+//
+// Fusions of the small launches (MoeArgs.fuse_*): fuse_in, each gate/up block builds its k-range of
+// x * suh * H itself (1-2 rows) and applies the affine map to its k-part; fuse_mid / fuse_out, the last
+// block of each 128-chunk (self-resetting counters) runs the activation / output step (decode_steps.cuh).
 
 #pragma once
 
