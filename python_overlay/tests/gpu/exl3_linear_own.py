@@ -299,7 +299,7 @@ def main() -> int:
     results["build_s"] = round(time.time() - t, 1)
     log(f"own kernels {results['own_build_s']} s, exllamav3_ext {results['build_s']} s on {results['gpu']}")
     steps = [(name, lambda fn=fn: fn(ext, results)) for name, fn in (
-        ("accuracy", accuracy), ("served", served), ("sweep", sweep), ("timing", timing), ("layer", layer))]
+        ("accuracy", accuracy), ("served", served), ("layer", layer), ("sweep", sweep), ("timing", timing))]
     base.run_steps(steps, args.skip, results, args.out / "results-linear-own.json", lambda r: None)
     ok = results.get("accuracy", {}).get("ok", False) and not any(k.endswith("_error") for k in results)
     ok = ok and all(v["bitwise_equal"] for v in results.get("own_graph_replay_vs_eager", {}).values())
