@@ -216,7 +216,7 @@ class Rotation:
         return base.graph_time([lambda w=w: torch.matmul(x, w) for w in self.fp])
 
 
-DEFAULTS = {"kw2": True, "blocks": 4, "target": 264, "pdl": True}
+DEFAULTS = {"kw2": None, "blocks": 4, "target": 264, "pdl": True}
 
 
 def sweep(ext, results) -> None:

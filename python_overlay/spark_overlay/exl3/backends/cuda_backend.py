@@ -141,9 +141,14 @@ def prepare_cuda_layer(
         device,
         [s.pad_rows for s in shards],
     )
-    if select.linear_decode() == select.DECODE_OWN:
-        layer.exl3_cuda.use_own(select.moe_decode_explicit())
+    wire_own(layer.exl3_cuda)
     layer.exl3_cuda.pretune(pretune_sizes, device)
+
+
+def wire_own(lin: Exl3CudaShards) -> None:
+    """The own decode GEMV for a linear layer where SPARK_EXL3_MOE_COOP asks for it (`select.linear_decode`)."""
+    if select.linear_decode() == select.DECODE_OWN:
+        lin.use_own(select.moe_decode_explicit())
 
 
 def cuda_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -12,8 +12,9 @@ Switches (registered in src/envvars.rs):
                           spark-kit's own decode kernels (backends/cuda_decode,
                           MUL1, K 2..6): MoE calls of 1..64 rows on sm_80+
                           (tensor-core GEMVs; 1..4 rows below sm_80) and dense
-                          linear calls of up to own_linear.SERVE_ROWS rows on
-                          sm_80+ (larger calls keep exl3_gemm); other layers, and
+                          linear calls of up to 32 rows on sm_80+ (8 where the
+                          output is wider than the input; larger calls keep
+                          exl3_gemm: cuda_decode/own_linear.py); other layers, and
                           any where it cannot be built, keep exllamav3's with a
                           warning; where a layer's load-time check disagrees the
                           load fails when "own" was set, and that layer falls back

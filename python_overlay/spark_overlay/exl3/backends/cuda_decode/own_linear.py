@@ -25,8 +25,11 @@ from . import loader
 logger = logging.getLogger("vllm.spark_overlay.exl3")
 
 MAX_ROWS = 64  # the kernel's limit (LINEAR_MAX_ROWS)
-# Rows up to which Exl3CudaShards takes the own GEMV instead of exl3_gemm
-SERVE_ROWS = 16
+# Rows up to which Exl3CudaShards takes the own GEMV instead of exl3_gemm: on an H200 it was faster up to
+# 32 rows where the output is no wider than the input (0.52-0.92x of exl3_gemm; about equal at 64) and up to
+# 8 where it is wider (0.75-1.07x; 1.1-2.9x at 16-64 rows: each run of 8 rows decodes the weights again)
+# (python_overlay/tests/gpu/results-h200-linear-own.json)
+SERVE_ROWS_DEEP, SERVE_ROWS_WIDE = 32, 8
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FLAG_PDL, FLAG_KW2, FLAG_OCC6, FLAG_OCC5 = 1, 2, 4, 8  # decode_linear.cuh's LINEAR_* flags
 SELF_CHECK_ROWS = (1, 2, 3, 8)  # plus the serve rows
@@ -54,6 +57,11 @@ def split_parts(rows: int, n_in: int, n_out: int, kw2: bool, target: int, min_ti
     working = -(-rows // 8) * n_out // (64 if kw2 else 32)  # blocks of a part that decode (runs of 8 rows)
     most = max(1, (n_in // 16) // ((2 if kw2 else 4) * min_tiles))
     return max(1, min(most, round(target / working)))
+
+
+def serve_rows(n_in: int, n_out: int) -> int:
+    """Rows up to which a layer of this shape takes the own GEMV (SERVE_ROWS_*)."""
+    return SERVE_ROWS_DEEP if n_out <= n_in else SERVE_ROWS_WIDE
 
 
 def scratch(device: torch.device, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -87,16 +95,17 @@ class OwnDecodeLinear:
         self.n_in = in_features
         self.n_out = sum(s["out"] for s in shards)
         self.pdl = cap[0] >= 9
-        # launch options (the GEMV's block shape, blocks per SM asked of the compiler, working blocks aimed at)
-        self.kw2, self.blocks, self.target = True, 4, 264
-        self.serve_rows = SERVE_ROWS
-        if self.device.type == "cuda":
-            tables = [[0] * 6 + [s["trellis"].data_ptr(), 0, 0] for s in shards]
-            self.tables = torch.tensor(tables, dtype=torch.int64, device=self.device)
-            if str(self.device) not in _ids:
-                _ids[str(self.device)] = torch.zeros(MAX_ROWS, dtype=torch.int32, device=self.device)
-            self.ids = _ids[str(self.device)]
-            self.reserve()
+        # launch options: the GEMV's blocks of 4 n-tiles x 2 k-warps (kw2; None: where a shard's output is wider
+        # than its input, else 2 x 4), blocks per SM asked of the compiler, working blocks aimed at (one wave:
+        # 264 was the fastest or within 0.4 us of it at 1 row on an H200)
+        self.kw2, self.blocks, self.target = None, 4, 264
+        self.serve_rows = serve_rows(in_features, self.n_out)
+        tables = [[0] * 6 + [s["trellis"].data_ptr(), 0, 0] for s in shards]
+        self.tables = torch.tensor(tables, dtype=torch.int64, device=self.device)
+        if str(self.device) not in _ids:
+            _ids[str(self.device)] = torch.zeros(MAX_ROWS, dtype=torch.int32, device=self.device)
+        self.ids = _ids[str(self.device)]
+        self.reserve()
 
     def reserve(self) -> None:
         """Scratch for every row count up to MAX_ROWS with the current options (re-run after changing them)."""
@@ -105,12 +114,16 @@ class OwnDecodeLinear:
         self.sums = scratch(self.device, "sums", MAX_ROWS * (self.n_in // 128), torch.float32)
         self.dd = scratch(self.device, "dd", most, torch.float32)
 
-    def parts(self, rows: int, n_out: int) -> int:
-        return split_parts(rows, self.n_in, n_out, self.kw2, self.target)
+    def wide(self, n_out: int) -> bool:
+        """Whether a shard of n_out columns runs blocks of 4 n-tiles x 2 k-warps."""
+        return n_out > self.n_in if self.kw2 is None else self.kw2
 
-    def flags(self) -> int:
+    def parts(self, rows: int, n_out: int) -> int:
+        return split_parts(rows, self.n_in, n_out, self.wide(n_out), self.target)
+
+    def flags(self, n_out: int) -> int:
         occ = {6: FLAG_OCC6, 5: FLAG_OCC5}.get(self.blocks, 0)
-        return (FLAG_PDL if self.pdl else 0) | (FLAG_KW2 if self.kw2 else 0) | occ
+        return (FLAG_PDL if self.pdl else 0) | (FLAG_KW2 if self.wide(n_out) else 0) | occ
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """y [rows, out] in x's dtype for x [rows, in] (1..MAX_ROWS rows; fp16, bf16 or fp32)."""
@@ -122,7 +135,7 @@ class OwnDecodeLinear:
         if bias is not None:
             bias = (bias if bias.dtype in DTYPES else bias.float()).contiguous()
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        col, flags = 0, self.flags()
+        col = 0
         for i, s in enumerate(self.shards):
             n = s["out"]
             b = None if bias is None else bias.data_ptr() + col * bias.element_size()
@@ -130,11 +143,19 @@ class OwnDecodeLinear:
                 x.data_ptr(), DTYPES[x.dtype], out.data_ptr() + col * out.element_size(), DTYPES[out.dtype],
                 self.n_out, b, DTYPES[bias.dtype] if bias is not None else 0, s["suh"].data_ptr(),
                 s["svh"].data_ptr(), self.tables[i].data_ptr(), self.ids.data_ptr(), rows, self.n_in, n, s["k"],
-                self.xh.data_ptr(), self.sums.data_ptr(), self.dd.data_ptr(), self.parts(rows, n), flags, stream,
+                self.xh.data_ptr(), self.sums.data_ptr(), self.dd.data_ptr(), self.parts(rows, n), self.flags(n), stream,
             )
             loader.check(err, "spark_decode_linear")
             col += n
         return out
+
+
+def build(layer) -> OwnDecodeLinear:
+    """The own GEMV over an Exl3CudaShards layer's device tensors; Exl3FormatError / OSError where it cannot run."""
+    device = layer.shards[0]["trellis"].device
+    if device.type != "cuda":
+        raise Exl3FormatError(f"{device} is not a CUDA device")
+    return OwnDecodeLinear(layer.shards, layer.in_features, device)
 
 
 def attach(layer, explicit: bool) -> OwnDecodeLinear | None:
@@ -143,16 +164,16 @@ def attach(layer, explicit: bool) -> OwnDecodeLinear | None:
     from ..cuda_moe_fused import SELF_CHECK_TOLERANCE, max_rel
     from ..select import MOE_COOP_ENV
 
-    device = layer.shards[0]["trellis"].device if layer.shards else torch.device("cpu")
     why = supports(layer.shards, layer.in_features, layer.padded_in)
     if why is not None:
         logger.info("exl3: %s: own decode GEMV not used (%s); exl3_gemm", layer.name, why)
         return None
     try:
-        own = OwnDecodeLinear(layer.shards, layer.in_features, device)
+        own = build(layer)
     except (Exl3FormatError, OSError) as err:  # no nvcc, a failed build, a library that does not load
         logger.warning("exl3: %s: own decode GEMV not used (%s); exl3_gemm", layer.name, err)
         return None
+    device = layer.shards[0]["trellis"].device
     gen = torch.Generator(device=device).manual_seed(3)
     for rows in sorted({*SELF_CHECK_ROWS, own.serve_rows}):
         x = torch.randn(rows, layer.in_features, generator=gen, device=device).to(torch.float16)
