@@ -15,8 +15,9 @@ DIR/results-linear-own.json after each):
 2. served: `Exl3CudaShards` through `prepare_cuda_layer` (the linear method's CUDA path) with
    SPARK_EXL3_MOE_COOP unset: whether it took the own GEMV and its load-time check, replayed from a
    graph with new inputs == eager, vs exl3_gemm.
-3. sweep: the GEMV's options (block shape kw2, blocks per SM, working blocks aimed at, PDL) at a few shapes.
-4. timing: own vs exl3_gemm vs fp16 matmul, each replayed from a CUDA graph over enough weight copies
+3. sweep: the GEMV's options (two launches with the output step fused or three, block shape kw2, working
+   blocks aimed at, PDL, 6 blocks per SM) at a few shapes.
+4. timing: own (fused; and in three launches) vs exl3_gemm vs fp16 matmul, each replayed from a CUDA graph over enough weight copies
    to exceed the L2 (as exl3_moe_fused.linear_case), every shape at 1..64 rows.
 5. layer: one layer's attention + shared-expert linears at batch 1 (own where it takes the layer, else
    exl3_gemm) vs exl3_gemm alone, and the decode ceiling (exl3_moe_decode.estimate's formula; the MoE
@@ -54,7 +55,7 @@ LAYER = (("wq_a", H, 1024, base.K_ATTN, 1), ("wq_b", 1024, 16384, base.K_ATTN, 1
          ("wo_a slice", 4096, 1024, base.K_ATTN, 4), ("wo_b", 4096, H, base.K_ATTN, 1),
          ("indexer.wk", H, 128, 8, 1), ("shared w1", H, 1152, base.K_SHARED, 1),
          ("shared w3", H, 1152, base.K_SHARED, 1), ("shared w2", 1152, H, base.K_SHARED, 1))
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 8, 12, 16)
 TIME_ROWS = (1, 2, 4, 8, 16, 32, 64)
 TOL = 2e-3
 log = base.log
@@ -78,6 +79,8 @@ def accuracy_case(ext, n_in, n_out, k, gen, name=None) -> list[dict]:
     p = base.packed(n_in, n_out, k, gen, "cuda")
     w = exl3.full_weight(p["trellis"].cpu(), p["suh"].cpu(), p["svh"].cpu(), "mul1")
     own = own_linear.OwnDecodeLinear([shard(p, k)], n_in, "cuda")
+    three = own_linear.OwnDecodeLinear([shard(p, k)], n_in, "cuda")
+    three.fused = False
     bias = torch.randn(n_out, generator=gen, device="cuda") * 0.5
     rows = []
     for m in ROWS:
@@ -90,7 +93,8 @@ def accuracy_case(ext, n_in, n_out, k, gen, name=None) -> list[dict]:
                 got = own(x, b)
                 row = {"name": name, "in": n_in, "out": n_out, "k": k, "rows": m, "dtype": str(dt)[6:],
                        "bias": b is not None, "out_dtype_ok": got.dtype == dt,
-                       "own_vs_ref": rel(got.cpu(), ref), "own_nonfinite": int((~torch.isfinite(got)).sum())}
+                       "own_vs_ref": rel(got.cpu(), ref), "own_nonfinite": int((~torch.isfinite(got)).sum()),
+                       "own_3launch_vs_ref": rel(three(x, b).cpu(), ref)}
                 if b is None:
                     row["exl3_vs_ref"] = rel(ex.cpu(), ref)
                     row["own_vs_exl3"] = rel(got, ex)
@@ -112,6 +116,12 @@ def graph_checks(gen, results) -> None:
         eager = own(new)
         same[m] = {"bitwise_equal": bool(torch.equal(out, eager)), "max_rel": rel(out, eager)}
     results["own_graph_replay_vs_eager"] = same
+    three = own_linear.OwnDecodeLinear([shard(p, 3)], H, "cuda")
+    three.fused = False
+    x = torch.randn(16, H, dtype=torch.float16, device="cuda")
+    results["own_fused_vs_3launch"] = {m: rel(own(x[:m]), three(x[:m])) for m in (1, 9, 16)}
+    three.run16_from = 0
+    results["own_run16_vs_run8_3launch"] = {m: rel(own(x[:m]), three(x[:m])) for m in (9, 16)}
     x = torch.randn(4, H, dtype=torch.bfloat16, device="cuda")
     own(x)
     torch.cuda.synchronize()
@@ -137,7 +147,7 @@ def accuracy(ext, results) -> None:
         if k in KS and (n_in, n_out) not in SHAPES:
             rows += accuracy_case(ext, n_in, n_out, k, gen, name)
             log(json.dumps(rows[-4]))
-    fp16 = [r["own_vs_ref"] for r in rows if r["dtype"] == "float16"]
+    fp16 = [max(r["own_vs_ref"], r["own_3launch_vs_ref"]) for r in rows if r["dtype"] == "float16"]
     results["accuracy"] = {"rows": rows, "own_vs_ref_max_fp16": max(fp16),
                            "own_vs_ref_max_bf16": max(r["own_vs_ref"] for r in rows if r["dtype"] == "bfloat16"),
                            "exl3_vs_ref_max": max(r["exl3_vs_ref"] for r in rows if "exl3_vs_ref" in r),
@@ -216,19 +226,21 @@ class Rotation:
         return base.graph_time([lambda w=w: torch.matmul(x, w) for w in self.fp])
 
 
-DEFAULTS = {"kw2": None, "blocks": 4, "target": 264, "pdl": True}
+DEFAULTS = {"kw2": None, "blocks": 4, "target": 264, "pdl": True, "fused": True, "run16_from": 9}
 
 
 def sweep(ext, results) -> None:
     gen = torch.Generator(device="cuda").manual_seed(7)
-    configs = [{"kw2": kw2, "blocks": b, "target": t, "pdl": True}
-               for kw2 in (True, False) for b in (4, 6) for t in (132, 264, 528, 1056)]
-    configs.append({**DEFAULTS, "pdl": False})
+    configs = [{**DEFAULTS, "kw2": kw2, "target": t, "fused": f, "run16_from": r}
+               for f in (True, False) for kw2 in (True, False) for t in (132, 264, 528) for r in (9, 0)]
+    configs += [{**DEFAULTS, "pdl": False}, {**DEFAULTS, "blocks": 6, "fused": False}]
     rows = []
     for n_in, n_out, k in ((H, 1152, 3), (1152, H, 3), (4096, H, 5), (1024, 16384, 5)):
         rot = Rotation(n_in, n_out, k, gen)
         for m in (1, 4, 16):
             for c in configs:
+                if m < 9 and c["run16_from"] == 0:
+                    continue
                 rot.configure(**c)
                 rows.append({"in": n_in, "out": n_out, "k": k, "rows": m, **c,
                              "parts": rot.owns[0].parts(m, n_out), "own_us": round(rot.own_us(m), 2)})
@@ -246,9 +258,13 @@ def timing(ext, results) -> None:
     for n_in, n_out, k in shapes:
         rot = Rotation(n_in, n_out, k, gen)
         for m in TIME_ROWS:
+            rot.configure(fused=False)
+            own3 = rot.own_us(m)
+            rot.configure(fused=True)
             own, ex, fp = rot.own_us(m), rot.exl3_us(ext, m), rot.fp16_us(m)
             rows.append({"in": n_in, "out": n_out, "k": k, "rows": m, "weight_copies": rot.copies,
-                         "own_us": round(own, 2), "exl3_us": round(ex, 2), "fp16_us": round(fp, 2),
+                         "own_us": round(own, 2), "own_3launch_us": round(own3, 2), "exl3_us": round(ex, 2),
+                         "fp16_us": round(fp, 2),
                          "own_over_exl3": round(own / ex, 3), "own_over_fp16": round(own / fp, 3),
                          "exl3_over_fp16": round(ex / fp, 3), "own_GBps": round(rot.one / own / 1e3, 1)})
             log(json.dumps(rows[-1]))

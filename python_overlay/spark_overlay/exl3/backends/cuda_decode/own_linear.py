@@ -31,7 +31,7 @@ MAX_ROWS = 64  # the kernel's limit (LINEAR_MAX_ROWS)
 # (python_overlay/tests/gpu/results-h200-linear-own.json)
 SERVE_ROWS_DEEP, SERVE_ROWS_WIDE = 32, 8
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-FLAG_PDL, FLAG_KW2, FLAG_OCC6, FLAG_OCC5 = 1, 2, 4, 8  # decode_linear.cuh's LINEAR_* flags
+FLAG_PDL, FLAG_KW2, FLAG_OCC6, FLAG_OCC5, FLAG_FUSED, FLAG_RUN16 = 1, 2, 4, 8, 16, 32  # decode_linear.cuh's LINEAR_*
 SELF_CHECK_ROWS = (1, 2, 3, 8)  # plus the serve rows
 _scratch: dict[tuple[str, str], torch.Tensor] = {}
 _ids: dict[str, torch.Tensor] = {}
@@ -51,10 +51,10 @@ def supports(shards: list[dict], in_features: int, padded_in: int) -> str | None
     return None
 
 
-def split_parts(rows: int, n_in: int, n_out: int, kw2: bool, target: int, min_tiles: int = 4) -> int:
+def split_parts(rows: int, n_in: int, n_out: int, kw2: bool, target: int, run: int = 8, min_tiles: int = 4) -> int:
     """k-parts of the GEMV: enough working blocks for about `target` (one wave), at least
     `min_tiles` k-tiles per warp."""
-    working = -(-rows // 8) * n_out // (64 if kw2 else 32)  # blocks of a part that decode (runs of 8 rows)
+    working = -(-rows // run) * n_out // (64 if kw2 else 32)  # blocks of a part that decode (runs of `run` rows)
     most = max(1, (n_in // 16) // ((2 if kw2 else 4) * min_tiles))
     return max(1, min(most, round(target / working)))
 
@@ -65,12 +65,13 @@ def serve_rows(n_in: int, n_out: int) -> int:
 
 
 def scratch(device: torch.device, kind: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A scratch buffer of at least numel elements shared by the layers of a device (launches on one
-    stream run in turn); a larger ask replaces it, earlier layers keep theirs."""
+    """A zeroed scratch buffer of at least numel elements shared by the layers of a device (launches on one
+    stream run in turn; the fused GEMV's counters are zero between calls); a larger ask replaces it, earlier
+    layers keep theirs."""
     key = (str(device), kind)
     have = _scratch.get(key)
     if have is None or have.numel() < numel:
-        _scratch[key] = torch.empty(numel, dtype=dtype, device=device)
+        _scratch[key] = torch.zeros(numel, dtype=dtype, device=device)
     return _scratch[key]
 
 
@@ -78,7 +79,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.spark_decode_linear
     fn.restype = ctypes.c_int
     p, i = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [p, i, p, i, ctypes.c_int64, p, i, p, p, p, p, i, i, i, i, p, p, p, i, i, p]
+    fn.argtypes = [p, i, p, i, ctypes.c_int64, p, i, p, p, p, p, i, i, i, i, p, p, p, p, i, i, p]
     return lib
 
 
@@ -99,6 +100,10 @@ class OwnDecodeLinear:
         # than its input, else 2 x 4), blocks per SM asked of the compiler, working blocks aimed at (one wave:
         # 264 was the fastest or within 0.4 us of it at 1 row on an H200)
         self.kw2, self.blocks, self.target = None, 4, 264
+        # fused: two launches, the output step in the GEMV's last blocks (4 blocks per SM; else three launches)
+        self.fused = True
+        # runs of 16 rows (each tile decoded once for 16 rows, two MMAs) from run16_from rows on (0: never)
+        self.run16_from = 9
         self.serve_rows = serve_rows(in_features, self.n_out)
         tables = [[0] * 6 + [s["trellis"].data_ptr(), 0, 0] for s in shards]
         self.tables = torch.tensor(tables, dtype=torch.int64, device=self.device)
@@ -113,17 +118,27 @@ class OwnDecodeLinear:
         self.xh = scratch(self.device, "xh", MAX_ROWS * self.n_in, torch.float16)
         self.sums = scratch(self.device, "sums", MAX_ROWS * (self.n_in // 128), torch.float32)
         self.dd = scratch(self.device, "dd", most, torch.float32)
+        self.counters = scratch(self.device, "counters", MAX_ROWS // 8 * max(s["out"] for s in self.shards) // 128,
+                                torch.int32)
 
-    def wide(self, n_out: int) -> bool:
-        """Whether a shard of n_out columns runs blocks of 4 n-tiles x 2 k-warps."""
+    def run16(self, rows: int) -> bool:
+        return 0 < self.run16_from <= rows
+
+    def wide(self, n_out: int, rows: int) -> bool:
+        """Whether a shard of n_out columns runs blocks of 4 n-tiles x 2 k-warps (three launches of runs of 16: never)."""
+        if self.run16(rows) and not self.fused:
+            return False
         return n_out > self.n_in if self.kw2 is None else self.kw2
 
     def parts(self, rows: int, n_out: int) -> int:
-        return split_parts(rows, self.n_in, n_out, self.wide(n_out), self.target)
+        run = 16 if self.run16(rows) else 8
+        return split_parts(rows, self.n_in, n_out, self.wide(n_out, rows), self.target, run)
 
-    def flags(self, n_out: int) -> int:
+    def flags(self, rows: int, n_out: int) -> int:
         occ = {6: FLAG_OCC6, 5: FLAG_OCC5}.get(self.blocks, 0)
-        return (FLAG_PDL if self.pdl else 0) | (FLAG_KW2 if self.wide(n_out) else 0) | occ
+        fused = FLAG_FUSED if self.fused else 0
+        run16 = FLAG_RUN16 if self.run16(rows) else 0
+        return (FLAG_PDL if self.pdl else 0) | (FLAG_KW2 if self.wide(n_out, rows) else 0) | occ | fused | run16
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """y [rows, out] in x's dtype for x [rows, in] (1..MAX_ROWS rows; fp16, bf16 or fp32)."""
@@ -143,7 +158,8 @@ class OwnDecodeLinear:
                 x.data_ptr(), DTYPES[x.dtype], out.data_ptr() + col * out.element_size(), DTYPES[out.dtype],
                 self.n_out, b, DTYPES[bias.dtype] if bias is not None else 0, s["suh"].data_ptr(),
                 s["svh"].data_ptr(), self.tables[i].data_ptr(), self.ids.data_ptr(), rows, self.n_in, n, s["k"],
-                self.xh.data_ptr(), self.sums.data_ptr(), self.dd.data_ptr(), self.parts(rows, n), self.flags(n), stream,
+                self.xh.data_ptr(), self.sums.data_ptr(), self.dd.data_ptr(), self.counters.data_ptr(),
+                self.parts(rows, n), self.flags(rows, n), stream,
             )
             loader.check(err, "spark_decode_linear")
             col += n
