@@ -226,7 +226,7 @@ class Rotation:
         return base.graph_time([lambda w=w: torch.matmul(x, w) for w in self.fp])
 
 
-DEFAULTS = {"kw2": None, "blocks": 4, "target": 264, "pdl": True, "fused": True, "run16_from": 9}
+DEFAULTS = {"kw2": None, "blocks": 4, "target": None, "pdl": True, "fused": True, "run16_from": 0}  # OwnDecodeLinear's
 
 
 def sweep(ext, results) -> None:
@@ -239,7 +239,7 @@ def sweep(ext, results) -> None:
         rot = Rotation(n_in, n_out, k, gen)
         for m in (1, 4, 16):
             for c in configs:
-                if m < 9 and c["run16_from"] == 0:
+                if m < 9 and c["run16_from"] == 9:  # runs of 16 only matter above 8 rows
                     continue
                 rot.configure(**c)
                 rows.append({"in": n_in, "out": n_out, "k": k, "rows": m, **c,

@@ -26,9 +26,9 @@ logger = logging.getLogger("vllm.spark_overlay.exl3")
 
 MAX_ROWS = 64  # the kernel's limit (LINEAR_MAX_ROWS)
 # Rows up to which Exl3CudaShards takes the own GEMV instead of exl3_gemm: on an H200 it was faster up to
-# 32 rows where the output is no wider than the input (0.52-0.92x of exl3_gemm; about equal at 64) and up to
-# 8 where it is wider (0.75-1.07x; 1.1-2.9x at 16-64 rows: each run of 8 rows decodes the weights again)
-# (python_overlay/tests/gpu/results-h200-linear-own.json)
+# 32 rows where the output is no wider than the input (0.44-0.89x of exl3_gemm at 1-32 rows, 0.55-0.92x at 64)
+# and up to 8 where it is wider (0.66-1.06x; 1.02-2.4x at 16-64 rows, where exl3_gemm's tensor-core GEMM
+# catches up) (python_overlay/tests/gpu/results-h200-linear-own.json)
 SERVE_ROWS_DEEP, SERVE_ROWS_WIDE = 32, 8
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FLAG_PDL, FLAG_KW2, FLAG_OCC6, FLAG_OCC5, FLAG_FUSED, FLAG_RUN16 = 1, 2, 4, 8, 16, 32  # decode_linear.cuh's LINEAR_*
@@ -96,14 +96,17 @@ class OwnDecodeLinear:
         self.n_in = in_features
         self.n_out = sum(s["out"] for s in shards)
         self.pdl = cap[0] >= 9
-        # launch options: the GEMV's blocks of 4 n-tiles x 2 k-warps (kw2; None: where a shard's output is wider
-        # than its input, else 2 x 4), blocks per SM asked of the compiler, working blocks aimed at (one wave:
-        # 264 was the fastest or within 0.4 us of it at 1 row on an H200)
-        self.kw2, self.blocks, self.target = None, 4, 264
-        # fused: two launches, the output step in the GEMV's last blocks (4 blocks per SM; else three launches)
+        # launch options (the H200's fastest, results-h200-linear-own.json "sweep"): the GEMV's blocks of
+        # 4 n-tiles x 2 k-warps (kw2; None: at 1 row where a shard's output is wider than its input, else
+        # 2 x 4), blocks per SM asked of the compiler, working blocks aimed at (target; None: 264 (about two
+        # per SM) up to 8 rows, 528 above)
+        self.kw2, self.blocks, self.target = None, 4, None
+        # fused: two launches, the output step in the GEMV's last blocks (4 blocks per SM; else three launches;
+        # 0-1 us faster at most sizes)
         self.fused = True
-        # runs of 16 rows (each tile decoded once for 16 rows, two MMAs) from run16_from rows on (0: never)
-        self.run16_from = 9
+        # runs of 16 rows (each tile decoded once for 16 rows, two MMAs) from run16_from rows on (0: never):
+        # 1-9 us faster at 16 rows where the output is wider than the input, still not faster than exl3_gemm there
+        self.run16_from = 0
         self.serve_rows = serve_rows(in_features, self.n_out)
         tables = [[0] * 6 + [s["trellis"].data_ptr(), 0, 0] for s in shards]
         self.tables = torch.tensor(tables, dtype=torch.int64, device=self.device)
@@ -128,11 +131,12 @@ class OwnDecodeLinear:
         """Whether a shard of n_out columns runs blocks of 4 n-tiles x 2 k-warps (three launches of runs of 16: never)."""
         if self.run16(rows) and not self.fused:
             return False
-        return n_out > self.n_in if self.kw2 is None else self.kw2
+        return (rows == 1 and n_out > self.n_in) if self.kw2 is None else self.kw2
 
     def parts(self, rows: int, n_out: int) -> int:
         run = 16 if self.run16(rows) else 8
-        return split_parts(rows, self.n_in, n_out, self.wide(n_out, rows), self.target, run)
+        target = self.target or (264 if rows <= 8 else 528)
+        return split_parts(rows, self.n_in, n_out, self.wide(n_out, rows), target, run)
 
     def flags(self, rows: int, n_out: int) -> int:
         occ = {6: FLAG_OCC6, 5: FLAG_OCC5}.get(self.blocks, 0)
