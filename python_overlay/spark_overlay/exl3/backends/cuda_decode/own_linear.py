@@ -27,7 +27,7 @@ logger = logging.getLogger("vllm.spark_overlay.exl3")
 MAX_ROWS = 64  # the kernel's limit (LINEAR_MAX_ROWS)
 # Rows up to which Exl3CudaShards takes the own GEMV instead of exl3_gemm: on an H200 it was faster up to
 # 32 rows where the output is no wider than the input (0.44-0.89x of exl3_gemm at 1-32 rows, 0.55-0.92x at 64)
-# and up to 8 where it is wider (0.66-1.06x; 1.02-2.4x at 16-64 rows, where exl3_gemm's tensor-core GEMM
+# and up to 8 where it is wider (0.66-1.06x; 1.02-2.43x at 16-64 rows, where exl3_gemm's tensor-core GEMM
 # catches up) (python_overlay/tests/gpu/results-h200-linear-own.json)
 SERVE_ROWS_DEEP, SERVE_ROWS_WIDE = 32, 8
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
