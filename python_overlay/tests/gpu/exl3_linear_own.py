@@ -105,23 +105,14 @@ def accuracy_case(ext, n_in, n_out, k, gen, name=None) -> list[dict]:
 def graph_checks(gen, results) -> None:
     p = base.packed(H, 1152, 3, gen, "cuda")
     own = own_linear.OwnDecodeLinear([shard(p, 3)], H, "cuda")
-    same = {}
-    for m in (1, 4, 16, 64):
-        static = torch.randn(m, H, dtype=torch.float16, device="cuda")
-        graph, out = base.capture(lambda: own(static))
-        new = torch.randn(m, H, dtype=torch.float16, device="cuda")
-        static.copy_(new)
-        graph.replay()
-        torch.cuda.synchronize()
-        eager = own(new)
-        same[m] = {"bitwise_equal": bool(torch.equal(out, eager)), "max_rel": rel(out, eager)}
+    same = {m: base.replay_vs_eager(own, (m, H))[0] for m in (1, 4, 16, 64)}
     results["own_graph_replay_vs_eager"] = same
     three = own_linear.OwnDecodeLinear([shard(p, 3)], H, "cuda")
     three.fused = False
     x = torch.randn(16, H, dtype=torch.float16, device="cuda")
     results["own_fused_vs_3launch"] = {m: rel(own(x[:m]), three(x[:m])) for m in (1, 9, 16)}
-    three.run16_from = 0
-    results["own_run16_vs_run8_3launch"] = {m: rel(own(x[:m]), three(x[:m])) for m in (9, 16)}
+    three.run16_from = 9
+    results["own_vs_run16_3launch"] = {m: rel(own(x[:m]), three(x[:m])) for m in (9, 16)}
     x = torch.randn(4, H, dtype=torch.bfloat16, device="cuda")
     own(x)
     torch.cuda.synchronize()
@@ -174,14 +165,8 @@ def served(ext, results) -> None:
            "uses_own": lin.own is not None, "serve_rows": lin.own.serve_rows if lin.own else 0,
            "prepare_s": round(time.time() - t, 2), "sizes": {}}
     for m in sizes:
-        static = torch.randn(m, H, dtype=torch.bfloat16, device="cuda")
-        graph, y = base.capture(lambda: lin(static))
-        new = torch.randn(m, H, dtype=torch.bfloat16, device="cuda")
-        static.copy_(new)
-        graph.replay()
-        torch.cuda.synchronize()
-        eager = lin(new)
-        out["sizes"][m] = {"bitwise_equal": bool(torch.equal(y, eager)), "vs_exl3": rel(eager, lin.gemm(new)),
+        same, new = base.replay_vs_eager(lin, (m, H), torch.bfloat16)
+        out["sizes"][m] = {**same, "vs_exl3": rel(lin(new), lin.gemm(new)),
                            "path": "own" if lin.own and m <= lin.own.serve_rows else "exl3_gemm"}
     results["served"] = out
     log(f"served path (switch unset): {out}")

@@ -143,23 +143,14 @@ cudaError_t launch_linear_fused(const MoeArgs& a, const LinearArgs& l, int kw2, 
     return launch_linear_gemv<linear_gemv_kernel<K, D, 4, 4, 1>>(items, a, l, counters, pdl, stream);
 }
 
-cudaError_t launch_linear_fused_any(const MoeArgs& a, const LinearArgs& l, int k, int kw2, int nt, int* counters,
-                                    int pdl, cudaStream_t stream)
-{
-    switch (k)
-    {
-        case 2: return launch_linear_fused<2>(a, l, kw2, nt, counters, pdl, stream);
-        case 3: return launch_linear_fused<3>(a, l, kw2, nt, counters, pdl, stream);
-        case 4: return launch_linear_fused<4>(a, l, kw2, nt, counters, pdl, stream);
-        case 5: return launch_linear_fused<5>(a, l, kw2, nt, counters, pdl, stream);
-        case 6: return launch_linear_fused<6>(a, l, kw2, nt, counters, pdl, stream);
-        default: return cudaErrorInvalidValue;
-    }
-}
+using LinearFused = cudaError_t (*)(const MoeArgs&, const LinearArgs&, int, int, int*, int, cudaStream_t);
+// by K (2..6; spark_decode_linear checks k first)
+constexpr LinearFused LINEAR_FUSED_K[] = {nullptr, nullptr, launch_linear_fused<2>, launch_linear_fused<3>,
+                                          launch_linear_fused<4>, launch_linear_fused<5>, launch_linear_fused<6>};
 
 constexpr int LINEAR_PDL = 1;    // spark_decode_linear's flags: programmatic dependent launch
 constexpr int LINEAR_KW2 = 2;    // GEMV blocks of 4 n-tiles x 2 k-warps (64 columns; else 2 x 4, 32)
-constexpr int LINEAR_OCC6 = 4;   // GEMV built for 6 blocks per SM (else LINEAR_OCC5: 5, else 4)
+constexpr int LINEAR_OCC6 = 4;   // three launches: GEMV built for 6 blocks per SM (else LINEAR_OCC5: 5, else 4)
 constexpr int LINEAR_OCC5 = 8;
 constexpr int LINEAR_FUSED = 16;  // two launches: the out step in the GEMV's last blocks (4 blocks per SM)
 constexpr int LINEAR_RUN16 = 32;  // runs of 16 rows (two MMAs per decoded tile; the affine map per weight pair;
@@ -197,7 +188,7 @@ int spark_decode_linear(const void* x, int x_dt, void* out, int out_dt, int64_t 
     const int blocks = (flags & LINEAR_OCC6) ? 6 : (flags & LINEAR_OCC5) ? 5 : 4;
     cudaError_t err = launch(linear_rot_in_kernel, (rows * (n_in / 128) + 7) / 8, 256, stream, pdl, l);
     if (err != cudaSuccess) return (int) err;
-    if (flags & LINEAR_FUSED) return (int) launch_linear_fused_any(a, l, k, kw2, nt, counters, pdl, stream);
+    if (flags & LINEAR_FUSED) return (int) LINEAR_FUSED_K[k](a, l, kw2, nt, counters, pdl, stream);
     err = launch_gemv_mma_any(a, k, 1, nt, blocks, kw2, pdl, stream);
     if (err != cudaSuccess) return (int) err;
     return (int) launch(linear_out_kernel, (rows * (n_out / 128) + 7) / 8, 256, stream, pdl, l);
