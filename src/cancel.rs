@@ -87,6 +87,21 @@ impl Drop for Group {
     }
 }
 
+/// Tests: the pid a script wrote to `path`, waited for up to `within` (None: never written).
+#[cfg(test)]
+pub(crate) fn pid_from_file(path: &std::path::Path, within: std::time::Duration) -> Option<i32> {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(p) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+            return Some(p);
+        }
+        if t.elapsed() >= within {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,14 +118,7 @@ mod tests {
         let pid_file = d.path().join("grandchild");
         let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
         let mut g = cancel.spawn(Command::new("sh").args(["-c", &script])).unwrap();
-        let t = Instant::now();
-        let grandchild = loop {
-            if let Some(p) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-                break p;
-            }
-            assert!(t.elapsed() < Duration::from_secs(10), "the script did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let grandchild = pid_from_file(&pid_file, Duration::from_secs(10)).expect("the script did not start");
         assert!(alive(grandchild));
         let other = cancel.clone();
         std::thread::spawn(move || other.cancel()).join().unwrap();
