@@ -367,9 +367,10 @@ fn serves_in_a_container_restarts_and_leaves_no_container() {
         assert_eq!(r["signals"][0]["container"], id.as_str(), "{r}");
         assert!(host.0.as_mut().unwrap().try_wait().unwrap().is_none(), "the host's process was not left alone");
         eprintln!(
-            "memory guard in up: acted {:.1} s after the hog started ({} MiB grown in the container), reaction {} ms, gone after {} ms",
+            "memory guard in up: acted {:.1} s after the hog started ({} MiB grown in the container, {} MiB to the floor at its start), reaction {} ms, gone after {} ms",
             t.elapsed().as_secs_f64(),
             grown / MIB,
+            room / MIB,
             r["reaction_ms"],
             r["outcome"]["ms"]
         );
