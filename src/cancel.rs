@@ -9,7 +9,8 @@
 //! the crate.
 
 use std::collections::BTreeSet;
-use std::io::{self, PipeWriter};
+use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -78,8 +79,8 @@ impl Cancel {
 /// The keeper of group `pgid`: `sh` in that group reading a pipe whose only writer is this
 /// process (close-on-exec: no child inherits it); end-of-file, when the returned writer drops or
 /// this process dies, makes it kill its group.
-fn keeper(pgid: i32) -> io::Result<(Child, PipeWriter)> {
-    let (read, write) = io::pipe()?;
+fn keeper(pgid: i32) -> io::Result<(Child, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let child = Command::new("sh")
         .args(["-c", "read -r line; kill -KILL 0"])
         .stdin(Stdio::from(read))
@@ -97,7 +98,7 @@ pub struct Group {
     pgid: i32,
     cancel: Cancel,
     /// The group's keeper and the pipe it waits on.
-    keeper: Option<(Child, PipeWriter)>,
+    keeper: Option<(Child, OwnedFd)>,
 }
 
 impl Group {
