@@ -69,7 +69,8 @@ def test_supports_mul1_integer_k_2_to_6_on_whole_blocks():
         lin = layer(k)
         assert own_linear.supports(lin.shards, lin.in_features, lin.padded_in) is None
     lin = layer(8)
-    assert own_linear.supports(lin.shards, lin.in_features, lin.padded_in) == "K=8 (the own GEMV takes an integer K in 2..6)"
+    want = "K=8 (the own GEMV takes an integer K in 2..6)"
+    assert own_linear.supports(lin.shards, lin.in_features, lin.padded_in) == want
     lin = layer(3, "mcg")
     assert own_linear.supports(lin.shards, lin.in_features, lin.padded_in) == "codebook mcg (the own GEMV decodes mul1)"
     lin = layer(3)
@@ -138,8 +139,8 @@ def test_disagreeing_own_gemv_under_the_default_falls_back_logged(monkeypatch, c
 def test_disagreeing_own_gemv_set_explicitly_fails_the_load(monkeypatch):
     monkeypatch.setenv(select.MOE_COOP_ENV, "own")
     stand_in(monkeypatch, 1.5)
-    with pytest.raises(Exl3FormatError, match=rf"{NAME}: spark-kit's own decode GEMV disagrees with exl3_gemm at 1 rows "
-                       r"\(max rel diff 5\.00e-01 > 0\.01\); set SPARK_EXL3_MOE_COOP=1 to use exllamav3's kernels"):
+    with pytest.raises(Exl3FormatError, match=rf"{NAME}: spark-kit's own decode GEMV disagrees with exl3_gemm at 1 "
+                       r"rows \(max rel diff 5\.00e-01 > 0\.01\); set SPARK_EXL3_MOE_COOP=1 to use exllamav3's kernels"):
         cuda_backend.wire_own(layer())
 
 
@@ -166,3 +167,58 @@ def test_a_layer_it_cannot_take_keeps_exl3_gemm_without_building(monkeypatch):
     lin = layer(8)
     cuda_backend.wire_own(lin)
     assert lin.own is None and made == []
+
+
+class RecordingLib:
+    """Records spark_decode_linear's arguments (the kernel itself runs on a GPU only)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def spark_decode_linear(self, *args):
+        self.calls.append(args)
+        return 0
+
+
+def recorded(monkeypatch, lin: Exl3CudaShards, x, bias=None):
+    lib = RecordingLib()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(own_linear.loader, "load", lambda arch: lib)
+    monkeypatch.setattr(own_linear, "_bind", lambda found: found)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 7})())
+    own = own_linear.OwnDecodeLinear(lin.shards, lin.in_features, torch.device("cpu"))
+    y = own(x, bias)
+    names = ("x", "x_dt", "out", "out_dt", "out_ld", "bias", "bias_dt", "suh", "svh", "tables", "ids", "rows",
+             "n_in", "n_out", "k", "xh", "sums", "dd", "counters", "parts", "flags", "stream")
+    return own, y, [dict(zip(names, call)) for call in lib.calls]
+
+
+def test_each_shard_writes_its_columns_of_one_output(monkeypatch):
+    gen = torch.Generator().manual_seed(43)
+    specs = [ShardSpec(f"{NAME}.{i}", N_IN, N_OUT, (0, N_IN), (0, N_OUT)) for i in range(2)]
+    parts = [pack(N_IN, N_OUT, k, gen) for k in (3, 5)]
+    lin = Exl3CudaShards(specs, parts, "mul1", StandInExt(), "cpu")
+    x = torch.randn(3, N_IN, dtype=torch.bfloat16)
+    bias = torch.randn(2 * N_OUT, dtype=torch.bfloat16)
+    own, y, calls = recorded(monkeypatch, lin, x, bias)
+    assert y.shape == (3, 2 * N_OUT) and y.dtype == torch.bfloat16 and len(calls) == 2
+    first, second = calls
+    assert second["out"] - first["out"] == N_OUT * 2 and first["out_ld"] == second["out_ld"] == 2 * N_OUT
+    assert second["bias"] - first["bias"] == N_OUT * 2 and first["bias_dt"] == 2 and first["x_dt"] == 2
+    assert [c["k"] for c in calls] == [3, 5] and [c["n_out"] for c in calls] == [N_OUT, N_OUT]
+    assert [c["suh"] for c in calls] == [s["suh"].data_ptr() for s in lin.shards]
+    assert [int(t[6]) for t in own.tables] == [s["trellis"].data_ptr() for s in lin.shards]
+    assert first["tables"] == own.tables[0].data_ptr() and second["tables"] == own.tables[1].data_ptr()
+    assert first["rows"] == 3 and first["stream"] == 7
+    assert first["flags"] == own_linear.FLAG_PDL | own_linear.FLAG_FUSED  # 3 rows: blocks of 2 n-tiles x 4 k-warps
+    assert first["parts"] == own_linear.split_parts(3, N_IN, N_OUT, False, 264)
+
+
+def test_one_row_on_a_wide_output_takes_the_4x2_blocks(monkeypatch):
+    lin = layer(3, n_in=128, n_out=256)
+    _, _, calls = recorded(monkeypatch, lin, torch.randn(1, 128, dtype=torch.float16))
+    assert calls[0]["flags"] == own_linear.FLAG_PDL | own_linear.FLAG_FUSED | own_linear.FLAG_KW2
+    assert calls[0]["bias"] is None and calls[0]["out_ld"] == 256
+    _, _, calls = recorded(monkeypatch, lin, torch.randn(12, 128, dtype=torch.float16))
+    assert calls[0]["flags"] == own_linear.FLAG_PDL | own_linear.FLAG_FUSED
+    assert calls[0]["parts"] == own_linear.split_parts(12, 128, 256, False, 528)  # above 8 rows: 528 blocks

@@ -17,8 +17,8 @@ DIR/results-linear-own.json after each):
    graph with new inputs == eager, vs exl3_gemm.
 3. sweep: the GEMV's options (two launches with the output step fused or three, block shape kw2, working
    blocks aimed at, PDL, 6 blocks per SM) at a few shapes.
-4. timing: own (fused; and in three launches) vs exl3_gemm vs fp16 matmul, each replayed from a CUDA graph over enough weight copies
-   to exceed the L2 (as exl3_moe_fused.linear_case), every shape at 1..64 rows.
+4. timing: own (fused; and in three launches) vs exl3_gemm vs fp16 matmul, each replayed from a CUDA graph
+   over enough weight copies to exceed the L2 (as exl3_moe_fused.linear_case), every shape at 1..64 rows.
 5. layer: one layer's attention + shared-expert linears at batch 1 (own where it takes the layer, else
    exl3_gemm) vs exl3_gemm alone, and the decode ceiling (exl3_moe_decode.estimate's formula; the MoE
    at 1 token from results-h200-decode-default.json).
@@ -229,7 +229,8 @@ def sweep(ext, results) -> None:
                 rot.configure(**c)
                 rows.append({"in": n_in, "out": n_out, "k": k, "rows": m, **c,
                              "parts": rot.owns[0].parts(m, n_out), "own_us": round(rot.own_us(m), 2)})
-            best = min((r for r in rows if (r["in"], r["out"], r["rows"]) == (n_in, n_out, m)), key=lambda r: r["own_us"])
+            here = [r for r in rows if (r["in"], r["out"], r["rows"]) == (n_in, n_out, m)]
+            best = min(here, key=lambda r: r["own_us"])
             log(f"sweep {n_in}->{n_out} K{k} {m} rows: best {best}")
         rot.configure(**DEFAULTS)
     results["sweep"] = rows

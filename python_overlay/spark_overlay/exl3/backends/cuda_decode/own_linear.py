@@ -128,7 +128,8 @@ class OwnDecodeLinear:
         return 0 < self.run16_from <= rows
 
     def wide(self, n_out: int, rows: int) -> bool:
-        """Whether a shard of n_out columns runs blocks of 4 n-tiles x 2 k-warps (three launches of runs of 16: never)."""
+        """Whether a shard of n_out columns runs blocks of 4 n-tiles x 2 k-warps (never in three launches of
+        runs of 16)."""
         if self.run16(rows) and not self.fused:
             return False
         return (rows == 1 and n_out > self.n_in) if self.kw2 is None else self.kw2
