@@ -2,13 +2,17 @@
 //! [`Cancel::spawn`], each the leader of a process group of its own; [`Cancel::cancel`] kills
 //! every such group at once (SIGKILL, grandchildren included), so the work's wait for its child
 //! ends and the work returns, and every later spawn fails. Polling is left to what cannot be
-//! killed (a lock wait asks [`Cancel::is_cancelled`]). A leaf module: it imports nothing of the
-//! crate.
+//! killed (a lock wait asks [`Cancel::is_cancelled`]). Each group also holds a keeper: a shell
+//! in the group that waits on a pipe only this process can write to and kills the group when it
+//! reads end-of-file, so a SIGKILLed owner (no cancel, no drop) still takes the group's
+//! grandchildren along (PDEATHSIG reaches only the leader). A leaf module: it imports nothing of
+//! the crate.
 
 use std::collections::BTreeSet;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use nix::sys::signal::{killpg, Signal};
@@ -49,7 +53,8 @@ impl Cancel {
 
     /// Start `cmd` as the leader of a new process group, killed when this token is cancelled
     /// (an `Interrupted` error, nothing started, when it already is) or when the thread that
-    /// started it ends (PDEATHSIG). The group lives until the returned [`Group`] drops.
+    /// started it ends (PDEATHSIG), or, grandchildren included, when this process dies (the
+    /// group's keeper). The group lives until the returned [`Group`] drops.
     pub fn spawn(&self, cmd: &mut Command) -> io::Result<Group> {
         let mut inner = self.inner();
         if inner.cancelled {
@@ -64,8 +69,26 @@ impl Cancel {
         // A pid fits in an i32 (pid_max is at most 2^22).
         let pgid = i32::try_from(child.id()).unwrap_or(i32::MAX);
         inner.groups.insert(pgid);
-        Ok(Group { child, pgid, cancel: self.clone() })
+        let mut group = Group { child, pgid, cancel: self.clone(), keeper: None };
+        drop(inner);
+        group.keeper = Some(keeper(pgid).inspect_err(|_| group.kill())?);
+        Ok(group)
     }
+}
+
+/// The keeper of group `pgid`: `sh` in that group reading a pipe whose only writer is this
+/// process (close-on-exec: no child inherits it); end-of-file, when the returned writer drops or
+/// this process dies, makes it kill its group.
+fn keeper(pgid: i32) -> io::Result<(Child, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let child = Command::new("sh")
+        .args(["-c", "read -r line; kill -KILL 0"])
+        .stdin(Stdio::from(read))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(pgid)
+        .spawn()?;
+    Ok((child, write))
 }
 
 /// A child started by [`Cancel::spawn`] and its process group. Dropping it kills what is left
@@ -74,16 +97,44 @@ pub struct Group {
     pub child: Child,
     pgid: i32,
     cancel: Cancel,
+    /// The group's keeper and the pipe it waits on.
+    keeper: Option<(Child, OwnedFd)>,
 }
 
-impl Drop for Group {
-    fn drop(&mut self) {
+impl Group {
+    fn kill(&mut self) {
         let mut inner = self.cancel.inner();
         inner.groups.remove(&self.pgid);
         let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGKILL);
         drop(inner);
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some((mut keeper, pipe)) = self.keeper.take() {
+            drop(pipe);
+            let _ = keeper.kill();
+            let _ = keeper.wait();
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Tests: the pid a script wrote to `path`, waited for up to `within` (None: never written).
+#[cfg(test)]
+pub(crate) fn pid_from_file(path: &std::path::Path, within: std::time::Duration) -> Option<i32> {
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(p) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+            return Some(p);
+        }
+        if t.elapsed() >= within {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
@@ -103,14 +154,7 @@ mod tests {
         let pid_file = d.path().join("grandchild");
         let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
         let mut g = cancel.spawn(Command::new("sh").args(["-c", &script])).unwrap();
-        let t = Instant::now();
-        let grandchild = loop {
-            if let Some(p) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-                break p;
-            }
-            assert!(t.elapsed() < Duration::from_secs(10), "the script did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let grandchild = pid_from_file(&pid_file, Duration::from_secs(10)).expect("the script did not start");
         assert!(alive(grandchild));
         let other = cancel.clone();
         std::thread::spawn(move || other.cancel()).join().unwrap();
@@ -124,6 +168,30 @@ mod tests {
         assert!(cancel.is_cancelled());
         let e = cancel.spawn(&mut Command::new("true")).err().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::Interrupted);
+    }
+
+    #[test]
+    fn the_keeper_kills_the_group_when_its_pipe_closes_as_when_the_owner_dies() {
+        let cancel = Cancel::default();
+        let d = tempfile::tempdir().unwrap();
+        let pid_file = d.path().join("grandchild");
+        let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
+        let mut g = cancel.spawn(Command::new("sh").args(["-c", &script])).unwrap();
+        let grandchild = pid_from_file(&pid_file, Duration::from_secs(10)).expect("the script did not start");
+        let (mut keeper, pipe) = g.keeper.take().unwrap();
+        let keeper_pid = i32::try_from(keeper.id()).unwrap();
+        assert_eq!(nix::unistd::getpgid(Some(Pid::from_raw(keeper_pid))).unwrap().as_raw(), g.pgid);
+        assert!(alive(grandchild));
+        // What the kernel does to this process's end of the pipe when it is SIGKILLed: close it.
+        drop(pipe);
+        let t = Instant::now();
+        while alive(grandchild) {
+            assert!(t.elapsed() < Duration::from_secs(2), "the grandchild {grandchild} outlived its keeper's pipe");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = g.child.wait().unwrap();
+        assert!(!status.success(), "{status}");
+        assert!(!keeper.wait().unwrap().success(), "the keeper killed its own group, itself included");
     }
 
     #[test]

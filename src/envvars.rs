@@ -235,7 +235,7 @@ pub const VARS: &[EnvVar] = &[
         "SPARK_EXL3_MOE_COOP",
         &[Overlay],
         "overlay exl3.backends.select",
-        "EXL3 MoE calls of up to 64 rows: `own` spark-kit's own decode kernel at 1-64 rows on sm_80+ (tensor-core GEMVs; 1-4 rows below; exllamav3's, with a warning, where it cannot run or its load-time check disagrees; set explicitly, a disagreement fails the load); `1` exllamav3's decode kernel (launches of up to 42 rows); `0` the sorted `exl3_moe` kernels",
+        "EXL3 decode-sized calls: `own` spark-kit's own decode kernels, MoE calls of 1-64 rows on sm_80+ (tensor-core GEMVs; 1-4 rows below) and dense linear calls of up to 32 rows on sm_80+ (8 where the output is wider than the input; MUL1, K 2-6); exllamav3's, with a warning, where they cannot run or a layer's load-time check disagrees (set explicitly, a disagreement fails the load); `1` exllamav3's kernels (MoE: its decode kernel in launches of up to 42 rows; linears: `exl3_gemm`); `0` the sorted `exl3_moe` kernels and `exl3_gemm`",
         "`own`",
     ),
     var(

@@ -55,14 +55,14 @@ def over(base, key, seed, words):
 def one_stream(base, key, max_tokens, prompt, deadline=None, quiet=False):
     """A raw SSE completion stream: status, text events, the terminal error event, [DONE].
 
-    With `deadline` (seconds): a request not ended by then, or silent for 60 s, is left and
-    marked `hung`."""
+    With `deadline` (seconds): a request not ended by then, or silent that long (waiting in the
+    gateway's queue for its headers included), is left and marked `hung`."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
     r = {"status": None, "events": 0, "tokens": None, "done": False, "error": None, "finish": None,
          "retry_after": None}
     t = time.time()
-    read = 180 if deadline is None else 60
+    read = 180 if deadline is None else deadline
     try:
         with httpx.stream("POST", base + "/completions", json=body, headers={"Authorization": f"Bearer {key}"},
                           timeout=httpx.Timeout(read, connect=10)) as resp:

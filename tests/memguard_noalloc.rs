@@ -1,7 +1,8 @@
 //! The guard's hot path allocates nothing: reading `/proc/meminfo` into the preallocated buffer,
 //! scanning `/proc` into the preallocated table, attributing growth and deciding are run under a
-//! counting global allocator (this test binary's own) and must count zero allocations.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! counting global allocator (this test binary's own) and must count zero allocations. With a
+//! memory cgroup of its own to watch (the docker engine's path), its re-read counts too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fs::File;
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use spark_kit::kit::schema::GuardPolicy;
 use spark_kit::memguard::attribution::Table;
+use spark_kit::memguard::engine::CgroupWatch;
 use spark_kit::memguard::meminfo;
 use spark_kit::memguard::policy::{decide, Floors};
 use spark_kit::memguard::procs::ProcDir;
@@ -60,6 +62,10 @@ fn sample_scan_attribute_decide_allocate_nothing() {
     };
     let sacrificable = vec!["hf-upload".to_string()];
     let me = nix::unistd::getpgrp().as_raw();
+    let pid = i32::try_from(std::process::id()).unwrap();
+    let mut watch = CgroupWatch::open(std::path::Path::new("/proc"), std::path::Path::new("/sys/fs/cgroup"), pid)
+        .map_err(|e| eprintln!("not counting the cgroup watch: {e}"))
+        .ok();
     // One warm-up turn (first use of lazily initialised libc state).
     let mut turn = |bucket: u64, last: u64| {
         let n = meminfo_file.read_at(&mut buf[..], 0).unwrap();
@@ -67,6 +73,9 @@ fn sample_scan_attribute_decide_allocate_nothing() {
         table.begin();
         procs.for_each_stat(|s| table.add(s, 0, bucket));
         table.end(bucket, last);
+        if let Some(w) = watch.as_mut() {
+            w.read();
+        }
         let a = table.attribute(bucket, Some(me), |t, pid| t.descends_from(pid, 1));
         decide(&floors, m.mem_available, 1 << 30, &a, &sacrificable)
     };
@@ -84,4 +93,7 @@ fn sample_scan_attribute_decide_allocate_nothing() {
     // Floors above any real MemAvailable: every turn is a hard-floor decision.
     assert_eq!(decisions, 49);
     assert!(!table.is_empty());
+    if let Some(w) = &watch {
+        assert!(w.members.contains(&pid), "the watch of this process's own cgroup lacks it: {:?}", w.members);
+    }
 }

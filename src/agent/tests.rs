@@ -70,14 +70,8 @@ fn a_stop_while_the_model_maker_runs_kills_its_group_within_2_s_and_leaves_no_mo
     wait_for(&rx, 10, &mut seen, |e| matches!(e, Event::Hello { .. }));
     send(&Command::Start { kit: Box::new(kit.clone()), node: 0 });
     wait_for(&rx, 60, &mut seen, |e| matches!(e, Event::Phase { name, .. } if name == "model"));
-    let t = Instant::now();
-    let maker = loop {
-        if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-            break pid;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "the maker did not start: {seen:#?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let maker = crate::cancel::pid_from_file(&pid_file, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the maker did not start: {seen:#?}"));
     // The maker and its sleeping grandchild, in the maker's own group.
     assert!(pgroup::members(maker).len() >= 2, "{:?}", pgroup::members(maker));
     // The loop still answers while the maker runs.

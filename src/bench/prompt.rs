@@ -95,6 +95,70 @@ pub fn close_enough(target: u64, measured: u64) -> bool {
     measured.abs_diff(target) <= (target / 100).max(2)
 }
 
+/// Measurements per salt before a fresh salt is tried, and salts tried in all.
+const FIT_TRIES: usize = 4;
+const FIT_SALTS: usize = 4;
+
+/// Fitting a prompt's filler to a token target with the server's tokenizer (pure). One word more
+/// can add several tokens (a salt whose filler has no count close enough to the target), so
+/// after [`FIT_TRIES`] measurements of one salt a fresh one is tried, up to [`FIT_SALTS`]; the
+/// closest prompt measured is kept either way.
+#[derive(Debug, Clone)]
+pub struct Fit {
+    target: u64,
+    model: Tokens,
+    start: usize,
+    salt: usize,
+    tries: usize,
+    /// (distance to the target, salt, words) of the closest prompt measured.
+    best: Option<(u64, usize, usize)>,
+}
+
+/// What to do after a measurement: measure `words` filler words of salt number `salt`
+/// (0, 1, …: the caller makes a fresh salt for each new number), or take the closest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FitStep {
+    Measure { salt: usize, words: usize },
+    Done { salt: usize, words: usize },
+}
+
+impl Fit {
+    /// Start at `words` filler words (the model's guess, or what fitted this target before).
+    #[must_use]
+    pub fn new(target: u64, model: Tokens, words: usize) -> Self {
+        Self { target, model, start: words, salt: 0, tries: 0, best: None }
+    }
+
+    /// The first prompt to measure.
+    #[must_use]
+    pub fn first(&self) -> FitStep {
+        FitStep::Measure { salt: 0, words: self.start }
+    }
+
+    /// `words` filler words of the current salt measured `measured` tokens.
+    pub fn measured(&mut self, words: usize, measured: u64) -> FitStep {
+        let d = measured.abs_diff(self.target);
+        if self.best.is_none_or(|(bd, _, _)| d < bd) {
+            self.best = Some((d, self.salt, words));
+        }
+        self.tries += 1;
+        let at_floor = words == 0 && measured > self.target;
+        if close_enough(self.target, measured) || at_floor {
+            return FitStep::Done { salt: self.salt, words };
+        }
+        if self.tries < FIT_TRIES {
+            return FitStep::Measure { salt: self.salt, words: self.model.adjust(self.target, words, measured) };
+        }
+        if self.salt + 1 < FIT_SALTS {
+            self.salt += 1;
+            self.tries = 0;
+            return FitStep::Measure { salt: self.salt, words: self.start };
+        }
+        let (_, salt, words) = self.best.unwrap_or((0, self.salt, words));
+        FitStep::Done { salt, words }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +193,39 @@ mod tests {
         assert_eq!(model.adjust(100, 10, 100), 9, "moves at least one word");
         assert!(close_enough(100, 102) && !close_enough(100, 103));
         assert_eq!(salted("abc", 0), "abc");
+    }
+
+    /// Runs a fit against `tokens(salt, words)` (6 tokens a word); the (salt, words) it settles on and
+    /// how many prompts it measured.
+    fn run_fit(target: u64, start: usize, tokens: impl Fn(usize, usize) -> u64) -> ((usize, usize), usize) {
+        let mut fit = Fit::new(target, Tokens { intercept: 20.0, per_word: 6.0 }, start);
+        let mut step = fit.first();
+        let mut n = 0;
+        loop {
+            match step {
+                FitStep::Measure { salt, words } => {
+                    n += 1;
+                    assert!(n <= FIT_TRIES * FIT_SALTS, "no end after {n} measurements");
+                    step = fit.measured(words, tokens(salt, words));
+                }
+                FitStep::Done { salt, words } => return ((salt, words), n),
+            }
+        }
+    }
+
+    #[test]
+    fn a_salt_whose_filler_jumps_past_the_target_is_replaced_and_the_closest_kept() {
+        // Salt 0 counts 125 or 131 around 128 (3 away either way); salt 1 hits 128 at 18 words.
+        let tokens = |salt: usize, w: usize| if salt == 0 { 23 } else { 20 } + 6 * w as u64;
+        let ((salt, words), n) = run_fit(128, 18, tokens);
+        assert_eq!((salt, words, tokens(salt, words)), (1, 18, 128), "after {n} measurements");
+        assert_eq!(n, FIT_TRIES + 1);
+        // No salt fits: the closest measured prompt is taken, after every salt was tried.
+        let ((salt, words), n) = run_fit(128, 18, |_, w| 23 + 6 * w as u64);
+        assert_eq!((23 + 6 * words as u64, salt, n), (131, 0, FIT_TRIES * FIT_SALTS), "the first of the closest");
+        // The first measurement close enough ends it.
+        assert_eq!(run_fit(128, 18, |_, w| 20 + 6 * w as u64), ((0, 18), 1));
+        // Even the salt alone is longer than the target: no filler, at once.
+        assert_eq!(run_fit(10, 0, |_, w| 20 + 6 * w as u64), ((0, 0), 1));
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::client::{BenchError, ChatRequest, Endpoint, ModelInfo, RequestError, StreamOutcome};
 use super::metrics::{aggregate_rate, decode_rate, median, prefill_rate, summarize, ttft, StreamTimes};
 use super::plausible::split_requests;
-use super::prompt::{close_enough, salted, Tokens, PROBE_WORDS};
+use super::prompt::{salted, Fit, FitStep, Tokens, PROBE_WORDS};
 use super::result::{
     Audit, BenchResult, Calibration, Failure, ModelReceipt, PrefillStep, Receipt, Request, Settings, Wave, FORMAT,
     VERSION,
@@ -80,19 +80,29 @@ impl Runner<'_> {
     /// for this very salt until the count is close enough (UUIDs tokenize to different lengths).
     async fn prompt(&mut self, target: u64) -> Result<String, BenchError> {
         let model = self.tokens().await?;
-        let salt = Self::salt();
-        let mut w = self.words.get(&target).copied().unwrap_or_else(|| model.words_for(target));
-        if self.tokenize == Some(true) {
-            for _ in 0..4 {
-                let Some(n) = self.ep.tokenize(&self.model, &salted(&salt, w)).await? else { break };
-                if close_enough(target, n) || (w == 0 && n > target) {
-                    break;
-                }
-                w = model.adjust(target, w, n);
-            }
+        let start = self.words.get(&target).copied().unwrap_or_else(|| model.words_for(target));
+        let mut salts = vec![Self::salt()];
+        if self.tokenize != Some(true) {
+            return Ok(salted(&salts[0], start));
         }
-        self.words.insert(target, w);
-        Ok(salted(&salt, w))
+        let mut fit = Fit::new(target, model, start);
+        let mut step = fit.first();
+        let (salt, words) = loop {
+            match step {
+                FitStep::Measure { salt, words } => {
+                    while salts.len() <= salt {
+                        salts.push(Self::salt());
+                    }
+                    let Some(n) = self.ep.tokenize(&self.model, &salted(&salts[salt], words)).await? else {
+                        break (salt, words);
+                    };
+                    step = fit.measured(words, n);
+                }
+                FitStep::Done { salt, words } => break (salt, words),
+            }
+        };
+        self.words.insert(target, words);
+        Ok(salted(&salts[salt], words))
     }
 
     pub(crate) async fn request_for(&mut self, target: u64, max_tokens: u64) -> Result<ChatRequest, BenchError> {

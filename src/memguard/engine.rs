@@ -98,7 +98,10 @@ pub struct CgroupWatch {
     pub dir: PathBuf,
     usage: File,
     stat: File,
-    procs: File,
+    /// `cgroup.procs`, opened anew on every read: cgroup v1 caches a reader's pid list for a
+    /// second after each read, so a file held open and re-read every scan never sees a process
+    /// that joined later (a `docker exec` into the container).
+    procs: PathBuf,
     buf: Box<[u8; 65536]>,
     /// Members at the last read, sorted.
     pub members: Vec<i32>,
@@ -129,7 +132,10 @@ impl CgroupWatch {
             version,
             usage: open(version.usage_file())?,
             stat: open("memory.stat")?,
-            procs: open("cgroup.procs")?,
+            procs: {
+                open("cgroup.procs")?;
+                dir.join("cgroup.procs")
+            },
             dir,
             buf: Box::new([0; 65536]),
             members: Vec::with_capacity(MAX_PROCS),
@@ -143,7 +149,8 @@ impl CgroupWatch {
 
     /// Re-read members and charge. A cgroup that is gone (the container exited) reads as empty.
     pub fn read(&mut self) {
-        let n = self.procs.read_at(&mut self.buf[..], 0).unwrap_or(0);
+        // A fresh open: the path is short, so std converts it on the stack (no allocation).
+        let n = File::open(&self.procs).and_then(|f| f.read_at(&mut self.buf[..], 0)).unwrap_or(0);
         cgroup::procs_into(&self.buf[..n], &mut self.members);
         let n = self.usage.read_at(&mut self.buf[..], 0).unwrap_or(0);
         let usage = cgroup::number(&self.buf[..n]);

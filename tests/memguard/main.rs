@@ -5,5 +5,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod memguard_cgroup;
 mod memguard_host;
 mod memguard_nvml;

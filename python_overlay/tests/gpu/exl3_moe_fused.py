@@ -110,6 +110,19 @@ def capture(fn):
     return graph, out
 
 
+def replay_vs_eager(fn, shape, dtype=torch.float16):
+    """fn captured in a CUDA graph on a static input, replayed with new values, against fn(new) eagerly:
+    ({"bitwise_equal", "max_rel"}, the new input)."""
+    static = torch.randn(*shape, dtype=dtype, device="cuda")
+    graph, out = capture(lambda: fn(static))
+    new = torch.randn(*shape, dtype=dtype, device="cuda")
+    static.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = fn(new)
+    return {"bitwise_equal": bool(torch.equal(out, eager)), "max_rel": rel(out, eager)}, new
+
+
 def cuda_time(fn, iters, warm=2):
     for _ in range(warm):
         fn()
@@ -334,16 +347,7 @@ def linears(ext, results):
     lin = Exl3CudaShards([spec], [p], "mul1", ext, "cuda")
     sizes = [1, 2, 3, 4, 6, 8, 12, 18, 24]
     lin.pretune(sizes, "cuda")
-    same = {}
-    for m in sizes:
-        static = torch.randn(m, HIDDEN, dtype=torch.float16, device="cuda")
-        graph, out = capture(lambda: lin(static))
-        new = torch.randn(m, HIDDEN, dtype=torch.float16, device="cuda")
-        static.copy_(new)
-        graph.replay()
-        torch.cuda.synchronize()
-        eager = lin(new)
-        same[m] = {"bitwise_equal": bool(torch.equal(out, eager)), "max_rel": rel(out, eager)}
+    same = {m: replay_vs_eager(lin, (m, HIDDEN))[0] for m in sizes}
     results["linear_graph_replay_vs_eager"] = same
     log(f"Exl3CudaShards graph replay == eager (bitwise) per capture size: {same}")
 

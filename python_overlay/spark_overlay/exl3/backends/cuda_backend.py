@@ -18,8 +18,9 @@ from ..format.errors import Exl3FormatError
 from ..format.linear import unpack_signs
 from ..format.shards import ShardSpec, shard_codebook, shard_k
 from ..format.trellis import HALF_K
-from . import serial
+from . import select, serial
 from .cpu import check_width
+from .cuda_decode import own_linear
 
 
 class Exl3CudaShards:
@@ -72,6 +73,12 @@ class Exl3CudaShards:
         if len(in_lens) != 1:
             raise Exl3FormatError(f"{specs[0].name}: shards of one layer disagree on the input slice {in_lens}")
         (self.in_features, self.padded_in), = in_lens
+        self.own: own_linear.OwnDecodeLinear | None = None  # spark-kit's decode GEMV (`use_own`)
+
+    def use_own(self, explicit: bool) -> None:
+        """Calls of up to its serve rows through spark-kit's own decode GEMV where it takes the layer and
+        agrees with exl3_gemm at load (`own_linear.attach`); explicit: the switch was set to own."""
+        self.own = own_linear.attach(self, explicit)
 
     def pretune(self, sizes: Sequence[int], device) -> None:
         """Run once eagerly at each row count: exl3_gemm autotunes (and synchronises) on a shape's first call."""
@@ -81,7 +88,18 @@ class Exl3CudaShards:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         check_width(self.name, x, self.in_features)
         lead = x.shape[:-1]
-        xf = x.reshape(-1, x.shape[-1]).to(torch.float16)
+        x2 = x.reshape(-1, x.shape[-1])
+        if self.own is not None and x2.shape[0] <= self.own.serve_rows:
+            y = self.own(x2, bias)  # reads and writes x's dtype, bias included
+        else:
+            y = self.gemm(x2).to(x.dtype)
+            if bias is not None:
+                y = y + bias
+        return y.reshape(*lead, y.shape[-1])
+
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """exl3_gemm over the shards: y [rows, out] fp16 for x [rows, in]."""
+        xf = x.to(torch.float16)
         rows = xf.shape[0]
         if capturing():
             if rows not in self.tuned:
@@ -103,11 +121,7 @@ class Exl3CudaShards:
             outs.append(y[:, : s["out"]])
             if s["pad_rows"]:
                 outs.append(torch.zeros(xf.shape[0], s["pad_rows"], dtype=torch.float16, device=xf.device))
-        y = torch.cat(outs, -1) if len(outs) > 1 else outs[0]
-        y = y.to(x.dtype)
-        if bias is not None:
-            y = y + bias
-        return y.reshape(*lead, y.shape[-1])
+        return torch.cat(outs, -1) if len(outs) > 1 else outs[0]
 
 
 def capturing() -> bool:
@@ -127,7 +141,14 @@ def prepare_cuda_layer(
         device,
         [s.pad_rows for s in shards],
     )
+    wire_own(layer.exl3_cuda)
     layer.exl3_cuda.pretune(pretune_sizes, device)
+
+
+def wire_own(lin: Exl3CudaShards) -> None:
+    """The own decode GEMV for a linear layer where SPARK_EXL3_MOE_COOP asks for it (`select.linear_decode`)."""
+    if select.linear_decode() == select.DECODE_OWN:
+        lin.use_own(select.moe_decode_explicit())
 
 
 def cuda_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -8,17 +8,21 @@ reads the environment.
 
 Switches (registered in src/envvars.rs):
 
-    SPARK_EXL3_MOE_COOP   which kernel takes MoE calls of up to 64 rows (decode,
-                          speculation): "own" (default) spark-kit's own decode
-                          kernel at 1..64 rows on sm_80+
-                          (tensor-core GEMVs; 1..4 rows below sm_80)
-                          (backends/cuda_decode, MUL1, K 2..6; other layers, and
+    SPARK_EXL3_MOE_COOP   which kernels take decode-sized calls: "own" (default)
+                          spark-kit's own decode kernels (backends/cuda_decode,
+                          MUL1, K 2..6): MoE calls of 1..64 rows on sm_80+
+                          (tensor-core GEMVs; 1..4 rows below sm_80) and dense
+                          linear calls of up to 32 rows on sm_80+ (8 where the
+                          output is wider than the input; larger calls keep
+                          exl3_gemm: cuda_decode/own_linear.py); other layers, and
                           any where it cannot be built, keep exllamav3's with a
-                          warning; where its load-time check disagrees the load
-                          fails when "own" was set, and falls back to exllamav3's
-                          with a warning when "own" is only the default);
-                          "1": exllamav3's decode kernel exl3_moe_coop in chunks of
-                          up to 42 rows; "0": the sorted exl3_moe kernels at every size
+                          warning; where a layer's load-time check disagrees the
+                          load fails when "own" was set, and that layer falls back
+                          to exllamav3's with a warning when "own" is only the
+                          default; "1": exllamav3's kernels (MoE: its decode kernel
+                          exl3_moe_coop in chunks of up to 42 rows; linears:
+                          exl3_gemm); "0": the sorted exl3_moe kernels at every
+                          size, exl3_gemm for linears
 """
 
 from __future__ import annotations
@@ -48,8 +52,15 @@ def moe_decode(env: Mapping[str, str] = os.environ) -> str:
     return _DECODE_VALUES[raw]
 
 
+def linear_decode(env: Mapping[str, str] = os.environ) -> str:
+    """The kernel of dense EXL3 linear calls at decode sizes: "own" (the switch's default) or "exllamav3"
+    (exl3_gemm; the switch at 1 or 0)."""
+    return DECODE_OWN if moe_decode(env) == DECODE_OWN else DECODE_EXLLAMAV3
+
+
 def moe_decode_explicit(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether the user set the switch (then a failed own-kernel check fails the load instead of falling back)."""
+    """Whether the user set the switch (then a failed own-kernel check, MoE or linear, fails the load instead of
+    falling back)."""
     return MOE_COOP_ENV in env
 
 

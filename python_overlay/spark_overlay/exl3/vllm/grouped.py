@@ -10,8 +10,8 @@ tensors only; `dsv41_hooks` routes vLLM's o-projection here (`grouped`):
 
 * CPU: each group decoded per call by the reference decoder, then one bmm
   (the same product vLLM's bf16 o-projection computes on a dense `wo_a`).
-* CUDA: exllamav3's `exl3_gemm` once per local group (`Exl3CudaShards`, the
-  linear path, pretuned at the capture sizes: graph-safe).
+* CUDA: `Exl3CudaShards` once per local group (the linear path: exllamav3's `exl3_gemm`, at decode sizes
+  spark-kit's own GEMV; pretuned at the capture sizes: graph-safe).
 """
 
 from __future__ import annotations
@@ -89,12 +89,13 @@ class Exl3GroupedMethod(_linear_method_base()):
         for kind in PART_KINDS:
             delattr(layer, kind)
         if common.backend() == select.CUDA:
-            from ..backends.cuda_backend import Exl3CudaShards
+            from ..backends.cuda_backend import Exl3CudaShards, wire_own
 
             device = torch.device("cuda", torch.cuda.current_device())
             ext = select.cuda_extension()
             layer.exl3_cuda_groups = [Exl3CudaShards([s], [p], expected, ext, device) for s, p in layer.exl3_groups]
             for shards in layer.exl3_cuda_groups:
+                wire_own(shards)  # the own decode GEMV at decode sizes where the switch asks for it
                 shards.pretune(common.engine_sizes()[0], device)
             self.backend = select.CUDA
         else:

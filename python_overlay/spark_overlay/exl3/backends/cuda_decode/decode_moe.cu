@@ -547,3 +547,4 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
 }  // extern "C"
 
 #include "decode_glue.cuh"
+#include "decode_linear.cuh"
