@@ -122,7 +122,7 @@ __device__ __forceinline__ void fused_tail(const MoeArgs& a, int down, int slot,
 // Block: 8 warps = 8 / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
 // expert's slots are taken in runs of 8 * NT in slot order: the block of the slot that starts a run
 // takes the run, every other block of that expert exits, so each weight is decoded once per run.
-template <int K, int NT, int U, int D, bool NB, int KW, bool FI>
+template <int K, int NT, int U, int D, bool NB, int KW, bool FI = false>
 __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int item)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
