@@ -147,14 +147,21 @@ mod tests {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
     }
 
-    #[test]
-    fn cancel_kills_the_group_grandchildren_included_and_refuses_new_work() {
-        let cancel = Cancel::default();
+    /// A script started through `cancel` with a `sleep` in the background; its group and the sleep's pid.
+    fn script_with_grandchild(cancel: &Cancel) -> (Group, i32) {
         let d = tempfile::tempdir().unwrap();
         let pid_file = d.path().join("grandchild");
         let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
-        let mut g = cancel.spawn(Command::new("sh").args(["-c", &script])).unwrap();
+        let g = cancel.spawn(Command::new("sh").args(["-c", &script])).unwrap();
         let grandchild = pid_from_file(&pid_file, Duration::from_secs(10)).expect("the script did not start");
+        assert!(alive(grandchild));
+        (g, grandchild)
+    }
+
+    #[test]
+    fn cancel_kills_the_group_grandchildren_included_and_refuses_new_work() {
+        let cancel = Cancel::default();
+        let (mut g, grandchild) = script_with_grandchild(&cancel);
         assert!(alive(grandchild));
         let other = cancel.clone();
         std::thread::spawn(move || other.cancel()).join().unwrap();
@@ -173,11 +180,7 @@ mod tests {
     #[test]
     fn the_keeper_kills_the_group_when_its_pipe_closes_as_when_the_owner_dies() {
         let cancel = Cancel::default();
-        let d = tempfile::tempdir().unwrap();
-        let pid_file = d.path().join("grandchild");
-        let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
-        let mut g = cancel.spawn(Command::new("sh").args(["-c", &script])).unwrap();
-        let grandchild = pid_from_file(&pid_file, Duration::from_secs(10)).expect("the script did not start");
+        let (mut g, grandchild) = script_with_grandchild(&cancel);
         let (mut keeper, pipe) = g.keeper.take().unwrap();
         let keeper_pid = i32::try_from(keeper.id()).unwrap();
         assert_eq!(nix::unistd::getpgid(Some(Pid::from_raw(keeper_pid))).unwrap().as_raw(), g.pgid);
