@@ -14,6 +14,10 @@
 // tile position j holds k = 2q + (j & 1) + 8 ((j >> 1) & 1), n = g + 8 (j >> 2) (q = lane % 4,
 // g = lane / 4), so A = {j0 j1}, {j4 j5}, {j2 j3}, {j6 j7}; B = x[row g][k 2q, 2q+1], [2q+8, 2q+9];
 // C = y[n g, g+8][rows 2q, 2q+1].
+//
+// Fusions of the small launches (MoeArgs.fuse_*): fuse_in, each gate/up block builds its k-range of
+// x * suh * H itself (1-2 rows) and applies the affine map to its k-part; fuse_mid / fuse_out, the last
+// block of each 128-chunk (self-resetting counters) runs the activation / output step (decode_steps.cuh).
 
 #pragma once
 
@@ -25,6 +29,10 @@ namespace {
 constexpr uint32_t MUL1_H16_BIAS = 0x6400u;             // fp16 1024.0: 0x6400 + b = fp16(1024 + b)
 constexpr uint32_t MUL1_S_H2 = 0x1EEE1EEEu;              // fp16x2 S
 constexpr uint32_t MUL1_O_H2 = 0xC931C931u;              // fp16x2 O
+constexpr int FI_ROWS = 2;                               // fuse_in: rows per call (the block's input buffer)
+constexpr int FI_MAX_K = 2560;                           // fuse_in: inputs per k-part (the block's input buffer)
+constexpr int FI_STRIDE = FI_MAX_K + 8;                  // its row stride in halves (rows on different banks)
+constexpr int FI_BATCH = 3;                              // fuse_in: chunks a warp loads before it transforms them
 
 __device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c)
 {
@@ -41,11 +49,80 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// fuse_out: a row with no pick among this rank's experts gets zeros from its first down block of each
+// column group (no down block counts it)
+__device__ __forceinline__ void fused_out_empty_row(const MoeArgs& a, int row, int col0, int cols)
+{
+    for (int k = 0; k < a.topk; ++k)
+    {
+        const int e = expert_of(a.ids, a.ids64, row * a.topk + k);
+        if (e >= 0 && e < a.n_local) return;
+    }
+    pdl_wait();  // the output may still be read by the kernel before
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) store_from_float(a.out, (int64_t) row * a.H + col0 + c, a.out_dt, 0.0f);
+}
+
+// fuse_mid / fuse_out, after a block stored its run's outputs for columns [col0, col0 + cols): it counts
+// itself done for its 128-chunk (gate/up: per run, down: per row of the run); the block that completes a
+// count resets it and computes that chunk's activation (warp r: row r of the run) or output (warp k: pick k,
+// then warp 0 sums the picks in order). Every block of a chunk stores before it counts, so the last one
+// reads all of them (through L2); the order of every sum is fixed, so graph replay stays equal to eager.
+__device__ __forceinline__ void fused_tail(const MoeArgs& a, int down, int slot, int col0, int cols, int nr,
+                                        const int* sh_slot, int* sh_last, float (*part)[128])
+{
+    const int chunk = col0 >> 7;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __threadfence();
+    __syncthreads();
+    if (!down)
+    {
+        if (threadIdx.x == 0)
+        {
+            int* c = a.cnt + (size_t) slot * (a.I >> 7) + chunk;
+            const int expected = (128 / cols) * 2 * a.parts_a;
+            const bool last = atomicAdd(c, 1) == expected - 1;
+            if (last) *c = 0;
+            sh_last[0] = last;
+        }
+        __syncthreads();
+        if (!sh_last[0]) return;
+        __threadfence();
+        if (warp < nr) mid_chunk<true>(a, sh_slot[warp], chunk, lane);
+        return;
+    }
+    int* cnt_out = a.cnt + (size_t) MMA_MAX_ROWS * OUT_MAX_TOPK * (a.I >> 7);
+    if (threadIdx.x < nr)
+    {
+        const int row = sh_slot[threadIdx.x] / a.topk;
+        int valid = 0;
+        for (int k = 0; k < a.topk; ++k)
+        {
+            const int e = expert_of(a.ids, a.ids64, row * a.topk + k);
+            valid += e >= 0 && e < a.n_local;
+        }
+        int* c = cnt_out + (size_t) row * (a.H >> 7) + chunk;
+        const bool last = atomicAdd(c, 1) == valid * (128 / cols) * a.parts_b - 1;
+        if (last) *c = 0;
+        sh_last[threadIdx.x] = last;
+    }
+    __syncthreads();
+    __threadfence();
+    for (int r = 0; r < nr; ++r)
+    {
+        if (!sh_last[r]) continue;  // the same for every thread of the block
+        const int row = sh_slot[r] / a.topk;
+        if (warp < a.topk) out_pick<true>(a, row, warp, chunk, lane, part[warp]);
+        __syncthreads();
+        if (warp == 0) out_store(a, row, chunk, lane, part);
+        __syncthreads();
+    }
+}
+
 // GEMV over one projection for a run of up to 8 * NT rows that picked the item's expert (fp16 inputs).
 // Block: 8 warps = 8 / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
 // expert's slots are taken in runs of 8 * NT in slot order: the block of the slot that starts a run
 // takes the run, every other block of that expert exits, so each weight is decoded once per run.
-template <int K, int NT, int U, int D, bool NB, int KW>
+template <int K, int NT, int U, int D, bool NB, int KW, bool FI = false>
 __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int item)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
@@ -61,7 +138,9 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     __shared__ int sh_slot[RUN];
     __shared__ int sh_n;
     __shared__ float sh_red[KW][RUN][COLS];
+    __shared__ int sh_last[RUN];
     const int e = expert_of(a.ids, a.ids64, slot);
+    if (down && a.fuse_out && part == 0 && slot % a.topk == 0) fused_out_empty_row(a, slot / a.topk, group * COLS, COLS);
     if (e < 0 || e >= a.n_local) return;
     if (warp == 0)
     {
@@ -163,6 +242,60 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     // Everything above reads only the routing ids and the weights; the inputs come from the kernel before
     pdl_wait();
     pdl_trigger();
+    // fuse_in: this block's k-range of x * suh * H for its rows in shared memory, each 16-group in the
+    // B fragment's order (a lane's k 2q, 2q+1, 2q+8, 2q+9 side by side: one 8-byte load per tile), and
+    // the sums of those fp16 values per row for the affine map of this k-part
+    __shared__ __align__(16) half xs[FI ? FI_ROWS : 1][FI ? FI_STRIDE : 8];
+    __shared__ float xsum_w[FI ? 8 : 1][FI_ROWS];
+    const int k_lo = FI ? part * ((ktiles + parts - 1) / parts) : 0;
+    if (FI)
+    {
+        const int nch = (min(ktiles, k_lo + (ktiles + parts - 1) / parts) - k_lo) >> 3;
+        const half* suh = (const half*) table(a, proj, 1, e);
+        float t0 = 0.0f, t1 = 0.0f;
+        // FI_BATCH chunks per warp at a time, every load issued before the first Hadamard
+        for (int i0 = warp; i0 < nr * nch; i0 += 8 * FI_BATCH)
+        {
+            float v[FI_BATCH][4];
+            #pragma unroll
+            for (int u = 0; u < FI_BATCH; ++u)
+            {
+                const int i = i0 + 8 * u;
+                if (i < nr * nch)
+                {
+                    const int r = i / nch, c = i % nch;
+                    const int col = (k_lo >> 3) * 128 + c * 128 + lane * 4;
+                    const float4 xv = load4_as_float(a.x, (int64_t) (sh_slot[r] / a.topk) * a.H + col, a.x_dt);
+                    const uint2 sv = *(const uint2*) (suh + col);
+                    const float2 s01 = __half22float2(*(const __half2*) &sv.x);
+                    const float2 s23 = __half22float2(*(const __half2*) &sv.y);
+                    v[u][0] = xv.x * s01.x; v[u][1] = xv.y * s01.y; v[u][2] = xv.z * s23.x; v[u][3] = xv.w * s23.y;
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < FI_BATCH; ++u)
+            {
+                const int i = i0 + 8 * u;
+                if (i >= nr * nch) break;
+                const int r = i / nch, c = i % nch;
+                had128(v[u][0], v[u][1], v[u][2], v[u][3], lane);
+                // k = 4m + {0..3} within its 16-group: positions p, p + 1, p + 4, p + 5 with p = 8 (m & 1) + 2 (m >> 1)
+                const int m = lane & 3;
+                half* dst = xs[r] + c * 128 + (lane >> 2) * 16 + 8 * (m & 1) + 2 * (m >> 1);
+                *(__half2*) dst = __floats2half2_rn(v[u][0], v[u][1]);
+                *(__half2*) (dst + 4) = __floats2half2_rn(v[u][2], v[u][3]);
+                const float t = chunk_sum16(v[u]);
+                if (r == 0) t0 += t;
+                else t1 += t;
+            }
+        }
+        if (lane == 0)
+        {
+            xsum_w[warp][0] = t0;
+            xsum_w[warp][1] = t1;
+        }
+        __syncthreads();
+    }
     for (int batch = 0; batch < batches; ++batch)
     {
         issue();
@@ -187,13 +320,21 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                 #pragma unroll
                 for (int i = 0; i < 4; ++i) af[i] = hfma2_bits(af[i], MUL1_S_H2, MUL1_O_H2);
             }
-            #pragma unroll
-            for (int t = 0; t < NT; ++t)
+            if (FI)
             {
-                if (t * 8 >= nr) break;
-                const uint32_t b0 = __ldg((const unsigned int*) (xrow[t] + kt * 16));
-                const uint32_t b1 = __ldg((const unsigned int*) (xrow[t] + kt * 16 + 8));
-                mma16816(acc[t], af, b0, b1);
+                const uint2 b = *(const uint2*) (xs[min(g, nr - 1)] + (kt - k_lo) * 16 + 4 * q);
+                mma16816(acc[0], af, b.x, b.y);
+            }
+            else
+            {
+                #pragma unroll
+                for (int t = 0; t < NT; ++t)
+                {
+                    if (t * 8 >= nr) break;
+                    const uint32_t b0 = __ldg((const unsigned int*) (xrow[t] + kt * 16));
+                    const uint32_t b1 = __ldg((const unsigned int*) (xrow[t] + kt * 16 + 8));
+                    mma16816(acc[t], af, b0, b1);
+                }
             }
         };
         run_tiles<U>(ntile_k - batch * U, tile);
@@ -224,17 +365,26 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         float v = sh_red[0][r][cc];
         #pragma unroll
         for (int w = 1; w < KW; ++w) v += sh_red[w][r][cc];
+        if (FI)
+        {
+            float xsum = 0.0f;
+            #pragma unroll
+            for (int w = 0; w < 8; ++w) xsum += xsum_w[w][r];
+            v = fmaf(v, MUL1_S_F, MUL1_O_F * xsum);
+        }
         const int s = sh_slot[r];
         const int col = group * COLS + cc;
         if (down) a.dd[((size_t) part * slots + s) * a.H + col] = v;
         else a.gu[(((size_t) part * slots + s) * 2 + proj_i) * a.I + col] = v;
     }
+    if (down ? a.fuse_out : a.fuse_mid) fused_tail(a, down, slot, group * COLS, COLS, nr, sh_slot, sh_last,
+                                                  (float (*)[128]) &sh_red[0][0][0]);
 }
 
-template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4>
+template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4, bool FI = false>
 __global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(const MoeArgs a, int down)
 {
-    gemv_mma_item<K, NT, U, D, NB, KW>(a, down, blockIdx.x);
+    gemv_mma_item<K, NT, U, D, NB, KW, FI>(a, down, blockIdx.x);
 }
 
 // The largest shared-memory carveout for a kernel, asked once (5-6 blocks of ~29 KB need more than the default)
@@ -265,6 +415,18 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
                               cudaStream_t stream)
 {
     if (nt >= 2) return launch_mma<gemv_mma_kernel<K, 2, 8, D, 4, false>>(items, a, down, pdl, stream);
+    if (a.fuse_in && !down)  // 4 blocks per SM (the input buffer's shared memory fits K <= 3 only)
+    {
+        if constexpr (K <= 3)
+        {
+            if (kw2) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2, true>>(items / 2, a, down, pdl, stream);
+            return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 4, true>>(items, a, down, pdl, stream);
+        }
+        else
+        {
+            return cudaErrorInvalidValue;
+        }
+    }
     if (kw2)
     {
         if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true, 2>>(items / 2, a, down, pdl, stream);

@@ -1,6 +1,6 @@
 // spark-kit's own EXL3 MoE decode kernels (1-8 token rows on CUDA cores, 1-64 with the tensor-core GEMVs of
-// decode_mma.cuh; MUL1 codebook); the conversions around
-// exllamav3's decode kernel and the bench's cold-read floor are in decode_glue.cuh, the helpers all
+// decode_mma.cuh; MUL1 codebook); the activation and output steps are in decode_steps.cuh, the conversions
+// around exllamav3's decode kernel and the bench's cold-read floor in decode_glue.cuh, the helpers all
 // share in decode_util.cuh (one translation unit). Plain CUDA, no torch headers: the launchers are
 // extern "C", take raw device pointers and a stream, and return the launch's cudaError_t, so the
 // overlay loads the library with ctypes (loader.py) and CUDA graphs capture the launches.
@@ -18,6 +18,8 @@
 //   gemv     (down) as above on the down input
 //   out      warp per (row, 128-chunk): per pick H128 * svh, * routing weight, summed in pick
 //            order, written in the output dtype (f32 / f16 / bf16): no conversion kernels around
+// With the tensor-core GEMVs rot_in, mid and out can each be folded into a GEMV (STAGE_FUSE_*,
+// decode_mma.cuh): then a call is as few as two launches.
 //
 // Tile bitstream, element order and codebook: docs/exl3-overlay.md and the format notes
 // (W = diag(suh) H W_hat H diag(svh); 16x16 tiles, tensor-core element order; MUL1).
@@ -76,6 +78,12 @@ struct MoeArgs
     int x16;                           // the tensor-core gemv: inputs xh and ah stored as fp16
     int nobias;                        // x16 gemv without the codebook's affine map: mid and out apply it
     float* sums;                       // nobias: [slots, 2, H/128] sums of xh's fp16 chunks, then [slots, I/128] of ah's
+    // tensor cores, bias folded (decode_mma.cuh): fuse_in: each gate/up block builds its k-range of xh itself
+    // (no rot_in launch) and applies the affine map to its k-part; fuse_mid: the last gate/up block of each
+    // (run, 128-chunk) computes that chunk's activation (no mid launch); fuse_out: the last down block of each
+    // (row, 128-chunk) computes that output chunk (no out launch). cnt: their self-resetting counters.
+    int fuse_in, fuse_mid, fuse_out;
+    int* cnt;                          // [MMA_MAX_ROWS * OUT_MAX_TOPK * I/128] mid, then [MMA_MAX_ROWS * H/128] out
 };
 
 constexpr float MUL1_S_F = 0.00676727294921875f;  // fp16 0x1EEE
@@ -388,120 +396,11 @@ __global__ void __launch_bounds__(256, MINB) gemv_kernel(const MoeArgs a, int do
     gemv_item<K, NR, U, D, XS>(a, down, blockIdx.x);
 }
 
-__global__ void mid_kernel(const MoeArgs a)
-{
-    pdl_wait();
-    pdl_trigger();
-    const int lane = threadIdx.x & 31;
-    const int item = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int chunks = a.I >> 7;
-    const int slots = a.bsz * a.topk;
-    if (item >= slots * chunks) return;
-    const int chunk = item % chunks;
-    const int slot = item / chunks;
-    const int e = expert_of(a.ids, a.ids64, slot);
-    if (e < 0 || e >= a.n_local) return;
-    const int col = chunk * 128 + lane * 4;
-    float g[4] = {0, 0, 0, 0}, u[4] = {0, 0, 0, 0};
-    for (int p = 0; p < a.parts_a; ++p)
-    {
-        const float4 gv = *(const float4*) (a.gu + (((size_t) p * slots + slot) * 2 + 0) * a.I + col);
-        const float4 uv = *(const float4*) (a.gu + (((size_t) p * slots + slot) * 2 + 1) * a.I + col);
-        g[0] += gv.x; g[1] += gv.y; g[2] += gv.z; g[3] += gv.w;
-        u[0] += uv.x; u[1] += uv.y; u[2] += uv.z; u[3] += uv.w;
-    }
-    const int chunks_h = a.H >> 7;
-    if (a.nobias)  // the codebook's affine map over the k-sums: S * sum x (1024 + b) + O * sum x
-    {
-        const float og = MUL1_O_F * sum_chunks(a.sums + ((size_t) slot * 2 + 0) * chunks_h, chunks_h, lane);
-        const float ou = MUL1_O_F * sum_chunks(a.sums + ((size_t) slot * 2 + 1) * chunks_h, chunks_h, lane);
-        #pragma unroll
-        for (int i = 0; i < 4; ++i)
-        {
-            g[i] = fmaf(g[i], MUL1_S_F, og);
-            u[i] = fmaf(u[i], MUL1_S_F, ou);
-        }
-    }
-    had128(g[0], g[1], g[2], g[3], lane);
-    had128(u[0], u[1], u[2], u[3], lane);
-    const half* gs = (const half*) table(a, 0, 2, e);
-    const half* us = (const half*) table(a, 1, 2, e);
-    const half* ds = (const half*) table(a, 2, 1, e);
-    float v[4];
-    #pragma unroll
-    for (int i = 0; i < 4; ++i)
-    {
-        const float gg = g[i] * __half2float(gs[col + i]);
-        const float uu = u[i] * __half2float(us[col + i]);
-        v[i] = gg / (1.0f + __expf(-gg)) * uu * __half2float(ds[col + i]);
-    }
-    had128(v[0], v[1], v[2], v[3], lane);
-    store_in4(a, a.ah, (size_t) slot * a.I + col, v);
-    if (a.nobias)
-    {
-        const float t = chunk_sum16(v);
-        if (lane == 0) a.sums[(size_t) slots * 2 * chunks_h + (size_t) slot * chunks + chunk] = t;
-    }
-}
+}  // namespace
 
-constexpr int OUT_MAX_TOPK = 8;  // picks per row the out kernel takes (a warp each)
+#include "decode_steps.cuh"
 
-// Block per (row, 128-chunk): warp k takes pick k (k-part sum, H128, * svh * routing weight) into
-// shared memory, warp 0 sums the picks in order and stores the chunk in the output dtype.
-__global__ void __launch_bounds__(256) out_kernel(const MoeArgs a)
-{
-    __shared__ float part[OUT_MAX_TOPK][128];
-    pdl_wait();
-    pdl_trigger();
-    const int lane = threadIdx.x & 31;
-    const int k = threadIdx.x >> 5;
-    const int chunks = a.H >> 7;
-    const int chunk = blockIdx.x % chunks;
-    const int row = blockIdx.x / chunks;
-    const int slots = a.bsz * a.topk;
-    const int col = chunk * 128 + lane * 4;
-    if (k < a.topk)
-    {
-        const int slot = row * a.topk + k;
-        const int e = expert_of(a.ids, a.ids64, slot);
-        float v0 = 0, v1 = 0, v2 = 0, v3 = 0;
-        for (int p = 0; p < a.parts_b; ++p)
-        {
-            const float4 t = *(const float4*) (a.dd + ((size_t) p * slots + slot) * a.H + col);
-            v0 += t.x; v1 += t.y; v2 += t.z; v3 += t.w;
-        }
-        if (a.nobias && e >= 0 && e < a.n_local)
-        {
-            const int chunks_i = a.I >> 7;
-            const float o = MUL1_O_F * sum_chunks(a.sums + (size_t) slots * 2 * chunks + (size_t) slot * chunks_i,
-                                                  chunks_i, lane);
-            v0 = fmaf(v0, MUL1_S_F, o); v1 = fmaf(v1, MUL1_S_F, o);
-            v2 = fmaf(v2, MUL1_S_F, o); v3 = fmaf(v3, MUL1_S_F, o);
-        }
-        had128(v0, v1, v2, v3, lane);
-        float* dst = part[k] + lane * 4;
-        if (e >= 0 && e < a.n_local)
-        {
-            const half* svh = (const half*) table(a, 2, 2, e) + col;
-            const float rw = load_as_float(a.w, slot, a.w_dt);
-            dst[0] = rw * v0 * __half2float(svh[0]); dst[1] = rw * v1 * __half2float(svh[1]);
-            dst[2] = rw * v2 * __half2float(svh[2]); dst[3] = rw * v3 * __half2float(svh[3]);
-        }
-        else
-        {
-            dst[0] = 0; dst[1] = 0; dst[2] = 0; dst[3] = 0;
-        }
-    }
-    __syncthreads();
-    if (k == 0)
-    {
-        float o[4] = {0, 0, 0, 0};
-        for (int j = 0; j < a.topk; ++j)
-            for (int i = 0; i < 4; ++i) o[i] += part[j][lane * 4 + i];
-        #pragma unroll
-        for (int i = 0; i < 4; ++i) store_from_float(a.out, (int64_t) row * a.H + col + i, a.out_dt, o[i]);
-    }
-}
+namespace {
 
 constexpr int STAGE_PDL = 32;   // spark_decode_moe's stages: launch with programmatic dependent launch
 constexpr int STAGE_OCC6 = 64;  // gemv kernels built for 6 blocks per SM (fewer registers)
@@ -512,6 +411,9 @@ constexpr int STAGE_NOBIAS = 1024;  // with STAGE_MMA (runs of 8): the codebook'
 constexpr int STAGE_OCC5 = 2048;  // with STAGE_MMA: gemv built for 5 blocks per SM (STAGE_OCC6: 6; else 4)
 constexpr int STAGE_KW2_A = 4096;  // with STAGE_NOBIAS: gate/up blocks of 4 n-tiles x 2 k-warps
 constexpr int STAGE_KW2_B = 8192;  // with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
+constexpr int STAGE_FUSE_IN = 16384;   // with STAGE_NOBIAS, <= FI_ROWS rows: no rot_in launch (MoeArgs.fuse_in)
+constexpr int STAGE_FUSE_MID = 32768;  // with STAGE_NOBIAS and counters: no mid launch (MoeArgs.fuse_mid)
+constexpr int STAGE_FUSE_OUT = 65536;  // with STAGE_NOBIAS and counters: no out launch (MoeArgs.fuse_out)
 constexpr int MMA_MAX_ROWS = 64;
 
 template <int K, int NR, int MINB>
@@ -590,11 +492,12 @@ int spark_decode_supports(int k) { return k >= 2 && k <= 6; }
 // of the five launches to run (31 = all; fewer only to time them one by one), plus STAGE_PDL (32): launch
 // them with programmatic dependent launch, STAGE_OCC6 (64): the gemv variant capped for 6 blocks per SM,
 // STAGE_XS (128): the gemv variant that stages its inputs through shared memory, STAGE_MMA (256): the
-// tensor-core gemv (fp16 inputs, runs of 8 rows; + STAGE_RUN16: runs of 16). Returns a cudaError_t.
+// tensor-core gemv (fp16 inputs, runs of 8 rows; + STAGE_RUN16: runs of 16), STAGE_FUSE_*: the small launches
+// folded into the GEMVs (cnt: MMA_MAX_ROWS * (OUT_MAX_TOPK * I/128 + H/128) zeroed ints, left zeroed). Returns a cudaError_t.
 int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* out,
                      int out_dt, int bsz, int topk, int H, int I, int n_local, const int64_t* tables, int k,
                      float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, int stages,
-                     cudaStream_t stream)
+                     int* cnt, cudaStream_t stream)
 {
     const int mma = (stages & STAGE_MMA) != 0;
     if (bsz < 1 || bsz > (mma ? MMA_MAX_ROWS : 8) || topk < 1 || topk > OUT_MAX_TOPK || H % 128 || I % 128 || !spark_decode_supports(k))
@@ -609,6 +512,14 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     a.nobias = mma && nt == 1 && (stages & STAGE_NOBIAS) != 0;
     // x16: the fp16 inputs fill the first half of xh; the chunk sums go in its second half
     a.sums = xh + (size_t) bsz * topk * H;
+    const int fused = a.nobias ? stages : 0;
+    a.fuse_in = (fused & STAGE_FUSE_IN) != 0;
+    a.fuse_mid = (fused & STAGE_FUSE_MID) != 0;
+    a.fuse_out = (fused & STAGE_FUSE_OUT) != 0;
+    a.cnt = cnt;
+    if ((a.fuse_mid || a.fuse_out) && cnt == nullptr) return (int) cudaErrorInvalidValue;
+    // fuse_in: a gate/up k-part is whole 128-chunks and fits the block's input buffer
+    if (a.fuse_in && (bsz > FI_ROWS || H % (128 * parts_a) || H / parts_a > FI_MAX_K)) return (int) cudaErrorInvalidValue;
     const int blocks = (stages & STAGE_OCC6) ? 6 : (stages & STAGE_OCC5) ? 5 : 4;
     const int slots = bsz * topk;
     const int pdl = (stages & STAGE_PDL) != 0;
@@ -616,20 +527,20 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     const int xs = (stages & STAGE_XS) != 0;
     const int warps_in = slots * (H / 128) * 2;
     cudaError_t err = cudaSuccess;
-    if (stages & 1) err = launch(rot_in_kernel, (warps_in + 7) / 8, 256, stream, pdl, a);
+    if ((stages & 1) && !a.fuse_in) err = launch(rot_in_kernel, (warps_in + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
     if (stages & 2)
         err = mma ? launch_gemv_mma_any(a, k, 0, nt, blocks, (stages & STAGE_KW2_A) != 0, pdl, stream)
                   : launch_gemv_any(a, k, 0, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
     const int warps_mid = slots * (I / 128);
-    if (stages & 4) err = launch(mid_kernel, (warps_mid + 7) / 8, 256, stream, pdl, a);
+    if ((stages & 4) && !a.fuse_mid) err = launch(mid_kernel, (warps_mid + 7) / 8, 256, stream, pdl, a);
     if (err != cudaSuccess) return (int) err;
     if (stages & 8)
         err = mma ? launch_gemv_mma_any(a, k, 1, nt, blocks, (stages & STAGE_KW2_B) != 0, pdl, stream)
                   : launch_gemv_any(a, k, 1, bsz, unroll, pdl, occ6, xs, stream);
     if (err != cudaSuccess) return (int) err;
-    if (stages & 16) err = launch(out_kernel, bsz * (H / 128), 32 * topk, stream, pdl, a);
+    if ((stages & 16) && !a.fuse_out) err = launch(out_kernel, bsz * (H / 128), 32 * topk, stream, pdl, a);
     return (int) err;
 }
 

@@ -21,6 +21,25 @@ __device__ __forceinline__ float load_as_float(const void* p, int64_t i, int dt)
     return ((const float*) p)[i];
 }
 
+// 4 consecutive elements from a 4-aligned index i, as floats
+__device__ __forceinline__ float4 load4_as_float(const void* p, int64_t i, int dt)
+{
+    if (dt == DT_F32) return *(const float4*) ((const float*) p + i);
+    const uint2 raw = *(const uint2*) ((const char*) p + 2 * i);
+    float2 lo, hi;
+    if (dt == DT_F16)
+    {
+        lo = __half22float2(*(const __half2*) &raw.x);
+        hi = __half22float2(*(const __half2*) &raw.y);
+    }
+    else
+    {
+        lo = __bfloat1622float2(*(const __nv_bfloat162*) &raw.x);
+        hi = __bfloat1622float2(*(const __nv_bfloat162*) &raw.y);
+    }
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 __device__ __forceinline__ void store_from_float(void* p, int64_t i, int dt, float v)
 {
     if (dt == DT_F16) ((half*) p)[i] = __float2half_rn(v);

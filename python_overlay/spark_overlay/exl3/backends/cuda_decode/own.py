@@ -33,11 +33,21 @@ STAGE_NOBIAS = 1024  # with STAGE_MMA: the codebook's affine map applied to the 
 STAGE_OCC5 = 2048  # with STAGE_MMA: the gemv built for 5 blocks per SM (STAGE_OCC6: 6; else 4)
 STAGE_KW2_A = 4096  # with STAGE_NOBIAS: gate/up blocks of 4 n-tiles x 2 k-warps (else 2 x 4)
 STAGE_KW2_B = 8192  # with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
+STAGE_FUSE_IN = 16384  # with STAGE_NOBIAS, <= FUSE_IN_ROWS rows: gate/up builds its own inputs (no input-Hadamard launch)
+STAGE_FUSE_MID = 32768  # with STAGE_NOBIAS: the last gate/up block of a chunk runs its activation (no activation launch)
+STAGE_FUSE_OUT = 65536  # with STAGE_NOBIAS: the last down block of an output chunk writes it (no output launch)
+FUSE_IN_ROWS, FUSE_IN_MAX_K, FUSE_IN_MAX_BITS = 2, 2560, 3  # decode_mma.cuh: FI_ROWS, FI_MAX_K; shared memory fits K <= 3
+# Served fusions (the H200's fastest, python_overlay/tests/gpu/results-h200-decode-own-fused*.json): the input
+# Hadamard in gate/up at 1-2 rows (with 2 k-parts of 4 x 2 gate/up blocks: 432 blocks at 1 row, one wave),
+# the activation in gate/up's last blocks at 1-8 rows (0-1 % slower above); the output in down's last blocks
+# never (2-7 % slower at every size)
+FUSE_IN_AUTO_ROWS, FUSE_MID_AUTO_ROWS = 2, 8
 _scratch: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
 
 def shared_scratch(device: torch.device, top_k: int, hidden: int, inter: int) -> tuple[torch.Tensor, ...]:
-    """The kernel's fp32 scratch (xh, gu, ah, dd), one set per shape and device for every layer.
+    """The kernel's fp32 scratch (xh, gu, ah, dd) and the fused launches' counters (int32, zeroed; each call
+    leaves them zeroed), one set per shape and device for every layer.
 
     Launches on one stream run one after another, so the layers of a process share it (~33 MiB at
     64 rows x top-6): gu holds up to 4 gate/up k-parts of 8 rows or 2 of 64, dd 4 down k-parts of 8 or 1 of 64.
@@ -47,7 +57,8 @@ def shared_scratch(device: torch.device, top_k: int, hidden: int, inter: int) ->
         slots, small = ROWS * top_k, CUDA_CORE_ROWS * top_k
         f32 = {"dtype": torch.float32, "device": device}
         _scratch[key] = (torch.empty(slots, 2, hidden, **f32), torch.empty(max(4 * small, 2 * slots), 2, inter, **f32),
-                         torch.empty(slots, inter, **f32), torch.empty(max(4 * small, slots), hidden, **f32))
+                         torch.empty(slots, inter, **f32), torch.empty(max(4 * small, slots), hidden, **f32),
+                         torch.zeros(ROWS * (MAX_TOP_K * (inter // 128) + hidden // 128), dtype=torch.int32, device=device))
     return _scratch[key]
 
 
@@ -65,10 +76,13 @@ def supports(groups: list[tuple], top_k: int = 1) -> str | None:
     return None
 
 
-def gate_up_layout(rows: int) -> tuple[int, bool]:
+def gate_up_layout(rows: int, fuse_in: bool = False) -> tuple[int, bool]:
     """Gate/up k-parts and 4 x 2 blocks of the tensor-core GEMV at `rows` rows (the H200's fastest, bias folded):
-    2 parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
-    (python_overlay/tests/gpu/results-h200-decode-own-mma.json)."""
+    with the input Hadamard fused in (1-2 rows) 2 parts of 4 x 2 blocks; else 2 parts of 2 x 4 blocks at 1 row,
+    1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
+    (python_overlay/tests/gpu/results-h200-decode-own-mma.json, results-h200-decode-own-fused*.json)."""
+    if fuse_in:
+        return 2, True
     if rows <= 1:
         return 2, False
     return 1, rows >= 4
@@ -108,7 +122,13 @@ class OwnDecodeMoE:
         # k-warps instead of 2 x 4 (twice the k-tiles per warp: down 15 % faster at 1 row)
         self.nobias = True
         self.kw2_a, self.kw2_b = None, True
-        self.xh, self.gu, self.ah, self.dd = shared_scratch(self.device, top_k, hidden, inter)
+        # tensor cores, bias folded: the small launches folded into the GEMVs (input Hadamard into gate/up at
+        # <= FUSE_IN_ROWS rows, activation into gate/up's last block per chunk, output into down's)
+        # (None: by rows, FUSE_IN_AUTO_ROWS / FUSE_MID_AUTO_ROWS)
+        self.fuse_in: bool | None = None
+        self.fuse_mid: bool | None = None
+        self.fuse_out = False
+        self.xh, self.gu, self.ah, self.dd, self.cnt = shared_scratch(self.device, top_k, hidden, inter)
 
     @property
     def max_rows(self) -> int:
@@ -135,9 +155,17 @@ class OwnDecodeMoE:
         if out is None:
             out = torch.empty(rows, self.hidden, dtype=dtype if dtype in DTYPES else x.dtype, device=x.device)
         slots = rows * top_k
-        auto_parts, auto_kw2 = gate_up_layout(rows)
+        want_in = rows <= FUSE_IN_AUTO_ROWS if self.fuse_in is None else self.fuse_in
+        fuse_mid = rows <= FUSE_MID_AUTO_ROWS if self.fuse_mid is None else self.fuse_mid
+        fuse_in = want_in and self.mma and self.nobias and rows <= FUSE_IN_ROWS and self.k <= FUSE_IN_MAX_BITS
+        fuse_in = fuse_in and not 0 < self.run16_from <= rows
+        auto_parts, auto_kw2 = gate_up_layout(rows, fuse_in)
         parts_a = self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)
         kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
+        if fuse_in:  # whole 128-chunks per gate/up k-part, at most FUSE_IN_MAX_K of them
+            fit = [p for p in range(parts_a, 5) if self.hidden % (128 * p) == 0 and self.hidden // p <= FUSE_IN_MAX_K]
+            fuse_in = bool(fit)
+            parts_a = fit[0] if fit else parts_a
         if parts_a * slots > self.gu.shape[0] or self.parts_b * slots > self.dd.shape[0]:
             raise ValueError(f"own decode kernel: {parts_a} / {self.parts_b} k-parts at {rows} rows exceed its scratch")
         stages = self.stages | (STAGE_PDL if self.pdl else 0)
@@ -146,6 +174,9 @@ class OwnDecodeMoE:
             stages |= STAGE_MMA | (STAGE_RUN16 if 0 < self.run16_from <= rows else 0)
             stages |= (STAGE_NOBIAS if self.nobias else 0) | {6: STAGE_OCC6, 5: STAGE_OCC5}.get(blocks, 0)
             stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
+            fused = self.nobias and not 0 < self.run16_from <= rows
+            stages |= STAGE_FUSE_IN if fuse_in and fused else 0
+            stages |= (STAGE_FUSE_MID if fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
         else:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
         stream = torch.cuda.current_stream(x.device).cuda_stream
@@ -153,7 +184,8 @@ class OwnDecodeMoE:
             x.data_ptr(), DTYPES[x.dtype], ids.data_ptr(), int(ids.dtype == torch.int64), w.data_ptr(),
             DTYPES[w.dtype], out.data_ptr(), DTYPES[out.dtype], rows, top_k, self.hidden, self.inter,
             self.num_local, self.tables.data_ptr(), self.k, self.xh.data_ptr(), self.gu.data_ptr(),
-            self.ah.data_ptr(), self.dd.data_ptr(), parts_a, self.parts_b, self.unroll, stages, stream,
+            self.ah.data_ptr(), self.dd.data_ptr(), parts_a, self.parts_b, self.unroll, stages, self.cnt.data_ptr(),
+            stream,
         )
         loader.check(err, "spark_decode_moe")
         return out if out.dtype == dtype else out.to(dtype)
