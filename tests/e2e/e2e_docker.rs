@@ -42,16 +42,9 @@ struct Env {
 impl Drop for Env {
     /// A failed run brings its deployment down (a detached supervisor would outlive the test).
     fn drop(&mut self) {
+        // `down` bounds its own wait for the supervisor (as e2e_hints' DownOnDrop relies on).
         if std::thread::panicking() {
-            if let Ok(child) = self.spark(&["down"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
-                let mut down = common::Reap(Some(child));
-                let t = Instant::now();
-                while down.0.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
-                    && t.elapsed() < Duration::from_secs(30)
-                {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
+            let _ = self.spark(&["down"]).output();
         }
     }
 }

@@ -219,10 +219,7 @@ class Exl3FusedMoE:
             if not err <= SELF_CHECK_TOLERANCE:
                 what = (f"{self.loop.layers[experts[0]]['w1'].name}: spark-kit's own decode kernel disagrees with "
                         f"exllamav3's on this layer at {rows} rows (max rel diff {err:.2e} > {SELF_CHECK_TOLERANCE})")
-                if select.moe_decode_explicit():
-                    raise Exl3FormatError(f"{what}; set {select.MOE_COOP_ENV}=1 to use exllamav3's")
-                logger.warning("exl3: %s; this layer uses exllamav3's decode kernel (set %s=1 for every layer)",
-                               what, select.MOE_COOP_ENV)
+                own_check_failed(what, "exllamav3's decode kernel", select.moe_decode_explicit())
                 self.own = None  # never serve the own kernel's result after a failed check
                 return
 
@@ -317,6 +314,14 @@ def max_rel(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.float(), want.float()
     scale = float(want.abs().max()) or 1.0
     return float((got - want).abs().max()) / scale
+
+
+def own_check_failed(what: str, keeps: str, explicit: bool) -> None:
+    """A layer's own-kernel check disagreed (`what`): fail the load when SPARK_EXL3_MOE_COOP=own was set
+    (`explicit`), else log that the layer keeps `keeps` (exllamav3's kernel) and return."""
+    if explicit:
+        raise Exl3FormatError(f"{what}; set {select.MOE_COOP_ENV}=1 to use exllamav3's kernels")
+    logger.warning("exl3: %s; this layer uses %s (set %s=1 for every layer)", what, keeps, select.MOE_COOP_ENV)
 
 
 def self_check_ids(experts: list[int], num_local: int, top_k: int, tokens: int) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """spark-kit's own decode GEMV for dense EXL3 linears (decode_linear.cuh) at 1..64 rows.
 
-One launch sequence per shard (3 launches with programmatic dependent launch): x * suh and the
-128-point Hadamard into fp16, the MoE kernel's tensor-core GEMV (decode_mma.cuh) split over k-parts,
-then the k-part sum, the codebook's affine map, the output Hadamard, * svh and the bias in x's dtype.
+One launch sequence per shard (2 launches with programmatic dependent launch; 3 with `fused` off):
+x * suh and the 128-point Hadamard into fp16, then the MoE kernel's tensor-core GEMV (decode_mma.cuh)
+split over k-parts whose last block per (8 rows, 128 columns) sums the k-parts and applies the codebook's
+affine map, the output Hadamard, * svh and the bias in x's dtype (with `fused` off, a third launch does).
 MUL1 codebook, integer K 2..6, whole 128-blocks on both sides; anything else keeps exl3_gemm.
 Graph-safe: no host sync, scratch allocated at load, sums in a fixed order (replay == eager).
 
@@ -182,8 +183,7 @@ def build(layer) -> OwnDecodeLinear:
 def attach(layer, explicit: bool) -> OwnDecodeLinear | None:
     """The own GEMV for `layer` (an Exl3CudaShards) after its load-time check against exl3_gemm, or None
     (the layer keeps exl3_gemm). explicit: SPARK_EXL3_MOE_COOP=own was set (a failed check raises)."""
-    from ..cuda_moe_fused import SELF_CHECK_TOLERANCE, max_rel
-    from ..select import MOE_COOP_ENV
+    from ..cuda_moe_fused import SELF_CHECK_TOLERANCE, max_rel, own_check_failed
 
     why = supports(layer.shards, layer.in_features, layer.padded_in)
     if why is not None:
@@ -202,8 +202,6 @@ def attach(layer, explicit: bool) -> OwnDecodeLinear | None:
         if not err <= SELF_CHECK_TOLERANCE:
             what = (f"{layer.name}: spark-kit's own decode GEMV disagrees with exl3_gemm at {rows} rows "
                     f"(max rel diff {err:.2e} > {SELF_CHECK_TOLERANCE})")
-            if explicit:
-                raise Exl3FormatError(f"{what}; set {MOE_COOP_ENV}=1 to use exllamav3's kernels")
-            logger.warning("exl3: %s; this layer uses exl3_gemm (set %s=1 for every layer)", what, MOE_COOP_ENV)
+            own_check_failed(what, "exl3_gemm", explicit)
             return None
     return own
