@@ -43,8 +43,13 @@ def log(*a):
 
 
 FIELDS = ("pdl", "unroll", "parts_a", "parts_b", "occ6", "xs", "mma", "run16_from", "blocks", "nobias", "kw2_a", "kw2_b",
-          "fuse_in", "fuse_mid", "fuse_out")
+          "fuse_in", "fuse_mid", "fuse_out", "warps_a", "warps_b", "cap_a", "cap_b")
 BOOLS = {"pdl", "occ6", "xs", "mma", "nobias", "kw2_a", "kw2_b", "fuse_in", "fuse_mid", "fuse_out"}
+
+
+def parse_config(text: str) -> list:
+    """--config: the FIELDS in order, integers or "none" (chosen by rows)."""
+    return [None if v == "none" else int(v) for v in text.split(",")]
 
 
 def config_of(own) -> tuple:
@@ -57,23 +62,136 @@ def set_config(own, cfg) -> None:
 
 
 def key_of(cfg) -> str:
-    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo = cfg
+    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo, na, nbw, ca, cb = cfg
     return (f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}_k{blocks}_n{int(nb)}"
             f"_wa{'a' if ka is None else int(ka)}_wb{int(kb)}_fi{'a' if fi is None else int(fi)}"
-            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}")
+            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}_ga{na}_gb{nbw}_c{ca}.{cb}")
+
+
+# Block sizes swept at 1-8 rows (with the served fusions): (gate/up k-parts, kw2_a, warps_a, down k-parts, kw2_b,
+# warps_b); 8 warps = the previous layouts, 4 / 2 warps the same warps per SM in finer blocks
+BLOCK_LAYOUTS = [(2, True, 8, 1, True, 8), (None, None, 8, 2, True, 8),
+                 (4, False, 4, 1, True, 8), (2, True, 4, 1, True, 8), (4, False, 2, 1, True, 8),
+                 (None, None, 8, 1, True, 4), (None, None, 8, 1, True, 2), (None, None, 8, 2, False, 4),
+                 (4, False, 4, 1, True, 4), (4, False, 4, 1, True, 2), (2, True, 4, 1, True, 2)]
+# at 1 row, the finer blocks with at most the balanced count per SM (caps: gate/up, down blocks per SM)
+CAPPED_LAYOUTS = [(4, False, 4, 1, True, 8, 7, 0), (4, False, 4, 1, True, 4, 7, 8), (4, False, 4, 1, True, 2, 7, 15),
+                  (2, True, 4, 1, True, 8, 7, 0), (None, None, 8, 1, True, 2, 0, 15), (4, False, 4, 2, False, 4, 7, 8)]
+BLOCK_LAYOUTS_NO_FI = [(None, None, 8, 1, True, 8), (1, True, 4, 1, True, 8), (1, False, 4, 1, True, 8),
+                       (None, None, 8, 1, True, 4), (None, None, 8, 1, True, 2), (1, True, 4, 1, True, 2)]
 
 
 def configs(tokens: int) -> list[tuple]:
     """The tensor-core kernel with the previous defaults (five launches) and the fusions of the small launches
-    into the GEMVs (input Hadamard, activation, output); at 1-2 rows also the gate/up block layouts with the
-    input Hadamard fused in (4 x 2 blocks: one wave at 1 row)."""
+    into the GEMVs (input Hadamard, activation, output); at 1-8 rows also the block layouts (k-parts, k-warps,
+    warps per block) with the served fusions."""
     pa, ka = gate_up_layout(tokens)
     fusions = [(0, 0, 0), (0, 1, 0), (0, 0, 1)]
-    out = [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, *f) for f in fusions]
-    if tokens <= 2:
-        for pa2, ka2, f in ((2, True, (1, 1, 0)), (2, False, (1, 1, 0)), (2, True, (1, 0, 0)), (4, True, (1, 1, 0))):
-            out.append((True, 16, pa2, 1, False, False, True, 0, 4, True, ka2, True, *f))
+    out = [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, *f, 8, 8, 0, 0) for f in fusions]
+    if tokens <= 8:
+        fi = 1 if tokens <= 2 else 0
+        pa_fi, ka_fi = gate_up_layout(tokens, bool(fi))
+        layouts = (BLOCK_LAYOUTS + (CAPPED_LAYOUTS if tokens == 1 else [])) if fi else BLOCK_LAYOUTS_NO_FI
+        for pa2, ka2, wa, pb, kb, wb, *caps in layouts:
+            ca, cb = caps or (0, 0)
+            out.append((True, 16, pa2 or pa_fi, pb, False, False, True, 0, 4, True, ka_fi if ka2 is None else ka2,
+                        kb, fi, 1, 0, wa, wb, ca, cb))
     return out
+
+
+# Launch subsets of the served defaults (spark_decode_moe's stage bits: 1 input Hadamard, 2 gate/up GEMV, 4
+# activation, 8 down GEMV, 16 output; a fused step runs inside its GEMV whatever its bit)
+BREAKDOWN = {"gate_up": 2, "down": 8, "output": 16, "gate_up+down": 10, "down+output": 24, "all": 31}
+
+
+def breakdown(own, args, gen, results) -> int:
+    """Each subset of the served defaults' launches timed alone (graph, 8 routings in turn, the faster of 3)."""
+    for tokens in (int(v) for v in args.rows.split(",")):
+        sets = [routing(tokens, gen, experts=EXPERTS) for _ in range(ROTATE)]
+        row = {"tokens": tokens}
+        for name, stages in BREAKDOWN.items():
+            own.stages = stages
+            best = None
+            for _ in range(3):
+                graph, _ = capture(lambda: [own(*s) for s in sets])
+                us = cuda_time(graph.replay, 20) / ROTATE
+                del graph
+                best = us if best is None else min(best, us)
+            row[name] = round(best, 2)
+        own.stages = 31
+        results["breakdown"] = results.get("breakdown", []) + [row]
+        log(json.dumps(row))
+    (args.out / "results-decode-own-breakdown.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+TL_BLOCKS, TL_FIELDS = 4096, 7  # decode_timeline.cuh
+
+
+def pct(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def timeline_summary(raw: torch.Tensor) -> dict:
+    """Per GEMV: when its blocks started and ended (global timer, µs from the gate/up's first block) and how each
+    block's time splits into prologue / weight loop / epilogue (its SM's cycles, in µs at the measured clock)."""
+    t0 = int(raw[0, :, 1][raw[0, :, 1] > 0].min())
+    out = {}
+    for gi, name in enumerate(("gate_up", "down")):
+        b = raw[gi][(raw[gi, :, 1] > 0) & (raw[gi, :, 3] > 0) & (raw[gi, :, 4] > 0)]  # blocks that ran their loop
+        if not len(b):
+            continue
+        sm, gt_in, c_in, c_loop, c_end, c_out, gt_out = (b[:, f].tolist() for f in range(TL_FIELDS))
+        ghz = sum(c_out) - sum(c_in)
+        ghz = ghz / max(1, sum(gt_out) - sum(gt_in))
+        us = lambda c: c / ghz / 1000  # noqa: E731
+        per_sm = {}
+        for i, s_ in enumerate(sm):
+            per_sm.setdefault(s_, []).append(i)
+        counts = [len(v) for v in per_sm.values()]
+        sm_busy = [(max(gt_out[i] for i in v) - min(gt_in[i] for i in v)) / 1000 for v in per_sm.values()]
+        row = {"blocks": len(b), "sms": len(per_sm), "blocks_per_sm": {str(c): counts.count(c) for c in sorted(set(counts))},
+               "clock_ghz": round(ghz, 3), "first_entry_us": round((min(gt_in) - t0) / 1000, 2),
+               "last_entry_us": round((max(gt_in) - t0) / 1000, 2), "first_exit_us": round((min(gt_out) - t0) / 1000, 2),
+               "last_exit_us": round((max(gt_out) - t0) / 1000, 2),
+               "entry_us_p10_p50_p90": [round((pct(gt_in, q) - t0) / 1000, 2) for q in (0.1, 0.5, 0.9)],
+               "exit_us_p10_p50_p90": [round((pct(gt_out, q) - t0) / 1000, 2) for q in (0.1, 0.5, 0.9)],
+               "sm_busy_us_min_p50_max": [round(min(sm_busy), 2), round(pct(sm_busy, 0.5), 2), round(max(sm_busy), 2)]}
+        for part, (lo, hi) in {"prologue": (c_in, c_loop), "loop": (c_loop, c_end), "epilogue": (c_end, c_out),
+                               "block": (c_in, c_out)}.items():
+            d = [us(h - l) for l, h in zip(lo, hi)]
+            row[f"{part}_us_min_p50_max"] = [round(min(d), 2), round(pct(d, 0.5), 2), round(max(d), 2)]
+        out[name] = row
+    return out
+
+
+def timeline(own, args, gen, results) -> int:
+    """The served defaults at --timeline rows, each GEMV block's marks (decode_timeline.cuh), 3 routings."""
+    cap = torch.cuda.get_device_capability()
+    own.lib = loader.load(f"sm_{cap[0]}{cap[1]}", ("SPARK_TIMELINE",))
+    if args.config:
+        set_config(own, parse_config(args.config))
+    raw = torch.zeros(2, TL_BLOCKS, TL_FIELDS, dtype=torch.int64)
+    runs = []
+    for _ in range(3):
+        x, w, ids = routing(args.timeline, gen, experts=EXPERTS)
+        for _ in range(3):
+            own(x, w, ids)
+        torch.cuda.synchronize()
+        loader.check(own.lib.spark_timeline_read(raw.data_ptr()), "spark_timeline_read")
+        own(x, w, ids)
+        torch.cuda.synchronize()
+        loader.check(own.lib.spark_timeline_read(raw.data_ptr()), "spark_timeline_read")
+        summary = timeline_summary(raw)
+        runs.append(summary)
+        log(json.dumps(summary))
+    written = [[g, i, *raw[g, i].tolist()] for g in range(2) for i in range(TL_BLOCKS) if raw[g, i, 1] > 0]
+    results["timeline"] = {"rows": args.timeline, "config": key_of(config_of(own)), "runs": runs,
+                           "last_blocks": written}  # [GEMV (0 gate/up, 1 down), block, *decode_timeline.cuh's fields]
+    name = f"rows{args.timeline}" + (f"-{args.config.replace(',', '_')}" if args.config else "")
+    (args.out / f"results-decode-own-timeline-{name}.json").write_text(json.dumps(results))
+    return 0
 
 
 def main() -> int:
@@ -81,8 +199,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--profile", type=int, default=0,
                         help="only call the kernel eagerly 3 times at this many rows (for ncu) and exit")
-    parser.add_argument("--config", default="", help=",".join(FIELDS) + " for --profile")
+    parser.add_argument("--config", default="", help=",".join(FIELDS) + " for --profile / --timeline (none: chosen by rows)")
     parser.add_argument("--rows", default="1,2,4,8,16,32,64", help="row counts to time")
+    parser.add_argument("--timeline", type=int, default=0,
+                        help="only record the served defaults' per-block GEMV timeline at this many rows (a SPARK_TIMELINE build)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="only time the served defaults' launches alone and in pairs at --rows (no accuracy, no sweep)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(3)
@@ -97,7 +219,7 @@ def main() -> int:
                      for k, t in p.items() if k != "mul1")
     if args.profile:
         if args.config:
-            set_config(own, [int(v) for v in args.config.split(",")])
+            set_config(own, parse_config(args.config))
         x, w, ids = routing(args.profile, gen, experts=EXPERTS)
         for _ in range(3):
             own(x, w, ids)
@@ -107,13 +229,24 @@ def main() -> int:
     floor = Floor(loader.load(f"sm_{cap[0]}{cap[1]}"), per_expert * EXPERTS)
     results = {"gpu": torch.cuda.get_device_name(), "expert_bytes": per_expert, "defaults": key_of(defaults),
                "accuracy": [], "timing": []}
+    if args.breakdown:
+        return breakdown(own, args, gen, results)
+    if args.timeline:
+        return timeline(own, args, gen, results)
     dense = {}
     # 8 experts routed: at 16 and 64 rows each expert takes several runs of 8 rows. Cases: (rows, fuse_in,
     # fuse_mid, fuse_out, picks outside this rank: "tp" = row 0's all, every odd pick of the others)
     acc_cases = [(t, 0, 0, 0, False) for t in (1, 4, 64)] + [(t, 1, 1, 1, False) for t in (1, 2)]
     acc_cases += [(t, 0, 1, 1, False) for t in (1, 2, 4, 8, 16, 64)] + [(1, 1, 0, 0, False), (2, 1, 0, 0, False)]
     acc_cases += [(4, 0, 1, 0, False), (4, 0, 0, 1, False), (2, 1, 1, 1, True), (4, 0, 1, 1, True), (16, 0, 1, 1, True)]
-    for tokens, fi, fm, fo, tp in acc_cases:
+    # the smaller blocks (gate/up k-parts, kw2_a, warps_a, down k-parts, kw2_b, warps_b), also at 16 and 64 rows
+    acc_cases = [(*c, None) for c in acc_cases]
+    for layout in BLOCK_LAYOUTS[1:]:
+        acc_cases += [(1, 1, 1, 0, False, layout), (2, 1, 1, 0, True, layout)]
+    for layout in BLOCK_LAYOUTS_NO_FI[1:]:
+        acc_cases += [(t, 0, 1, 0, t == 16, layout) for t in (4, 8, 16, 64)]
+    acc_cases += [(1, 1, 1, 0, False, layout) for layout in CAPPED_LAYOUTS[:3]]
+    for tokens, fi, fm, fo, tp, layout in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
         if tp:
             ids = ids.clone()
@@ -132,9 +265,14 @@ def main() -> int:
                 ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
             set_config(own, defaults)
             own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
+            if layout:
+                pa, ka, own.warps_a, own.parts_b, own.kw2_b, own.warps_b, *caps = layout
+                own.parts_a = pa or 0
+                own.kw2_a = ka
+                own.cap_a, own.cap_b = caps or (0, 0)
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype, device="cuda")
             y = own(xd, w, ids.to(torch.int32), out).float().cpu()
-            row = {"tokens": tokens, "dtype": str(dtype), "fuse": f"{fi}{fm}{fo}", "tp": tp,
+            row = {"tokens": tokens, "dtype": str(dtype), "fuse": f"{fi}{fm}{fo}", "tp": tp, "layout": layout,
                    "vs_ref": rel(torch.nan_to_num(y, nan=1e9), ref), "nonfinite": int((~torch.isfinite(y)).sum())}
             if tp:
                 row["row0_max_abs"] = float(y[0].abs().max())
@@ -143,10 +281,16 @@ def main() -> int:
     set_config(own, defaults)
     # graph replay with new inputs vs eager; no host sync
     replays = []
-    for tokens, fi, fm, fo in ((1, 0, 0, 0), (1, 1, 1, 1), (2, 1, 1, 1), (4, 0, 1, 1), (16, 0, 1, 1), (64, 0, 1, 1),
-                               (4, 0, 1, 0), (1, 1, 0, 0)):
+    for tokens, fi, fm, fo, layout in ((1, 0, 0, 0, None), (1, 1, 1, 1, None), (2, 1, 1, 1, None), (4, 0, 1, 1, None),
+                                       (16, 0, 1, 1, None), (64, 0, 1, 1, None), (4, 0, 1, 0, None), (1, 1, 0, 0, None),
+                                       (1, 1, 1, 0, BLOCK_LAYOUTS[-2]), (4, 0, 1, 0, BLOCK_LAYOUTS_NO_FI[-1]),
+                                       (1, 1, 1, 0, CAPPED_LAYOUTS[2])):
         set_config(own, defaults)
         own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
+        if layout:
+            pa, ka, own.warps_a, own.parts_b, own.kw2_b, own.warps_b, *caps = layout
+            own.parts_a, own.kw2_a = pa or 0, ka
+            own.cap_a, own.cap_b = caps or (0, 0)
         x, w, ids = routing(tokens, gen, experts=EXPERTS)
         static = [t.clone() for t in (x, w, ids)]
         graph, out = capture(lambda: own(*static))
@@ -156,7 +300,7 @@ def main() -> int:
         graph.replay()
         torch.cuda.synchronize()
         eager = own(*new)
-        replays.append({"tokens": tokens, "fuse": f"{fi}{fm}{fo}", "max_rel": rel(out, eager)})
+        replays.append({"tokens": tokens, "fuse": f"{fi}{fm}{fo}", "layout": layout, "max_rel": rel(out, eager)})
         del graph
     set_config(own, defaults)
     results["graph_replay_vs_eager"] = replays

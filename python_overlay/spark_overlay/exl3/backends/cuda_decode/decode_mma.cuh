@@ -22,6 +22,7 @@
 #pragma once
 
 #include "decode_tile.cuh"
+#include "decode_timeline.cuh"
 #include "decode_util.cuh"
 
 namespace {
@@ -87,7 +88,7 @@ __device__ __forceinline__ void fused_tail(const MoeArgs& a, int down, int slot,
         __syncthreads();
         if (!sh_last[0]) return;
         __threadfence();
-        if (warp < nr) mid_chunk<true>(a, sh_slot[warp], chunk, lane);
+        for (int r = warp; r < nr; r += blockDim.x >> 5) mid_chunk<true>(a, sh_slot[r], chunk, lane);
         return;
     }
     int* cnt_out = a.cnt + (size_t) MMA_MAX_ROWS * OUT_MAX_TOPK * (a.I >> 7);
@@ -119,18 +120,21 @@ __device__ __forceinline__ void fused_tail(const MoeArgs& a, int down, int slot,
 }
 
 // GEMV over one projection for a run of up to 8 * NT rows that picked the item's expert (fp16 inputs).
-// Block: 8 warps = 8 / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
+// Block: WARPS warps = WARPS / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
 // expert's slots are taken in runs of 8 * NT in slot order: the block of the slot that starts a run
 // takes the run, every other block of that expert exits, so each weight is decoded once per run.
-template <int K, int NT, int U, int D, bool NB, int KW, bool FI = false>
+template <int K, int NT, int U, int D, bool NB, int KW, bool FI = false, int WARPS = 8>
 __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int item)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
     constexpr int RUN = 8 * NT;
-    constexpr int NTB = 8 / KW;   // n-tiles per block
+    constexpr int NTB = WARPS / KW;   // n-tiles per block
     constexpr int COLS = 16 * NTB;
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
+    tl_mark(down, TL_SM);
+    tl_mark(down, TL_GT_ENTRY);
+    tl_mark(down, TL_ENTRY);
     const GemvItem it = gemv_item_of(a, down, item, COLS);
     const int n_in = it.n_in, n_out = it.n_out, parts = it.parts, part = it.part, group = it.group;
     const int proj_i = it.proj_i, proj = it.proj, slot = it.slot, slots = it.slots;
@@ -200,7 +204,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     constexpr int PPT = WORDS / 4;            // 16-byte pieces per tile
     constexpr int PIECES = U * PPT;           // per stage
     constexpr int PPL = (PIECES + 31) / 32;   // per lane
-    __shared__ uint4 ring[8][D][PIECES];
+    __shared__ uint4 ring[WARPS][D][PIECES];
     const size_t tile_stride = (size_t) ntiles_n * WORDS;
     const uint32_t* tp = trellis + (size_t) ntile * WORDS + (size_t) kb * tile_stride;
     const int ntile_k = ke - kb;
@@ -246,7 +250,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     // B fragment's order (a lane's k 2q, 2q+1, 2q+8, 2q+9 side by side: one 8-byte load per tile), and
     // the sums of those fp16 values per row for the affine map of this k-part
     __shared__ __align__(16) half xs[FI ? FI_ROWS : 1][FI ? FI_STRIDE : 8];
-    __shared__ float xsum_w[FI ? 8 : 1][FI_ROWS];
+    __shared__ float xsum_w[FI ? WARPS : 1][FI_ROWS];
     const int k_lo = FI ? part * ((ktiles + parts - 1) / parts) : 0;
     if (FI)
     {
@@ -254,13 +258,13 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         const half* suh = (const half*) table(a, proj, 1, e);
         float t0 = 0.0f, t1 = 0.0f;
         // FI_BATCH chunks per warp at a time, every load issued before the first Hadamard
-        for (int i0 = warp; i0 < nr * nch; i0 += 8 * FI_BATCH)
+        for (int i0 = warp; i0 < nr * nch; i0 += WARPS * FI_BATCH)
         {
             float v[FI_BATCH][4];
             #pragma unroll
             for (int u = 0; u < FI_BATCH; ++u)
             {
-                const int i = i0 + 8 * u;
+                const int i = i0 + WARPS * u;
                 if (i < nr * nch)
                 {
                     const int r = i / nch, c = i % nch;
@@ -275,7 +279,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
             #pragma unroll
             for (int u = 0; u < FI_BATCH; ++u)
             {
-                const int i = i0 + 8 * u;
+                const int i = i0 + WARPS * u;
                 if (i >= nr * nch) break;
                 const int r = i / nch, c = i % nch;
                 had128(v[u][0], v[u][1], v[u][2], v[u][3], lane);
@@ -296,6 +300,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         }
         __syncthreads();
     }
+    tl_mark(down, TL_LOOP);
     for (int batch = 0; batch < batches; ++batch)
     {
         issue();
@@ -341,6 +346,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         __syncwarp();
     }
     asm volatile("cp.async.wait_all;\n" ::);
+    tl_mark(down, TL_LOOP_END);
     // C fragment: acc[t] = y[n g][rows 8t + 2q, +1], y[n g + 8][same rows]; then the k-warps in a fixed order
     const int c = (warp % NTB) * 16 + g;
     #pragma unroll
@@ -369,7 +375,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         {
             float xsum = 0.0f;
             #pragma unroll
-            for (int w = 0; w < 8; ++w) xsum += xsum_w[w][r];
+            for (int w = 0; w < WARPS; ++w) xsum += xsum_w[w][r];
             v = fmaf(v, MUL1_S_F, MUL1_O_F * xsum);
         }
         const int s = sh_slot[r];
@@ -381,10 +387,12 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                                                   (float (*)[128]) &sh_red[0][0][0]);
 }
 
-template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4, bool FI = false>
-__global__ void __launch_bounds__(256, MINB) gemv_mma_kernel(const MoeArgs a, int down)
+template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4, bool FI = false, int WARPS = 8>
+__global__ void __launch_bounds__(32 * WARPS, MINB) gemv_mma_kernel(const MoeArgs a, int down)
 {
-    gemv_mma_item<K, NT, U, D, NB, KW, FI>(a, down, blockIdx.x);
+    gemv_mma_item<K, NT, U, D, NB, KW, FI, WARPS>(a, down, blockIdx.x);
+    tl_mark(down, TL_EXIT);
+    tl_mark(down, TL_GT_EXIT);
 }
 
 // The largest shared-memory carveout for a kernel, asked once (5-6 blocks of ~29 KB need more than the default)
@@ -396,11 +404,76 @@ void prefer_shared()
     (void) done;
 }
 
+// MoeArgs.cap_a / cap_b: the dynamic shared memory that leaves room for at most `cap` blocks of KERN per SM (0: none
+// needed; CAP_AUTO: the launch's blocks over the SMs, rounded up, when that is below what fits). A launch's blocks
+// go to the SMs as the launch before frees them, each SM taking as many as fit, so with no cap the first SMs free
+// fill up to the registers' limit and a launch under one wave ends when they are done.
+constexpr int CAP_AUTO = 31;
+
 template <auto KERN>
+size_t cap_smem(int cap, int items, int threads)
+{
+    if (cap <= 0) return 0;
+    static int static_smem = -1;
+    if (static_smem < 0)
+    {
+        cudaFuncAttributes attr;
+        static_smem = cudaFuncGetAttributes(&attr, KERN) == cudaSuccess ? (int) attr.sharedSizeBytes : 0;
+    }
+    int dev = 0, per_sm = 0, reserved = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess
+        || cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess
+        || cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess
+        || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+        return 0;
+    if (cap == CAP_AUTO)
+    {
+        int fit = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, KERN, threads, 0) != cudaSuccess) return 0;
+        cap = (items + sms - 1) / sms;
+        if (cap >= fit) return 0;  // more than one wave (or exactly full): nothing to balance
+    }
+    const int per_block = per_sm / (cap + 1) + 1;  // cap + 1 blocks of this size do not fit
+    const int pad = per_block - static_smem - reserved;
+    return pad > 0 && pad <= 48 * 1024 ? (size_t) pad : 0;
+}
+
+template <auto KERN, int WARPS = 8>
 cudaError_t launch_mma(int items, const MoeArgs& a, int down, int pdl, cudaStream_t stream)
 {
     prefer_shared<KERN>();
-    return launch(KERN, items, 256, stream, pdl, a, down);
+    return launch_smem(KERN, items, 32 * WARPS, cap_smem<KERN>(down ? a.cap_b : a.cap_a, items, 32 * WARPS), stream, pdl,
+                       a, down);
+}
+
+
+// Smaller blocks (MoeArgs.warps_a / warps_b: 4 or 2 warps; bias folded, runs of 8 rows): kw2 -> 2 k-warps per
+// n-tile, else 1; the compiler asked for 32 / WARPS blocks per SM (64 registers, as the 8-warp blocks at 4): the
+// same warps per SM in finer pieces, so a launch under one wave spreads its warps more evenly over the SMs.
+// items32: items of 32 columns.
+template <int K, int D, int WARPS, int KW>
+cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, int pdl, cudaStream_t stream)
+{
+    constexpr int COLS = 16 * (WARPS / KW);
+    const int items = (int) ((int64_t) items32 * 32 / COLS);
+    if (a.fuse_in && !down)
+    {
+        if constexpr (K <= 3)
+            return launch_mma<gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, true, WARPS>, WARPS>(items, a, down, pdl, stream);
+        else
+            return cudaErrorInvalidValue;
+    }
+    return launch_mma<gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, false, WARPS>, WARPS>(items, a, down, pdl, stream);
+}
+
+template <int K, int D>
+cudaError_t launch_gemv_mma_small(int items32, const MoeArgs& a, int down, int warps, int kw2, int pdl, cudaStream_t stream)
+{
+    if (warps == 4) return kw2 ? launch_gemv_mma_small_kw<K, D, 4, 2>(items32, a, down, pdl, stream)
+                               : launch_gemv_mma_small_kw<K, D, 4, 1>(items32, a, down, pdl, stream);
+    if (warps == 2) return kw2 ? launch_gemv_mma_small_kw<K, D, 2, 2>(items32, a, down, pdl, stream)
+                               : launch_gemv_mma_small_kw<K, D, 2, 1>(items32, a, down, pdl, stream);
+    return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -415,6 +488,8 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
                               cudaStream_t stream)
 {
     if (nt >= 2) return launch_mma<gemv_mma_kernel<K, 2, 8, D, 4, false>>(items, a, down, pdl, stream);
+    const int warps = down ? a.warps_b : a.warps_a;
+    if (a.nobias && warps && warps != 8) return launch_gemv_mma_small<K, D>(items, a, down, warps, kw2, pdl, stream);
     if (a.fuse_in && !down)  // 4 blocks per SM (the input buffer's shared memory fits K <= 3 only)
     {
         if constexpr (K <= 3)

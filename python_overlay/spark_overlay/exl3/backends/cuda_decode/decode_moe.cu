@@ -83,6 +83,8 @@ struct MoeArgs
     // (run, 128-chunk) computes that chunk's activation (no mid launch); fuse_out: the last down block of each
     // (row, 128-chunk) computes that output chunk (no out launch). cnt: their self-resetting counters.
     int fuse_in, fuse_mid, fuse_out;
+    int warps_a, warps_b;              // bias folded: warps per gate/up / down GEMV block (8, 4 or 2; decode_mma.cuh)
+    int cap_a, cap_b;                  // tensor cores: at most this many gate/up / down GEMV blocks per SM (0: no cap)
     int* cnt;                          // [MMA_MAX_ROWS * OUT_MAX_TOPK * I/128] mid, then [MMA_MAX_ROWS * H/128] out
 };
 
@@ -414,6 +416,12 @@ constexpr int STAGE_KW2_B = 8192;  // with STAGE_NOBIAS: down blocks of 4 n-tile
 constexpr int STAGE_FUSE_IN = 16384;   // with STAGE_NOBIAS, <= FI_ROWS rows: no rot_in launch (MoeArgs.fuse_in)
 constexpr int STAGE_FUSE_MID = 32768;  // with STAGE_NOBIAS and counters: no mid launch (MoeArgs.fuse_mid)
 constexpr int STAGE_FUSE_OUT = 65536;  // with STAGE_NOBIAS and counters: no out launch (MoeArgs.fuse_out)
+constexpr int STAGE_W4_A = 131072;     // with STAGE_NOBIAS: gate/up blocks of 4 warps (MoeArgs.warps_a)
+constexpr int STAGE_W4_B = 262144;     // with STAGE_NOBIAS, without STAGE_FUSE_OUT: down blocks of 4 warps
+constexpr int STAGE_W2_A = 524288;     // as STAGE_W4_A with blocks of 2 warps
+constexpr int STAGE_W2_B = 1048576;    // as STAGE_W4_B with blocks of 2 warps
+constexpr int STAGE_CAP_A = 21;        // with STAGE_MMA: bits 21-25 of stages, MoeArgs.cap_a; bits 26-30, cap_b
+constexpr int STAGE_CAP_B = 26;
 constexpr int MMA_MAX_ROWS = 64;
 
 template <int K, int NR, int MINB>
@@ -517,6 +525,11 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     a.fuse_mid = (fused & STAGE_FUSE_MID) != 0;
     a.fuse_out = (fused & STAGE_FUSE_OUT) != 0;
     a.cnt = cnt;
+    a.warps_a = (fused & STAGE_W2_A) ? 2 : (fused & STAGE_W4_A) ? 4 : 8;
+    a.warps_b = (fused & STAGE_W2_B) ? 2 : (fused & STAGE_W4_B) ? 4 : 8;
+    if (a.warps_b < 8 && a.fuse_out) return (int) cudaErrorInvalidValue;  // the output step wants a warp per pick
+    a.cap_a = mma ? (stages >> STAGE_CAP_A) & 31 : 0;
+    a.cap_b = mma ? (stages >> STAGE_CAP_B) & 31 : 0;
     if ((a.fuse_mid || a.fuse_out) && cnt == nullptr) return (int) cudaErrorInvalidValue;
     // fuse_in: a gate/up k-part is whole 128-chunks and fits the block's input buffer
     if (a.fuse_in && (bsz > FI_ROWS || H % (128 * parts_a) || H / parts_a > FI_MAX_K)) return (int) cudaErrorInvalidValue;

@@ -66,10 +66,10 @@ __device__ __forceinline__ void pdl_trigger()
 #endif
 }
 
-// Every launch goes through here: with pdl set it carries the programmatic-stream-serialization
+// Every launch goes through here (dynamic shared memory: only to cap the blocks per SM): with pdl set it carries the programmatic-stream-serialization
 // attribute (captured into CUDA graphs as a programmatic edge), else it is a plain launch.
 template <typename... KArgs, typename... Args>
-cudaError_t launch(void (*kern)(KArgs...), int grid, int block, cudaStream_t stream, int pdl, Args&&... args)
+cudaError_t launch_smem(void (*kern)(KArgs...), int grid, int block, size_t smem, cudaStream_t stream, int pdl, Args&&... args)
 {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -77,11 +77,17 @@ cudaError_t launch(void (*kern)(KArgs...), int grid, int block, cudaStream_t str
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kern)(KArgs...), int grid, int block, cudaStream_t stream, int pdl, Args&&... args)
+{
+    return launch_smem(kern, grid, block, 0, stream, pdl, std::forward<Args>(args)...);
 }
 
 }  // namespace

@@ -35,26 +35,29 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "spark-kit" / "exl3-decode"
 
 
-def library_path(arch: str) -> Path:
-    """The cached library, keyed by the source and the headers it includes (decode_*.cuh beside it)."""
-    digest = hashlib.sha256()
+def library_path(arch: str, defines: tuple[str, ...] = ()) -> Path:
+    """The cached library, keyed by the source, the headers it includes (decode_*.cuh beside it) and the macros."""
+    digest = hashlib.sha256(" ".join(defines).encode())
     for part in [SOURCE, *sorted(SOURCE.parent.glob("*.cuh"))]:
         digest.update(part.read_bytes())
     return cache_dir() / f"decode_moe-{arch}-{digest.hexdigest()[:16]}.so"
 
 
-def load(arch: str) -> ctypes.CDLL:
-    """The library for `arch` (e.g. "sm_90"): built once per source version, then loaded from the cache."""
-    if arch in _libs:
-        return _libs[arch]
-    path = library_path(arch)
+def load(arch: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The library for `arch` (e.g. "sm_90"): built once per source version, then loaded from the cache.
+    `defines`: macros for a bench build (SPARK_TIMELINE: decode_timeline.cuh's per-block timeline)."""
+    key = " ".join((arch, *defines))
+    if key in _libs:
+        return _libs[key]
+    path = library_path(arch, defines)
     if not path.exists():
         nvcc = nvcc_path()
         if nvcc is None:
             raise Exl3FormatError("exl3 decode kernel: nvcc not found (put the CUDA toolkit's bin on PATH); it builds once")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [nvcc, f"-arch={arch}", "-O3", "-shared", "-Xcompiler", "-fPIC", str(SOURCE), "-o", str(tmp)]
+        cmd = [nvcc, f"-arch={arch}", "-O3", "-shared", "-Xcompiler", "-fPIC", *(f"-D{d}" for d in defines), str(SOURCE),
+               "-o", str(tmp)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise Exl3FormatError(f"exl3 decode kernel: nvcc failed building {SOURCE.name}: {done.stderr.strip()[-400:]}")
@@ -80,7 +83,9 @@ def load(arch: str) -> ctypes.CDLL:
     lib.spark_floor_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.spark_decode_supports.restype = ctypes.c_int
     lib.spark_decode_supports.argtypes = [ctypes.c_int]
-    _libs[arch] = lib
+    lib.spark_timeline_read.restype = ctypes.c_int
+    lib.spark_timeline_read.argtypes = [ctypes.c_void_p]
+    _libs[key] = lib
     return lib
 
 

@@ -36,6 +36,11 @@ STAGE_KW2_B = 8192  # with STAGE_NOBIAS: down blocks of 4 n-tiles x 2 k-warps
 STAGE_FUSE_IN = 16384  # with STAGE_NOBIAS, <= FUSE_IN_ROWS rows: gate/up builds its own inputs (no input-Hadamard launch)
 STAGE_FUSE_MID = 32768  # with STAGE_NOBIAS: the last gate/up block of a chunk runs its activation (no activation launch)
 STAGE_FUSE_OUT = 65536  # with STAGE_NOBIAS: the last down block of an output chunk writes it (no output launch)
+STAGE_W4_A, STAGE_W4_B = 131072, 262144  # with STAGE_NOBIAS: gate/up / down GEMV blocks of 4 warps (else 8)
+STAGE_W2_A, STAGE_W2_B = 524288, 1048576  # with STAGE_NOBIAS: ... of 2 warps
+WARP_BITS = {"a": {4: STAGE_W4_A, 2: STAGE_W2_A}, "b": {4: STAGE_W4_B, 2: STAGE_W2_B}}
+STAGE_CAP_A, STAGE_CAP_B = 21, 26  # with STAGE_MMA: shifts of the blocks-per-SM caps of gate/up / down (5 bits each)
+CAP_AUTO = 31  # decode_mma.cuh: the launch's blocks over the SMs, rounded up, where that is below what fits
 FUSE_IN_ROWS, FUSE_IN_MAX_K, FUSE_IN_MAX_BITS = 2, 2560, 3  # decode_mma.cuh: FI_ROWS, FI_MAX_K; shared memory fits K <= 3
 # Served fusions (the H200's fastest, python_overlay/tests/gpu/results-h200-decode-own-fused*.json): the input
 # Hadamard in gate/up at 1-2 rows (with 2 k-parts of 4 x 2 gate/up blocks: 432 blocks at 1 row, one wave),
@@ -78,14 +83,22 @@ def supports(groups: list[tuple], top_k: int = 1) -> str | None:
 
 def gate_up_layout(rows: int, fuse_in: bool = False) -> tuple[int, bool]:
     """Gate/up k-parts and 4 x 2 blocks of the tensor-core GEMV at `rows` rows (the H200's fastest, bias folded):
-    with the input Hadamard fused in (1-2 rows) 2 parts of 4 x 2 blocks; else 2 parts of 2 x 4 blocks at 1 row,
-    1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
-    (python_overlay/tests/gpu/results-h200-decode-own-mma.json, results-h200-decode-own-fused*.json)."""
+    with the input Hadamard fused in 4 parts of 4 x 1 blocks of 4 warps at 1 row (`gate_up_warps`), 2 parts of
+    4 x 2 blocks at 2; else 2 parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
+    (python_overlay/tests/gpu/results-h200-decode-own-mma.json, results-h200-decode-own-fused*.json,
+    results-h200-decode-own-blocks.json)."""
     if fuse_in:
-        return 2, True
+        return (4, False) if rows <= 1 else (2, True)
     if rows <= 1:
         return 2, False
     return 1, rows >= 4
+
+
+def gate_up_warps(rows: int, fuse_in: bool) -> tuple[int, int]:
+    """Warps per gate/up block and its blocks-per-SM cap: at 1 row with the input Hadamard fused in, blocks of 4 warps
+    capped at the launch's blocks over the SMs (on an H200 864 blocks, 7 per SM: 49.3 vs 51.5 us for the layer,
+    results-h200-decode-own-blocks.json); else 8 warps, no cap."""
+    return (4, CAP_AUTO) if fuse_in and rows <= 1 else (8, 0)
 
 
 class OwnDecodeMoE:
@@ -128,6 +141,14 @@ class OwnDecodeMoE:
         self.fuse_in: bool | None = None
         self.fuse_mid: bool | None = None
         self.fuse_out = False
+        # tensor cores, bias folded: warps per gate/up / down GEMV block (8, 4 or 2; kw2_a / kw2_b then mean 2 k-warps
+        # per n-tile instead of 1); blocks of 4 or 2 warps need the output step unfused
+        # (warps_a / cap_a None: `gate_up_warps`)
+        self.warps_a: int | None = None
+        self.warps_b = 8
+        # tensor cores: at most this many gate/up / down GEMV blocks per SM (0: as many as fit; 1..30; CAP_AUTO)
+        self.cap_a: int | None = None
+        self.cap_b = 0
         self.xh, self.gu, self.ah, self.dd, self.cnt = shared_scratch(self.device, top_k, hidden, inter)
 
     @property
@@ -165,7 +186,12 @@ class OwnDecodeMoE:
         if fuse_in:  # whole 128-chunks per gate/up k-part, at most FUSE_IN_MAX_K of them
             fit = [p for p in range(parts_a, 5) if self.hidden % (128 * p) == 0 and self.hidden // p <= FUSE_IN_MAX_K]
             fuse_in = bool(fit)
-            parts_a = fit[0] if fit else parts_a
+            if fit:
+                parts_a = fit[0]
+            else:  # the layout without the input Hadamard fused in
+                auto_parts, auto_kw2 = gate_up_layout(rows, False)
+                parts_a = self.parts_a or auto_parts
+                kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
         if parts_a * slots > self.gu.shape[0] or self.parts_b * slots > self.dd.shape[0]:
             raise ValueError(f"own decode kernel: {parts_a} / {self.parts_b} k-parts at {rows} rows exceed its scratch")
         stages = self.stages | (STAGE_PDL if self.pdl else 0)
@@ -177,6 +203,11 @@ class OwnDecodeMoE:
             fused = self.nobias and not 0 < self.run16_from <= rows
             stages |= STAGE_FUSE_IN if fuse_in and fused else 0
             stages |= (STAGE_FUSE_MID if fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
+            auto_warps, auto_cap = gate_up_warps(rows, fuse_in)
+            warps_a = auto_warps if self.warps_a is None else self.warps_a
+            cap_a = auto_cap if self.cap_a is None else self.cap_a
+            stages |= WARP_BITS["a"].get(warps_a, 0) | WARP_BITS["b"].get(self.warps_b, 0) if fused else 0
+            stages |= (min(cap_a, CAP_AUTO) << STAGE_CAP_A) | (min(self.cap_b, CAP_AUTO) << STAGE_CAP_B)
         else:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
         stream = torch.cuda.current_stream(x.device).cuda_stream
