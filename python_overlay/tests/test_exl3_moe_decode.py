@@ -91,6 +91,19 @@ def test_own_kernel_off_cuda_falls_back_to_exllamav3s_logged(uniform, monkeypatc
     assert [launch.get("coop") for launch in ext.launches] == [True]
 
 
+def test_own_kernel_gate_up_blocks_by_rows():
+    # 1 row with the input Hadamard fused in: 4 k-parts of 4 x 1 blocks of 4 warps, capped per SM by the kernel
+    assert own.gate_up_layout(1, fuse_in=True) == (4, False)
+    assert own.gate_up_warps(1, fuse_in=True) == (4, own.CAP_AUTO)
+    # 2 rows fused: 2 parts of 4 x 2 blocks of 8 warps, no cap; unfused as before
+    assert own.gate_up_layout(2, fuse_in=True) == (2, True)
+    assert own.gate_up_warps(2, fuse_in=True) == (8, 0)
+    assert own.gate_up_warps(1, fuse_in=False) == (8, 0)
+    assert [own.gate_up_layout(r) for r in (1, 2, 4, 64)] == [(2, False), (1, False), (1, True), (1, True)]
+    # the caps travel in 5 bits of the stage word each, above every stage flag
+    assert own.CAP_AUTO < 32 and 1 << own.STAGE_CAP_A > own.STAGE_W2_B and own.STAGE_CAP_B == own.STAGE_CAP_A + 5
+
+
 def test_own_kernel_takes_one_mul1_k_in_2_to_6():
     experts = list(range(4))
     assert own.supports([("mul1", 3, 3, 3, None, experts)]) is None
