@@ -428,8 +428,8 @@ size_t cap_smem(int cap, int items, int threads)
         return 0;
     if (cap == CAP_AUTO)
     {
-        int fit = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, KERN, threads, 0) != cudaSuccess) return 0;
+        static int fit = -1;  // blocks per SM with no padding, asked once
+        if (fit < 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, KERN, threads, 0) != cudaSuccess) fit = 0;
         cap = (items + sms - 1) / sms;
         if (cap >= fit) return 0;  // more than one wave (or exactly full): nothing to balance
     }
@@ -445,7 +445,6 @@ cudaError_t launch_mma(int items, const MoeArgs& a, int down, int pdl, cudaStrea
     return launch_smem(KERN, items, 32 * WARPS, cap_smem<KERN>(down ? a.cap_b : a.cap_a, items, 32 * WARPS), stream, pdl,
                        a, down);
 }
-
 
 // Smaller blocks (MoeArgs.warps_a / warps_b: 4 or 2 warps; bias folded, runs of 8 rows): kw2 -> 2 k-warps per
 // n-tile, else 1; the compiler asked for 32 / WARPS blocks per SM (64 registers, as the 8-warp blocks at 4): the

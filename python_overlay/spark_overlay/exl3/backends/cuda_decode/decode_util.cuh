@@ -66,8 +66,9 @@ __device__ __forceinline__ void pdl_trigger()
 #endif
 }
 
-// Every launch goes through here (dynamic shared memory: only to cap the blocks per SM): with pdl set it carries the programmatic-stream-serialization
-// attribute (captured into CUDA graphs as a programmatic edge), else it is a plain launch.
+// Every launch goes through here: with pdl set it carries the programmatic-stream-serialization attribute
+// (captured into CUDA graphs as a programmatic edge), else it is a plain launch. Dynamic shared memory (smem)
+// only caps the blocks per SM (decode_mma.cuh's cap_smem).
 template <typename... KArgs, typename... Args>
 cudaError_t launch_smem(void (*kern)(KArgs...), int grid, int block, size_t smem, cudaStream_t stream, int pdl, Args&&... args)
 {
