@@ -43,7 +43,7 @@ STAGE_CAP_A, STAGE_CAP_B = 21, 26  # with STAGE_MMA: shifts of the blocks-per-SM
 CAP_AUTO = 31  # decode_mma.cuh: the launch's blocks over the SMs, rounded up, where that is below what fits
 FUSE_IN_ROWS, FUSE_IN_MAX_K, FUSE_IN_MAX_BITS = 2, 2560, 3  # decode_mma.cuh: FI_ROWS, FI_MAX_K; shared memory fits K <= 3
 # Served fusions (the H200's fastest, python_overlay/tests/gpu/results-h200-decode-own-fused*.json): the input
-# Hadamard in gate/up at 1-2 rows (with 2 k-parts of 4 x 2 gate/up blocks: 432 blocks at 1 row, one wave),
+# Hadamard in gate/up at 1-2 rows (the gate/up blocks: `gate_up_layout`, `gate_up_warps`),
 # the activation in gate/up's last blocks at 1-8 rows (0-1 % slower above); the output in down's last blocks
 # never (2-7 % slower at every size)
 FUSE_IN_AUTO_ROWS, FUSE_MID_AUTO_ROWS = 2, 8
