@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod bounded;
 pub mod cancel;
 pub mod checkpoint;
 pub mod cli;

@@ -99,6 +99,12 @@ pub struct DockerFacts {
 /// `-c`, [`VLLM_VERSION_CODE`]), no network, the container removed after.
 pub const PYTHON_IN_IMAGE: [&str; 6] = ["docker", "run", "--rm", "--network=none", "--entrypoint", "python3"];
 
+/// Seconds the image's `python3` may take to print its vLLM version: starting the first container of
+/// a large image (a storage driver that copies layers, a cold page cache) takes far longer than
+/// the 10 s a node's other probes get; the answer is cached per image id after. Within the head's
+/// wait for a node's facts (`supervisor::verdicts::FACTS_TIMEOUT_S`, checked there).
+pub const IMAGE_VLLM_TIMEOUT_S: u64 = 90;
+
 /// The Python that prints the installed vLLM's version (venv and image alike).
 pub const VLLM_VERSION_CODE: &str = "import importlib.metadata as m; print(m.version('vllm'))";
 
@@ -200,7 +206,7 @@ fn image_vllm(p: &dyn ProbeSource, req: &DockerRequest, id: &str) -> Probed {
     }
     let mut argv: Vec<&str> = PYTHON_IN_IMAGE.to_vec();
     argv.extend([id, "-c", VLLM_VERSION_CODE]);
-    let v = p.run("docker-vllm", &argv)?;
+    let v = p.run_long("docker-vllm", &argv, IMAGE_VLLM_TIMEOUT_S)?;
     if let Some(c) = &cached {
         p.remember(c, v.trim());
     }
@@ -246,4 +252,53 @@ fn fabric(p: &dyn ProbeSource, req: &FactRequest) -> FabricFacts {
         }
     }
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// A node where every command answers `0.34.0` and each call's limit is kept.
+    #[derive(Default)]
+    struct Limits(RefCell<Vec<(String, Option<u64>)>>);
+
+    impl ProbeSource for Limits {
+        fn read(&self, path: &str) -> Result<String, ProbeError> {
+            Err(ProbeError::NotFound(path.into()))
+        }
+        fn list(&self, path: &str) -> Result<Vec<String>, ProbeError> {
+            Err(ProbeError::NotFound(path.into()))
+        }
+        fn run(&self, name: &str, _argv: &[&str]) -> Result<String, ProbeError> {
+            self.0.borrow_mut().push((name.into(), None));
+            Ok("0.34.0\n".into())
+        }
+        fn run_long(&self, name: &str, _argv: &[&str], timeout_s: u64) -> Result<String, ProbeError> {
+            self.0.borrow_mut().push((name.into(), Some(timeout_s)));
+            Ok("0.34.0\n".into())
+        }
+        fn free_bytes(&self, _path: &str) -> Result<u64, ProbeError> {
+            Ok(0)
+        }
+        fn port_free(&self, _host: &str, _port: u16) -> Result<bool, ProbeError> {
+            Ok(true)
+        }
+        fn spark_kit_version(&self) -> Result<String, ProbeError> {
+            Ok("0".into())
+        }
+    }
+
+    #[test]
+    fn the_image_vllm_probe_gets_the_long_limit_and_the_daemon_queries_the_short_one() {
+        let p = Limits::default();
+        let req = DockerRequest { image: "img".into(), kit: "k".into(), read_vllm: true, version_cache: None };
+        let facts = docker(&p, &req);
+        assert_eq!(facts.vllm_version, Some(Ok("0.34.0\n".into())));
+        let calls = p.0.borrow();
+        assert!(calls.contains(&("docker-vllm".into(), Some(IMAGE_VLLM_TIMEOUT_S))), "{calls:?}");
+        for (name, limit) in calls.iter().filter(|(n, _)| n != "docker-vllm") {
+            assert_eq!(*limit, None, "{name}: the daemon's own queries keep the node's short limit");
+        }
+    }
 }

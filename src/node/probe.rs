@@ -4,8 +4,10 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
+
+use crate::bounded::{self, Ended};
 
 /// Why a probe got nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -62,37 +64,24 @@ impl ProbeSource for LocalProbe {
 
     fn run(&self, name: &str, argv: &[&str]) -> Result<String, ProbeError> {
         let (prog, args) = argv.split_first().ok_or_else(|| ProbeError::NotFound(name.to_string()))?;
-        let mut child = Command::new(prog)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("LC_ALL", "C")
-            .spawn()
-            .map_err(|e| io_error(prog, &e))?;
         let limit = Duration::from_secs(self.timeout_s.max(1));
-        let started = std::time::Instant::now();
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if started.elapsed() < limit => std::thread::sleep(Duration::from_millis(20)),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(ProbeError::Failed {
-                        what: argv.join(" "),
-                        why: format!("no answer within {} s", limit.as_secs()),
-                    });
-                }
+        let ended =
+            bounded::run(Command::new(prog).args(args).env("LC_ALL", "C"), limit).map_err(|e| io_error(prog, &e))?;
+        let failed = |why: String| ProbeError::Failed { what: argv.join(" "), why };
+        match ended {
+            Ended::Late => Err(failed(format!("no answer within {} s", limit.as_secs()))),
+            Ended::HeldOpen => Err(failed(format!(
+                "it exited, but a process it started held its output open past {} s",
+                limit.as_secs()
+            ))),
+            Ended::Exited { status, stdout, .. } if status.success() => {
+                Ok(String::from_utf8_lossy(&stdout).into_owned())
             }
-        }
-        let out = child.wait_with_output().map_err(|e| io_error(prog, &e))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            let err = String::from_utf8_lossy(&out.stderr);
-            let first = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
-            Err(ProbeError::Failed { what: argv.join(" "), why: format!("{}: {first}", out.status) })
+            Ended::Exited { status, stderr, .. } => {
+                let err = String::from_utf8_lossy(&stderr);
+                let first = err.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+                Err(failed(format!("{status}: {first}")))
+            }
         }
     }
 
@@ -200,5 +189,38 @@ impl ProbeSource for RecordedProbe {
 
     fn spark_kit_version(&self) -> Result<String, ProbeError> {
         self.read("/probe/spark-kit-version").map(|s| s.trim().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(timeout_s: u64, script: &str) -> Result<String, ProbeError> {
+        LocalProbe { timeout_s }.run("sh", &["sh", "-c", script])
+    }
+
+    #[test]
+    fn output_beyond_a_pipe_buffer_comes_back_whole() {
+        let out = sh(20, "head -c 1048576 /dev/zero | tr '\\0' x").unwrap();
+        assert_eq!(out.len(), 1_048_576);
+    }
+
+    #[test]
+    fn each_way_to_fail_is_named() {
+        let failed = |why: &str| ProbeError::Failed { what: String::new(), why: why.into() };
+        let why = |r: Result<String, ProbeError>| match r {
+            Err(ProbeError::Failed { why, .. }) => failed(&why),
+            other => panic!("{other:?}"),
+        };
+        let e = sh(20, "head -c 300000 /dev/zero; echo; echo 'first line' >&2; echo second >&2; exit 3");
+        assert_eq!(why(e), failed("exit status: 3: first line"));
+        assert_eq!(why(sh(1, "sleep 30")), failed("no answer within 1 s"));
+        assert_eq!(
+            why(sh(1, "echo hi; sleep 4 &")),
+            failed("it exited, but a process it started held its output open past 1 s")
+        );
+        let e = LocalProbe { timeout_s: 1 }.run("nope", &["/nonexistent/spark-kit-probe"]).unwrap_err();
+        assert_eq!(e, ProbeError::NotFound("/nonexistent/spark-kit-probe".into()));
     }
 }

@@ -131,6 +131,13 @@ pub trait Runtime {
     }
 }
 
+/// What earlier runs of any kit left on this node (`status` with no `--kit`), each with its kit's
+/// name: the docker runtime's containers (the venv runtime leaves nothing). Docker missing or
+/// not answering within its listing limit is an error.
+pub fn leftovers_of_every_kit() -> Result<Vec<(String, Leftover)>, UpError> {
+    docker::leftovers_of_every_kit()
+}
+
 /// One thing a run left behind ([`Runtime::leftovers`]): docker, a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leftover {

@@ -80,6 +80,9 @@ impl Default for GateLimits {
 /// Seconds a node may take to gather its facts.
 pub const FACTS_TIMEOUT_S: u64 = 120;
 
+// The image's vLLM version, the slowest probe, leaves the node's other probes 30 s of that wait.
+const _: () = assert!(crate::node::facts::IMAGE_VLLM_TIMEOUT_S + 30 <= FACTS_TIMEOUT_S);
+
 /// The report over gathered facts (pure).
 #[must_use]
 pub fn evaluate(kit: &crate::kit::schema::Kit, input: &PreflightInput, facts: &[Facts]) -> Report {

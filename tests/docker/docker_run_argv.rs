@@ -3,7 +3,8 @@
 //! container carries the name and labels of deployment, node and rank, the weights and the
 //! overlay are mounted read-only, the overlay is on PYTHONPATH, oom_score_adj is 1000 and the
 //! image's `vllm serve` gets the kit's arguments with the model at /model. Preflight, and
-//! `status` with nothing running, then name the container as a survivor of this deployment.
+//! `status` with nothing running, then name the container as a survivor of this deployment (with no
+//! `--kit`, of its kit).
 //! The image is the test base image plus a `vllm` stand-in that prints its argv (made with
 //! `docker commit`, offline).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
@@ -118,6 +119,19 @@ fn the_engine_container_logs_tagged_lines_and_stops_to_nothing() {
         "start over them with `{up}` (it removes them first), or only remove them: `docker rm -f {name}` on this node"
     );
     assert!(err.contains(&fix), "{err}");
+    // With no --kit (and no deployment in this cache), every kit's containers are named, each with its kit.
+    let cache = dir.path().join("cache");
+    let out = spark_kit().env("DOCKER_HOST", &d.host).env("SPARK_KIT_CACHE", &cache).arg("status").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no spark-kit deployment is running here; containers from an earlier run on this node: "),
+        "{err}"
+    );
+    assert!(err.contains(&format!("{name} (kit launch-test, {}, running)", &id[..12])), "{err}");
+    // A kit file's path is not on the container: only the removal by hand is named, and it names this one.
+    let hint = err.lines().find(|l| l.contains("remove them: `docker rm -f ")).unwrap_or_else(|| panic!("{err}"));
+    assert!(!hint.contains("--replace") && hint.contains(&name), "{err}");
     let removed = spark_kit::runtime::docker::container::remove_deployment("launch-test").unwrap();
     assert_eq!(removed, [name]);
     let left = d.ok(&[
@@ -251,4 +265,35 @@ fn the_spark_kits_ulimits_are_what_the_daemon_records() {
     let mut got: Vec<&str> = got.split_whitespace().collect();
     got.sort_unstable();
     assert_eq!(got, ["memlock=-1:-1", "nofile=65536:65536", "stack=67108864:67108864"]);
+}
+
+/// The real docker client waits forever on a daemon that accepts and never answers (measured here: still
+/// waiting after 40 s); `status` lists containers within a limit and says the rest.
+#[test]
+fn status_does_not_hang_on_a_daemon_that_never_answers() {
+    if std::process::Command::new("docker").arg("--version").output().is_err() {
+        eprintln!(
+            "SKIP status_does_not_hang_on_a_daemon_that_never_answers: no `docker` client (apt-get install docker.io)"
+        );
+        return;
+    }
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = format!("tcp://{}", silent.local_addr().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    for kit in [None, Some("tiny-cpu-docker")] {
+        let t = Instant::now();
+        let mut cmd = spark_kit();
+        cmd.env("DOCKER_HOST", &host).env("SPARK_KIT_CACHE", dir.path()).arg("status");
+        if let Some(k) = kit {
+            cmd.args(["--kit", k]);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let took = t.elapsed();
+        assert_eq!(out.status.code(), Some(1), "{kit:?}: {err}");
+        assert!(took < Duration::from_secs(25), "{kit:?}: {took:?}");
+        assert!(err.contains("is running here") && !err.contains("from an earlier run"), "{kit:?}: {err}");
+        eprintln!("status {kit:?} against a silent daemon: {:.1} s", took.as_secs_f64());
+    }
+    drop(silent);
 }

@@ -4,6 +4,9 @@
 //! (`DOCKER_HOST`, the default socket).
 
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::bounded::{self, Ended};
 
 /// Labels on every container spark-kit starts.
 pub const LABEL_KIT: &str = "spark-kit.kit";
@@ -75,14 +78,34 @@ pub fn docker(args: &[&str], image: Option<&str>) -> Result<String, DockerError>
     }
 }
 
-fn run(args: &[&str]) -> Result<Output, DockerError> {
-    Command::new("docker").args(args).stdin(Stdio::null()).output().map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            DockerError::NotInstalled
-        } else {
-            DockerError::Failed { what: args.first().copied().unwrap_or_default().into(), why: e.to_string() }
+/// How long a listing (`docker ps`) may take: a daemon that does not answer fails it, so
+/// `status` never hangs on it (preflight's probes give the same call the same 10 s).
+pub const LIST_LIMIT: Duration = Duration::from_secs(10);
+
+/// [`docker`] within `limit`: past it, or with its output held open, a [`DockerError::Failed`]
+/// that says so.
+pub fn docker_within(args: &[&str], limit: Duration) -> Result<String, DockerError> {
+    let what = args.iter().take(2).copied().collect::<Vec<_>>().join(" ");
+    let late = || DockerError::Failed { what: what.clone(), why: format!("no answer within {} s", limit.as_secs()) };
+    match bounded::run(Command::new("docker").args(args), limit).map_err(|e| spawn_error(args, &e))? {
+        Ended::Exited { status, stdout, .. } if status.success() => {
+            Ok(String::from_utf8_lossy(&stdout).trim().to_string())
         }
-    })
+        Ended::Exited { stderr, .. } => Err(classify(&what, &String::from_utf8_lossy(&stderr), None)),
+        Ended::Late | Ended::HeldOpen => Err(late()),
+    }
+}
+
+fn spawn_error(args: &[&str], e: &std::io::Error) -> DockerError {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        DockerError::NotInstalled
+    } else {
+        DockerError::Failed { what: args.first().copied().unwrap_or_default().into(), why: e.to_string() }
+    }
+}
+
+fn run(args: &[&str]) -> Result<Output, DockerError> {
+    Command::new("docker").args(args).stdin(Stdio::null()).output().map_err(|e| spawn_error(args, &e))
 }
 
 /// The daemon answers (`docker info`); its server version.
@@ -122,9 +145,28 @@ pub fn parse_ps(text: &str) -> Vec<Listed> {
 /// Containers (running or not) labelled `key=value`.
 pub fn containers_labelled(key: &str, value: &str) -> Result<Vec<Listed>, DockerError> {
     let filter = format!("label={key}={value}");
-    let text =
-        docker(&["ps", "-a", "--no-trunc", "--filter", &filter, "--format", "{{.ID}}\t{{.Names}}\t{{.State}}"], None)?;
+    let format = "{{.ID}}\t{{.Names}}\t{{.State}}";
+    let text = docker_within(&["ps", "-a", "--no-trunc", "--filter", &filter, "--format", format], LIST_LIMIT)?;
     Ok(parse_ps(&text))
+}
+
+/// Containers (running or not) of every spark-kit deployment, each with the kit it is labelled with.
+pub fn containers_of_every_kit() -> Result<Vec<(String, Listed)>, DockerError> {
+    let filter = format!("label={LABEL_KIT}");
+    let format = format!("{{{{.Label \"{LABEL_KIT}\"}}}}\t{{{{.ID}}}}\t{{{{.Names}}}}\t{{{{.State}}}}");
+    let text = docker_within(&["ps", "-a", "--no-trunc", "--filter", &filter, "--format", &format], LIST_LIMIT)?;
+    Ok(parse_ps_by_kit(&text))
+}
+
+/// `<kit>\t<id>\t<name>\t<state>` lines ([`containers_of_every_kit`]).
+#[must_use]
+pub fn parse_ps_by_kit(text: &str) -> Vec<(String, Listed)> {
+    text.lines()
+        .filter_map(|l| {
+            let (kit, rest) = l.split_once('\t')?;
+            Some((kit.trim().to_string(), parse_ps(rest).pop()?))
+        })
+        .collect()
 }
 
 /// State of a container: (full id, host pid of its main process, running).
@@ -180,5 +222,11 @@ mod tests {
         assert_eq!(parse_inspect("abc 1234 true\n"), Some(("abc".into(), 1234, true)));
         assert_eq!(parse_inspect("abc 0 false"), Some(("abc".into(), 0, false)));
         assert_eq!(parse_inspect("abc"), None);
+        let by_kit = parse_ps_by_kit("tiny-cpu-docker\tabc\tspark-kit-a\trunning\nmine\tdef\tspark-kit-b\texited\n\n");
+        assert_eq!(by_kit.len(), 2);
+        assert_eq!(
+            by_kit[1],
+            ("mine".into(), Listed { id: "def".into(), name: "spark-kit-b".into(), state: "exited".into() })
+        );
     }
 }

@@ -25,6 +25,14 @@ use run::{cache_mounts, container_name, run_argv, Mounts};
 /// `engine.runtime: docker`.
 pub struct Docker;
 
+/// The containers earlier runs of any kit left on this node, each with the name of the kit it was
+/// started for ([`super::leftovers_of_every_kit`]).
+pub fn leftovers_of_every_kit() -> Result<Vec<(String, Leftover)>, UpError> {
+    let listed = dockerctl::containers_of_every_kit()
+        .map_err(docker_error("listing the containers of every kit".to_string()))?;
+    Ok(listed.into_iter().map(|(kit, c)| (kit, Leftover { name: c.name, id: c.id, state: c.state })).collect())
+}
+
 /// What preflight asks about Docker on a node ([`Runtime::preflight_request`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DockerRequest {
