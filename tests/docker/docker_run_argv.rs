@@ -268,12 +268,13 @@ fn the_spark_kits_ulimits_are_what_the_daemon_records() {
 }
 
 /// The real docker client waits forever on a daemon that accepts and never answers (measured here: still
-/// waiting after 40 s); `status` lists containers within a limit and says the rest.
+/// waiting after 40 s); spark-kit's queries of the daemon end within their limit: `status` says the
+/// rest of what it knows, `guard --container` names the daemon and the fix.
 #[test]
-fn status_does_not_hang_on_a_daemon_that_never_answers() {
+fn status_and_guard_do_not_hang_on_a_daemon_that_never_answers() {
     if std::process::Command::new("docker").arg("--version").output().is_err() {
         eprintln!(
-            "SKIP status_does_not_hang_on_a_daemon_that_never_answers: no `docker` client (apt-get install docker.io)"
+            "SKIP status_and_guard_do_not_hang_on_a_daemon_that_never_answers: no `docker` client (apt-get install docker.io)"
         );
         return;
     }
@@ -295,5 +296,21 @@ fn status_does_not_hang_on_a_daemon_that_never_answers() {
         assert!(err.contains("is running here") && !err.contains("from an earlier run"), "{kit:?}: {err}");
         eprintln!("status {kit:?} against a silent daemon: {:.1} s", took.as_secs_f64());
     }
+    // The memory guard's container lookup is a query too: it fails, naming the daemon and the fix.
+    let t = Instant::now();
+    let out = spark_kit()
+        .env("DOCKER_HOST", &host)
+        .env("SPARK_KIT_CACHE", dir.path())
+        .args(["guard", "--container", "engine-x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(25), "{:?}", t.elapsed());
+    assert!(
+        err.contains("--container engine-x: the Docker daemon did not answer `docker container inspect` within 10 s")
+            && err.contains("sudo systemctl restart docker"),
+        "{err}"
+    );
     drop(silent);
 }

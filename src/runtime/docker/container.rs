@@ -93,7 +93,7 @@ fn remove(name: &str) -> Result<(), DockerError> {
 fn wait_gone(name: &str, limit: Duration) -> Result<bool, DockerError> {
     let until = Instant::now() + limit;
     loop {
-        let text = dockerctl::docker(&["ps", "-a", "--no-trunc", "--format", "{{.ID}}\t{{.Names}}\t{{.State}}"], None)?;
+        let text = dockerctl::query(&["ps", "-a", "--no-trunc", "--format", "{{.ID}}\t{{.Names}}\t{{.State}}"], None)?;
         if !dockerctl::parse_ps(&text).iter().any(|c| c.name == name || c.id.starts_with(name)) {
             return Ok(true);
         }

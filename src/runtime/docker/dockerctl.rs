@@ -26,6 +26,8 @@ pub enum DockerError {
     NoImage(String),
     #[error("docker {what} failed: {why}")]
     Failed { what: String, why: String },
+    #[error("the Docker daemon did not answer `docker {what}` within {secs} s")]
+    NoAnswer { what: String, secs: u64 },
 }
 
 impl DockerError {
@@ -47,6 +49,7 @@ impl DockerError {
                 "load it on this node (`docker load -i <file>`), or run `spark-kit image sync` to copy it from the head; image: {i}"
             ),
             Self::Failed { .. } => "see the message; `docker info` shows the daemon's state".into(),
+            Self::NoAnswer { .. } => "check the daemon (`sudo systemctl status docker`, restart it with `sudo systemctl restart docker`), or point DOCKER_HOST at one that answers".into(),
         }
     }
 }
@@ -78,21 +81,21 @@ pub fn docker(args: &[&str], image: Option<&str>) -> Result<String, DockerError>
     }
 }
 
-/// How long a listing (`docker ps`) may take: a daemon that does not answer fails it, so
-/// `status` never hangs on it (preflight's probes give the same call the same 10 s).
-pub const LIST_LIMIT: Duration = Duration::from_secs(10);
+/// How long a query of the daemon (`ps`, `inspect`, `info`) may take: a daemon that accepts and
+/// never answers (the docker client then waits forever) fails it instead of hanging `status`,
+/// the memory guard or a build; preflight's probes give the same calls the same 10 s.
+pub const QUERY_LIMIT: Duration = Duration::from_secs(10);
 
-/// [`docker`] within `limit`: past it, or with its output held open, a [`DockerError::Failed`]
-/// that says so.
-pub fn docker_within(args: &[&str], limit: Duration) -> Result<String, DockerError> {
+/// A query of the daemon ([`docker`] within [`QUERY_LIMIT`]): past it, or with its output held
+/// open, [`DockerError::NoAnswer`].
+pub fn query(args: &[&str], image: Option<&str>) -> Result<String, DockerError> {
     let what = args.iter().take(2).copied().collect::<Vec<_>>().join(" ");
-    let late = || DockerError::Failed { what: what.clone(), why: format!("no answer within {} s", limit.as_secs()) };
-    match bounded::run(Command::new("docker").args(args), limit).map_err(|e| spawn_error(args, &e))? {
+    match bounded::run(Command::new("docker").args(args), QUERY_LIMIT).map_err(|e| spawn_error(args, &e))? {
         Ended::Exited { status, stdout, .. } if status.success() => {
             Ok(String::from_utf8_lossy(&stdout).trim().to_string())
         }
-        Ended::Exited { stderr, .. } => Err(classify(&what, &String::from_utf8_lossy(&stderr), None)),
-        Ended::Late | Ended::HeldOpen => Err(late()),
+        Ended::Exited { stderr, .. } => Err(classify(&what, &String::from_utf8_lossy(&stderr), image)),
+        Ended::Late | Ended::HeldOpen => Err(DockerError::NoAnswer { what, secs: QUERY_LIMIT.as_secs() }),
     }
 }
 
@@ -110,12 +113,12 @@ fn run(args: &[&str]) -> Result<Output, DockerError> {
 
 /// The daemon answers (`docker info`); its server version.
 pub fn check_daemon() -> Result<String, DockerError> {
-    docker(&["info", "--format", "{{.ServerVersion}}"], None)
+    query(&["info", "--format", "{{.ServerVersion}}"], None)
 }
 
 /// The image id of `image` on this node (`sha256:…`), None when it is not there.
 pub fn image_id(image: &str) -> Result<Option<String>, DockerError> {
-    match docker(&["image", "inspect", "--format", "{{.Id}}", image], Some(image)) {
+    match query(&["image", "inspect", "--format", "{{.Id}}", image], Some(image)) {
         Ok(id) => Ok(Some(id)),
         Err(DockerError::NoImage(_)) => Ok(None),
         Err(e) => Err(e),
@@ -146,7 +149,7 @@ pub fn parse_ps(text: &str) -> Vec<Listed> {
 pub fn containers_labelled(key: &str, value: &str) -> Result<Vec<Listed>, DockerError> {
     let filter = format!("label={key}={value}");
     let format = "{{.ID}}\t{{.Names}}\t{{.State}}";
-    let text = docker_within(&["ps", "-a", "--no-trunc", "--filter", &filter, "--format", format], LIST_LIMIT)?;
+    let text = query(&["ps", "-a", "--no-trunc", "--filter", &filter, "--format", format], None)?;
     Ok(parse_ps(&text))
 }
 
@@ -154,7 +157,7 @@ pub fn containers_labelled(key: &str, value: &str) -> Result<Vec<Listed>, Docker
 pub fn containers_of_every_kit() -> Result<Vec<(String, Listed)>, DockerError> {
     let filter = format!("label={LABEL_KIT}");
     let format = format!("{{{{.Label \"{LABEL_KIT}\"}}}}\t{{{{.ID}}}}\t{{{{.Names}}}}\t{{{{.State}}}}");
-    let text = docker_within(&["ps", "-a", "--no-trunc", "--filter", &filter, "--format", &format], LIST_LIMIT)?;
+    let text = query(&["ps", "-a", "--no-trunc", "--filter", &filter, "--format", &format], None)?;
     Ok(parse_ps_by_kit(&text))
 }
 
@@ -171,7 +174,7 @@ pub fn parse_ps_by_kit(text: &str) -> Vec<(String, Listed)> {
 
 /// State of a container: (full id, host pid of its main process, running).
 pub fn inspect(name: &str) -> Result<Option<(String, i32, bool)>, DockerError> {
-    match docker(&["container", "inspect", "--format", "{{.Id}} {{.State.Pid}} {{.State.Running}}", name], None) {
+    match query(&["container", "inspect", "--format", "{{.Id}} {{.State.Pid}} {{.State.Running}}", name], None) {
         Ok(t) => Ok(parse_inspect(&t)),
         Err(DockerError::NoImage(_)) => Ok(None),
         Err(DockerError::Failed { why, .. }) if why.to_ascii_lowercase().contains("no such container") => Ok(None),

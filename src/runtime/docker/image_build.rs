@@ -153,7 +153,7 @@ pub fn build(kit: &Kit, venv: &Path, cache: &Path, rep: &dyn BuildReporter) -> R
     let image = kit.engine.docker_image.clone().filter(|i| !i.is_empty()).ok_or(ImageError::NoImageSet)?;
     let layout = python_layout(venv)?;
     let inputs = inputs_hash(venv, &layout)?;
-    let present = dockerctl::docker(
+    let present = dockerctl::query(
         &["image", "inspect", "--format", &format!("{{{{index .Config.Labels \"{LABEL_INPUTS}\"}}}}"), &image],
         Some(&image),
     );

@@ -115,7 +115,7 @@ impl Runtime for Docker {
     /// The running container's id and its image's id.
     fn engine_ids(&self, kit: &Kit, node: usize) -> Option<(String, String)> {
         let name = container_name(kit, node);
-        let text = dockerctl::docker(
+        let text = dockerctl::query(
             &["container", "inspect", "--format", "{{.Id}} {{.Image}} {{.State.Running}}", &name],
             None,
         )
