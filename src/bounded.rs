@@ -1,44 +1,64 @@
 //! A command run to its end within a time limit, both of its pipes read while it runs: one that
 //! writes more than a pipe holds (64 KiB) never blocks on a reader that waits for its exit, one
-//! that does not answer in time is killed, and a process it leaves behind holding its output open
-//! is waited for only within the same limit.
+//! that does not answer in time is killed with its whole process group (it runs in a group of its
+//! own: nothing it started outlives it) and what it wrote so far is kept, and a process it left
+//! behind holding its output open is waited for only within the same limit, then killed.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 
 /// How a bounded run ended.
 #[derive(Debug)]
 pub enum Ended {
     /// It exited within the limit; all of its output.
     Exited { status: ExitStatus, stdout: Vec<u8>, stderr: Vec<u8> },
-    /// Still running at the limit: killed.
-    Late,
+    /// Still running at the limit: its process group killed; what it had written by then.
+    Late { stdout: Vec<u8>, stderr: Vec<u8> },
     /// It exited, but a process it started kept its output open past the limit.
     HeldOpen,
 }
 
-/// Run `cmd` (stdin null, stdout and stderr piped) for at most `limit` (at least 1 ms).
+/// Run `cmd` (stdin null, stdout and stderr piped, a process group of its own) for at most
+/// `limit` (at least 1 ms).
 pub fn run(cmd: &mut Command, limit: Duration) -> std::io::Result<Ended> {
     let deadline = Instant::now() + limit.max(Duration::from_millis(1));
-    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
     let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    // The group's id is the child's pid (process_group(0)).
+    let group = i32::try_from(child.id()).ok().map(Pid::from_raw);
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => {
+                kill_group(group);
                 let _ = child.kill();
                 let _ = child.wait();
-                return Ok(Ended::Late);
+                let grace = Duration::from_secs(1);
+                let (stdout, stderr) = (stdout.recv_timeout(grace), stderr.recv_timeout(grace));
+                return Ok(Ended::Late { stdout: stdout.unwrap_or_default(), stderr: stderr.unwrap_or_default() });
             }
         }
     };
     let rest = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
-    let Ok(stdout) = stdout.recv_timeout(rest()) else { return Ok(Ended::HeldOpen) };
-    let Ok(stderr) = stderr.recv_timeout(rest()) else { return Ok(Ended::HeldOpen) };
+    let (Ok(stdout), Ok(stderr)) = (stdout.recv_timeout(rest()), stderr.recv_timeout(rest())) else {
+        // What holds the output open is still in the group (the group outlives its leader).
+        kill_group(group);
+        return Ok(Ended::HeldOpen);
+    };
     Ok(Ended::Exited { status, stdout, stderr })
+}
+
+fn kill_group(group: Option<Pid>) {
+    if let Some(g) = group {
+        let _ = killpg(g, Signal::SIGKILL);
+    }
 }
 
 /// All of a pipe, read on a thread of its own, sent once it closes (nothing for no pipe).
@@ -81,18 +101,40 @@ mod tests {
     }
 
     #[test]
-    fn a_command_past_its_limit_is_killed() {
+    fn a_command_past_its_limit_is_killed_with_what_it_started_and_its_output_so_far_kept() {
         let t = Instant::now();
-        assert!(matches!(sh(1, "sleep 30"), Ended::Late));
+        let Ended::Late { stdout, .. } = sh(1, "sleep 30 & echo $!; echo first; wait") else { panic!("not late") };
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        let text = String::from_utf8(stdout).unwrap();
+        let mut lines = text.lines();
+        let sleeper: i32 = lines.next().unwrap().parse().unwrap();
+        assert_eq!(lines.next(), Some("first"));
+        gone(sleeper);
+    }
+
+    /// `pid` ends within 5 s: gone, or a zombie its new parent has yet to reap.
+    fn gone(pid: i32) {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+            match state.as_deref().and_then(|s| s.rsplit_once(") ")).and_then(|(_, r)| r.chars().next()) {
+                None | Some('Z' | 'X') => break,
+                Some(c) => assert!(Instant::now() < until, "the sleep it started outlived it (state {c})"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]
     fn output_held_open_by_a_process_left_behind_is_waited_for_within_the_limit_only() {
-        // The shell exits at once; the background sleep keeps its stdout open for 4 s.
+        // The shell exits at once; the background sleep keeps its stdout open, and is killed.
         let t = Instant::now();
-        assert!(matches!(sh(1, "echo hi; sleep 4 &"), Ended::HeldOpen));
+        let pid_file = tempfile::NamedTempFile::new().unwrap();
+        let script = format!("echo hi; sleep 30 & echo $! > {}", pid_file.path().display());
+        assert!(matches!(sh(1, &script), Ended::HeldOpen));
         assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        let sleeper: i32 = std::fs::read_to_string(pid_file.path()).unwrap().trim().parse().unwrap();
+        gone(sleeper);
         // Without one, a prompt exit is answered at once, with its status.
         let Ended::Exited { status, stdout, .. } = sh(1, "echo hi; exit 3") else { panic!("did not exit") };
         assert_eq!((status.code(), stdout.as_slice()), (Some(3), b"hi\n".as_slice()));

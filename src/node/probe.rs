@@ -69,7 +69,7 @@ impl ProbeSource for LocalProbe {
             bounded::run(Command::new(prog).args(args).env("LC_ALL", "C"), limit).map_err(|e| io_error(prog, &e))?;
         let failed = |why: String| ProbeError::Failed { what: argv.join(" "), why };
         match ended {
-            Ended::Late => Err(failed(format!("no answer within {} s", limit.as_secs()))),
+            Ended::Late { .. } => Err(failed(format!("no answer within {} s", limit.as_secs()))),
             Ended::HeldOpen => Err(failed(format!(
                 "it exited, but a process it started held its output open past {} s",
                 limit.as_secs()

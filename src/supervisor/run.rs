@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use super::agents::{Agents, SpawnError};
@@ -17,6 +16,7 @@ use super::bringup::{self, GateLimits, SyncJob, Work};
 use super::snapshot::{memory_recovered, Handles, NodeStatus};
 use super::state::{Action, Gate, Input, Machine, Policy, State};
 use super::watch::Watch;
+use crate::bounded::{self, Ended};
 use crate::cluster::protocol::Command;
 use crate::cluster::transport;
 use crate::kit::schema::Kit;
@@ -132,6 +132,8 @@ const TICK: Duration = Duration::from_millis(100);
 /// killed (the agent answers within 0.8 s, cancelling a preparation): a stop at the engines
 /// gate ends within 2 s.
 const STOP_ANSWER: Duration = Duration::from_millis(1200);
+/// How long one node's stack dump (on a hang, before the restart) may take.
+const STACK_DUMP_LIMIT: Duration = Duration::from_secs(60);
 
 /// Run the deployment until stopped; returns the exit code. Everything the agents (and the
 /// weights' rsync) say arrives on one channel and is received here only, between looks at the
@@ -348,9 +350,20 @@ impl Sup<'_> {
                 "command -v py-spy >/dev/null 2>&1 || {{ echo 'py-spy not installed on this node: no stack dump'; exit 0; }}; \
                  for p in $(ps -o pid= -g {pgid}); do echo \"== pid $p\"; py-spy dump --pid \"$p\" 2>&1; done"
             );
-            let out = transport::shell(node, &script).stdin(Stdio::null()).output();
+            // Bounded: a dump that itself hangs (a node that stops answering, a process py-spy
+            // cannot read) must not hold the restart back; what it wrote by then is kept.
+            let out = bounded::run(&mut transport::shell(node, &script), STACK_DUMP_LIMIT);
             let path = self.logs.join(format!("hang-{}-{}-{}.txt", self.kit.name, node.name, unix_time()));
-            let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_else(|e| e.to_string());
+            let text = match out {
+                Ok(Ended::Exited { stdout, .. }) => String::from_utf8_lossy(&stdout).into_owned(),
+                Ok(Ended::Late { stdout, .. }) => format!(
+                    "{}\n[spark-kit: the stack dump was cut off after {} s]\n",
+                    String::from_utf8_lossy(&stdout),
+                    STACK_DUMP_LIMIT.as_secs()
+                ),
+                Ok(Ended::HeldOpen) => "[spark-kit: the stack dump's output stayed open past its limit]\n".into(),
+                Err(e) => e.to_string(),
+            };
             let _ = std::fs::write(&path, text);
             self.rep.line(&format!("    stack dump of {} → {}", node.name, path.display()));
         }

@@ -95,7 +95,7 @@ pub fn query(args: &[&str], image: Option<&str>) -> Result<String, DockerError> 
             Ok(String::from_utf8_lossy(&stdout).trim().to_string())
         }
         Ended::Exited { stderr, .. } => Err(classify(&what, &String::from_utf8_lossy(&stderr), image)),
-        Ended::Late | Ended::HeldOpen => Err(DockerError::NoAnswer { what, secs: QUERY_LIMIT.as_secs() }),
+        Ended::Late { .. } | Ended::HeldOpen => Err(DockerError::NoAnswer { what, secs: QUERY_LIMIT.as_secs() }),
     }
 }
 
