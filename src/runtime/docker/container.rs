@@ -53,9 +53,12 @@ pub fn launch_with(
 /// `docker stop -t <timeout_s> <name>`, then `docker rm -f <name>` if it is still listed a moment
 /// later (a `--rm` container is removed by the daemon itself once it stops; racing that removal
 /// with `rm -f` can leave it "Removal In Progress"), then wait (≤ 10 s) until the daemon no
-/// longer lists it. A container that is already gone is fine.
+/// longer lists it. A container that is already gone is fine. A daemon that does not answer
+/// fails each call after its limit ([`DockerError::NoAnswer`]): the stop's own timeout plus
+/// [`ACTION_MARGIN`], the removal the margin.
 pub fn stop(name: &str, timeout_s: u32) -> Result<(), DockerError> {
-    match dockerctl::docker(&["stop", "-t", &timeout_s.to_string(), name], None) {
+    let limit = Duration::from_secs(u64::from(timeout_s)) + ACTION_MARGIN;
+    match dockerctl::docker_within(&["stop", "-t", &timeout_s.to_string(), name], None, limit) {
         Ok(_) => {}
         Err(e) if no_such(&e) => {}
         Err(e) => return Err(e),
@@ -66,13 +69,16 @@ pub fn stop(name: &str, timeout_s: u32) -> Result<(), DockerError> {
     Ok(())
 }
 
+/// What a stop or removal may take beyond its own timeout before the daemon counts as not answering.
+const ACTION_MARGIN: Duration = Duration::from_secs(30);
+
 fn no_such(e: &DockerError) -> bool {
     matches!(e, DockerError::Failed { why, .. } if why.to_ascii_lowercase().contains("no such container"))
 }
 
 /// `docker rm -f`, then wait until it is no longer listed.
 fn remove(name: &str) -> Result<(), DockerError> {
-    match dockerctl::docker(&["rm", "-f", name], None) {
+    match dockerctl::docker_within(&["rm", "-f", name], None, ACTION_MARGIN) {
         Ok(_) => {}
         Err(e) if no_such(&e) => {}
         Err(DockerError::Failed { why, .. }) if why.contains("already in progress") => {}

@@ -86,16 +86,20 @@ pub fn docker(args: &[&str], image: Option<&str>) -> Result<String, DockerError>
 /// the memory guard or a build; preflight's probes give the same calls the same 10 s.
 pub const QUERY_LIMIT: Duration = Duration::from_secs(10);
 
-/// A query of the daemon ([`docker`] within [`QUERY_LIMIT`]): past it, or with its output held
-/// open, [`DockerError::NoAnswer`].
+/// A query of the daemon: [`docker_within`] [`QUERY_LIMIT`].
 pub fn query(args: &[&str], image: Option<&str>) -> Result<String, DockerError> {
+    docker_within(args, image, QUERY_LIMIT)
+}
+
+/// [`docker`] within `limit`: past it, or with its output held open, [`DockerError::NoAnswer`].
+pub fn docker_within(args: &[&str], image: Option<&str>, limit: Duration) -> Result<String, DockerError> {
     let what = args.iter().take(2).copied().collect::<Vec<_>>().join(" ");
-    match bounded::run(Command::new("docker").args(args), QUERY_LIMIT).map_err(|e| spawn_error(args, &e))? {
+    match bounded::run(Command::new("docker").args(args), limit).map_err(|e| spawn_error(args, &e))? {
         Ended::Exited { status, stdout, .. } if status.success() => {
             Ok(String::from_utf8_lossy(&stdout).trim().to_string())
         }
         Ended::Exited { stderr, .. } => Err(classify(&what, &String::from_utf8_lossy(&stderr), image)),
-        Ended::Late { .. } | Ended::HeldOpen => Err(DockerError::NoAnswer { what, secs: QUERY_LIMIT.as_secs() }),
+        Ended::Late { .. } | Ended::HeldOpen => Err(DockerError::NoAnswer { what, secs: limit.as_secs() }),
     }
 }
 
