@@ -1,12 +1,15 @@
 //! Preflight verdicts for kits with `engine.runtime: docker` (pure, over [`DockerFacts`]):
 //! the daemon answers, `engine.docker_image` is on the node (with the id `spark-kit.lock`
 //! recorded, once it has one), no container of this deployment survives from an earlier run,
-//! and every node has the same image id.
+//! and every node has the same image id. Also how a survivor is named and removed, in preflight's
+//! fix and in `status`'s error with nothing running ([`leftovers_named`]).
 
 use super::checks::{Check, Verdict};
 use super::facts::DockerFacts;
 use super::probe::ProbeError;
+use crate::hints::KitRef;
 use crate::runtime::docker::dockerctl::{classify, parse_ps, DockerError};
+use crate::runtime::Leftover;
 
 fn check(node: &str, id: &'static str, verdict: Verdict, message: String, fix: Option<String>) -> Check {
     Check { node: node.to_string(), id, verdict, message, fix }
@@ -36,6 +39,36 @@ pub fn survivors_fix(node: &str, names: &[&str], replace: Option<&str>) -> Strin
         Some(cmd) => format!("start over them with `{cmd}` (it removes them first), or only remove them: {by_hand}"),
         None => format!("remove them: {by_hand}"),
     }
+}
+
+/// `status`'s words, with nothing running, for the containers earlier runs left on this node
+/// (each with the kit it was started for): the error's tail and the fix, or None when there are
+/// none. `asked`: the `--kit` the user named (`left` is then that kit's): the fix starts over
+/// them with it. Without one, every kit's are named with their kit, and the restart is named only
+/// when they are all of one built-in kit (a kit file's path is not on the container).
+#[must_use]
+pub fn leftovers_named(left: &[(String, Leftover)], asked: Option<&KitRef>) -> Option<(String, String)> {
+    let mut left: Vec<&(String, Leftover)> = left.iter().collect();
+    left.sort_by(|a, b| (&a.0, &a.1.name).cmp(&(&b.0, &b.1.name)));
+    let first = &left.first()?.0;
+    let short = |id: &str| id[..id.len().min(12)].to_string();
+    let names: Vec<&str> = left.iter().map(|(_, c)| c.name.as_str()).collect();
+    let (tail, replace) = match asked {
+        Some(kit_ref) => {
+            let named: Vec<String> =
+                left.iter().map(|(_, c)| format!("{} ({}, {})", c.name, short(&c.id), c.state)).collect();
+            let tail = format!("containers of it from an earlier run on this node: {}", named.join(", "));
+            (tail, Some(kit_ref.command("up", &["--replace"])))
+        }
+        None => {
+            let named: Vec<String> =
+                left.iter().map(|(k, c)| format!("{} (kit {k}, {}, {})", c.name, short(&c.id), c.state)).collect();
+            let one_builtin = left.iter().all(|(k, _)| k == first) && crate::kit::builtin::find(first).is_some();
+            let replace = one_builtin.then(|| KitRef::new(Some(first)).command("up", &["--replace"]));
+            (format!("containers from an earlier run on this node: {}", named.join(", ")), replace)
+        }
+    };
+    Some((tail, survivors_fix("this node", &names, replace.as_deref())))
 }
 
 /// The image id on this node, when the facts have one.
@@ -326,5 +359,45 @@ mod tests {
         assert!(c[0].message.contains(&format!("spark-1 has {ID_A}, spark-2 has {ID_B}")), "{}", c[0].message);
         assert_eq!(cross_checks(&[("spark-1", &a), ("spark-2", &a.clone())], None)[0].verdict, Verdict::Pass);
         assert!(cross_checks(&[("spark-1", &a)], None).is_empty());
+    }
+
+    fn left(kit: &str, name: &str) -> (String, Leftover) {
+        (kit.into(), Leftover { name: name.into(), id: format!("{name:0<64}"), state: "running".into() })
+    }
+
+    #[test]
+    fn leftovers_are_named_with_their_fix() {
+        assert_eq!(leftovers_named(&[], None), None);
+        // The kit asked for: its containers, restarted with the --kit as the user gave it.
+        let asked = KitRef::new(Some("/k/my kit.yaml"));
+        let (tail, fix) = leftovers_named(&[left("mine", "b"), left("mine", "a")], Some(&asked)).unwrap();
+        assert_eq!(
+            tail,
+            "containers of it from an earlier run on this node: a (a00000000000, running), b (b00000000000, running)"
+        );
+        assert_eq!(
+            fix,
+            "start over them with `spark-kit up --kit '/k/my kit.yaml' --replace` (it removes them first), \
+             or only remove them: `docker rm -f a b` on this node"
+        );
+        // Every kit's: each with its kit; one built-in kit gets its restart.
+        let (tail, fix) = leftovers_named(&[left("tiny-cpu-docker", "b"), left("tiny-cpu-docker", "a")], None).unwrap();
+        assert_eq!(
+            tail,
+            "containers from an earlier run on this node: \
+             a (kit tiny-cpu-docker, a00000000000, running), b (kit tiny-cpu-docker, b00000000000, running)"
+        );
+        assert_eq!(
+            fix,
+            "start over them with `spark-kit up --kit tiny-cpu-docker --replace` (it removes them first), \
+             or only remove them: `docker rm -f a b` on this node"
+        );
+        // Two kits, or a kit file's: only the removal by hand.
+        let two = leftovers_named(&[left("tiny-cpu-docker", "a"), left("mine", "c")], None).unwrap();
+        assert_eq!(two.1, "remove them: `docker rm -f c a` on this node");
+        assert_eq!(
+            leftovers_named(&[left("mine", "c")], None).unwrap().1,
+            "remove them: `docker rm -f c` on this node"
+        );
     }
 }
