@@ -6,6 +6,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use serde::Serialize;
 
 use super::attribution::{BUCKETS, MAX_PROCS};
@@ -159,6 +161,28 @@ impl CgroupWatch {
         self.charged = usage.map_or(0, |u| u.saturating_sub(inactive));
     }
 
+    /// SIGKILL every process of the cgroup from the host: on v2 through `cgroup.kill` (the kernel
+    /// kills the whole cgroup at once, no pid can be reused under it; Linux 5.14+), else each
+    /// member by pid, the list read anew just before. What was refused, if anything (the right to
+    /// do it: root, or the processes' user).
+    pub fn kill_all(&mut self) -> Option<String> {
+        let kill_file = self.dir.join("cgroup.kill");
+        if self.version == Version::V2 && kill_file.exists() {
+            return std::fs::write(&kill_file, b"1").err().map(|e| format!("{}: {e}", kill_file.display()));
+        }
+        self.read();
+        let refused: Vec<String> = self
+            .members
+            .iter()
+            .filter_map(|&p| match kill(Pid::from_raw(p), Signal::SIGKILL) {
+                Ok(()) | Err(nix::errno::Errno::ESRCH) => None,
+                Err(e) => Some(format!("{p}: {e}")),
+            })
+            .collect();
+        let n = self.members.len();
+        (!refused.is_empty()).then(|| format!("{} of {n} refused ({})", refused.len(), refused.join(", ")))
+    }
+
     /// Record the charge as the start of every bucket from `first` to `last`.
     pub fn mark(&mut self, first: u64, last: u64) {
         for b in first..=last {
@@ -207,5 +231,27 @@ mod tests {
         w.mark(4, 11);
         assert_eq!(w.grown(11), 0);
         assert!(matches!(CgroupWatch::open(&proc_root, &cg, 7), Err(WatchError::Read { .. })));
+    }
+
+    #[test]
+    fn a_v2_cgroup_is_killed_through_cgroup_kill() {
+        let root = tempfile::tempdir().unwrap();
+        let (proc_root, cg) = (root.path().join("proc"), root.path().join("cg"));
+        std::fs::create_dir_all(proc_root.join("42")).unwrap();
+        std::fs::write(proc_root.join("42/cgroup"), "0::/system.slice/docker-abc.scope\n").unwrap();
+        std::fs::create_dir_all(&cg).unwrap();
+        std::fs::write(cg.join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        let dir = cg.join("system.slice/docker-abc.scope");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (f, text) in [("memory.current", "1000\n"), ("memory.stat", "inactive_file 0\n"), ("cgroup.procs", "42\n")]
+        {
+            std::fs::write(dir.join(f), text).unwrap();
+        }
+        std::fs::write(dir.join("cgroup.kill"), "").unwrap();
+        let mut w = CgroupWatch::open(&proc_root, &cg, 42).unwrap();
+        assert_eq!((w.version, w.members.as_slice()), (Version::V2, [42].as_slice()));
+        // Pid 42 is not signalled (it may be anything on this machine): the kernel's file is written.
+        assert_eq!(w.kill_all(), None);
+        assert_eq!(std::fs::read_to_string(dir.join("cgroup.kill")).unwrap(), "1");
     }
 }

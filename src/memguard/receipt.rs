@@ -15,7 +15,8 @@ use crate::clock::rfc3339;
 #[derive(Debug, Clone, Serialize)]
 pub struct SignalSent {
     pub signal: &'static str,
-    /// `pid`, `pgid` (a whole process group) or `container` (`docker kill --signal`).
+    /// `pid`, `pgid` (a whole process group), `container` (`docker kill --signal`) or
+    /// `container-pids` (the container's cgroup members killed by pid from the host).
     pub target: &'static str,
     /// The pid, the pgid, or the container's main pid.
     pub id: i32,

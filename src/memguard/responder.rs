@@ -1,6 +1,7 @@
 //! The guard's acting side: send the signal (a process, the engine's process group, or a
-//! container through `docker kill --signal`), follow it to the end, escalate, and write the
-//! receipt. Everything after the first signal is off the hot path.
+//! container through `docker kill --signal`), follow it to the end, escalate (a container's
+//! processes also by pid), and write the receipt. Everything after the first signal is off the
+//! hot path.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -11,7 +12,7 @@ use nix::unistd::Pid;
 
 use super::attribution::{Attribution, BUCKETS};
 use super::config::GuardConfig;
-use super::engine::{ContainerId, EngineRef};
+use super::engine::{CgroupWatch, ContainerId, EngineRef};
 use super::events::GuardEvent;
 use super::meminfo::Meminfo;
 use super::pagecache;
@@ -119,6 +120,21 @@ impl Guard {
             };
             let after = ms(Instant::now().duration_since(act.crossing));
             act.receipt.signals.push(signal_record(act.target, "SIGKILL", after, result.err().map(|e| e.to_string())));
+            // A container's processes are also killed by pid, from the host: `docker kill` needs a
+            // daemon that answers, and under memory pressure it may not (a stuck daemon left the
+            // container running). Needs the right to signal them (root, or the same user).
+            if let Target::Container { id, pid } = act.target {
+                let refused = self.cgroup.as_mut().and_then(CgroupWatch::kill_all);
+                let after = ms(Instant::now().duration_since(act.crossing));
+                act.receipt.signals.push(SignalSent {
+                    signal: "SIGKILL",
+                    target: "container-pids",
+                    id: pid,
+                    container: Some(id),
+                    after_crossing_ms: after,
+                    error: refused,
+                });
+            }
         }
         now.duration_since(act.started) >= act.grace + Duration::from_secs(10)
     }
@@ -241,8 +257,18 @@ pub enum SignalError {
     DockerKill(#[source] std::io::Error),
 }
 
-/// The error of a finished `docker kill`, if it failed.
-fn docker_result(child: Child) -> Option<String> {
+/// The error of a `docker kill`, if it failed or has not answered by the end of the action (then
+/// the client is stopped: a daemon that does not answer must not hold the guard).
+fn docker_result(mut child: Child) -> Option<String> {
+    match child.try_wait() {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Some("docker kill: the Docker daemon had not answered by the end of the action".into());
+        }
+        Err(e) => return Some(format!("docker kill: {e}")),
+    }
     match child.wait_with_output() {
         Ok(o) if o.status.success() => None,
         Ok(o) => Some(format!("docker kill: {}", String::from_utf8_lossy(&o.stderr).trim())),

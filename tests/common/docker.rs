@@ -33,6 +33,7 @@ pub struct Daemon {
 static DAEMON: OnceLock<Result<Daemon, String>> = OnceLock::new();
 /// A second daemon: the "worker node" of image tests.
 static WORKER: OnceLock<Result<Daemon, String>> = OnceLock::new();
+static STALLED: OnceLock<Result<Daemon, String>> = OnceLock::new();
 static CHILDREN: Mutex<Vec<Child>> = Mutex::new(Vec::new());
 
 /// Why docker tests cannot run here (not root, docker.io missing), if they cannot.
@@ -61,6 +62,29 @@ pub fn daemon() -> Result<&'static Daemon, String> {
 /// A second, independent daemon (own roots and socket), for two-node image tests.
 pub fn worker_daemon() -> Result<&'static Daemon, String> {
     WORKER.get_or_init(|| start("b")).as_ref().map_err(Clone::clone)
+}
+
+/// A daemon no other test uses, for a test that stops it ([`Daemon::stall`]).
+pub fn stalled_daemon() -> Result<&'static Daemon, String> {
+    STALLED.get_or_init(|| start("c")).as_ref().map_err(Clone::clone)
+}
+
+/// A daemon stopped with SIGSTOP (accepting connections, answering none) until this is dropped.
+pub struct Stalled(i32);
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+impl Daemon {
+    /// Stop dockerd itself (SIGSTOP; containerd and the containers' shims keep running) until the
+    /// returned value is dropped.
+    pub fn stall(&self) -> Stalled {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGSTOP).unwrap();
+        Stalled(self.pid)
+    }
 }
 
 /// The directory and `DOCKER_HOST` of this process's daemon `tag` (known before it starts).

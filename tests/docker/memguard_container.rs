@@ -2,7 +2,8 @@
 //! (tests/common/docker.rs): a "hog" grows ~1.3 GiB inside a container run like the engine
 //! (`--init`, `--oom-score-adj 1000`, host network); `spark-kit guard --container` must attribute
 //! the growth to the container through its cgroup, stop that container with `docker kill`, write
-//! a receipt naming it, and leave the host's processes (an idle stand-in here) alone.
+//! a receipt naming it, and leave the host's processes (an idle stand-in here) alone; with the
+//! daemon stuck (SIGSTOP), kill the container's processes by pid itself.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use crate::common;
@@ -20,18 +21,37 @@ fn mem_available() -> u64 {
     spark_kit::memguard::meminfo::parse(t.as_bytes()).unwrap().mem_available
 }
 
+/// The two tests that grow a hog run one at a time: each guard would see the other's growth.
+static ONE_HOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn guard_stops_the_container_that_grows_and_leaves_the_host_alone() {
     if let Some(why) = docker::unavailable() {
         eprintln!("SKIP guard_stops_the_container_that_grows: {why}");
         return;
     }
-    let avail = mem_available();
-    if avail < 6 << 30 {
-        eprintln!("SKIP guard_stops_the_container_that_grows: MemAvailable {} MiB < 6 GiB", avail / MIB);
+    hog_is_stopped(docker::daemon().unwrap(), false);
+}
+
+/// With dockerd itself stopped (SIGSTOP: it accepts and never answers, while containerd and the
+/// container run on), `docker kill` cannot deliver: the guard kills the container's processes by
+/// pid after the drain, records the `docker kill` that never answered, and keeps running.
+#[test]
+fn guard_kills_the_containers_processes_itself_when_the_daemon_is_stuck() {
+    if let Some(why) = docker::unavailable() {
+        eprintln!("SKIP guard_kills_the_containers_processes_itself: {why}");
         return;
     }
-    let d = docker::daemon().unwrap();
+    hog_is_stopped(docker::stalled_daemon().unwrap(), true);
+}
+
+fn hog_is_stopped(d: &docker::Daemon, stall: bool) {
+    let _one = ONE_HOG.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let avail = mem_available();
+    if avail < 6 << 30 {
+        eprintln!("SKIP the memory guard's hog test: MemAvailable {} MiB < 6 GiB", avail / MIB);
+        return;
+    }
     let image = "spark-kit-test/base:1";
     d.import(&docker::BASE, image, None);
     let dir = tempfile::tempdir().unwrap();
@@ -94,6 +114,7 @@ fn guard_stops_the_container_that_grows_and_leaves_the_host_alone() {
     assert_eq!(started["policy"], "protect-host");
     let oom = wait_for("oom-score-adj", Duration::from_secs(10));
     assert_eq!(oom["check"]["ok"], true, "the container's processes have oom_score_adj 1000: {oom}");
+    let stalled = stall.then(|| d.stall());
     std::fs::write(go.join("go"), b"").unwrap();
     let acting = wait_for("acting", Duration::from_secs(60));
     assert_eq!(acting["decision"], "kill-engine-group", "{acting}");
@@ -101,15 +122,32 @@ fn guard_stops_the_container_that_grows_and_leaves_the_host_alone() {
     assert!(acting["engine"]["grown_bytes"].as_u64().unwrap() > 512 * MIB, "cgroup growth attributed: {acting}");
     let acted = wait_for("acted", Duration::from_secs(30));
     assert_eq!(acted["gone"], true, "{acted}");
-    let running = d.ok(&["container", "inspect", "--format", "{{.State.Running}}", &name]);
-    assert_eq!(running, "false");
+    drop(stalled);
+    // A daemon just resumed may not have taken in the container's exit yet.
+    let until = Instant::now() + Duration::from_secs(20);
+    while d.ok(&["container", "inspect", "--format", "{{.State.Running}}", &name]) != "false" {
+        assert!(Instant::now() < until, "the daemon still lists {name} as running");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(host.try_wait().unwrap().is_none(), "the host stand-in was left alone");
     let path = acted["receipt"].as_str().unwrap();
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    assert_eq!(r["signals"][0]["target"], "container", "{r}");
-    assert_eq!(r["signals"][0]["container"], id.as_str());
-    assert_eq!(r["signals"][0]["error"], serde_json::Value::Null, "{r}");
-    eprintln!("reaction {} ms, victim gone after {} ms", r["reaction_ms"], r["outcome"]["ms"]);
+    let signals = r["signals"].as_array().unwrap();
+    assert_eq!(signals[0]["target"], "container", "{r}");
+    assert_eq!(signals[0]["container"], id.as_str());
+    if stall {
+        // SIGTERM through the stuck daemon never arrived; after the 3 s drain the processes were
+        // killed by pid (none refused: root), and the client that never answered is named.
+        assert_eq!(signals[0]["signal"], "SIGTERM", "{r}");
+        let never = "docker kill: the Docker daemon had not answered by the end of the action";
+        assert_eq!(signals[0]["error"], never, "{r}");
+        let by_pid = signals.iter().find(|s| s["target"] == "container-pids").unwrap_or_else(|| panic!("{r}"));
+        assert_eq!((&by_pid["signal"], &by_pid["error"]), (&"SIGKILL".into(), &serde_json::Value::Null), "{r}");
+        assert!(r["outcome"]["ms"].as_f64().unwrap() >= 3000.0, "gone only after the drain: {r}");
+    } else {
+        assert_eq!(signals[0]["error"], serde_json::Value::Null, "{r}");
+    }
+    eprintln!("stalled daemon {stall}: reaction {} ms, victim gone after {} ms", r["reaction_ms"], r["outcome"]["ms"]);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(guard.id()).unwrap()),
         nix::sys::signal::Signal::SIGTERM,
