@@ -223,7 +223,7 @@ impl Drop for NsDaemon {
 }
 
 extern "C" fn stop_at_exit() {
-    for d in [DAEMON.get(), WORKER.get()].into_iter().flatten().flatten() {
+    for d in [DAEMON.get(), WORKER.get(), STALLED.get()].into_iter().flatten().flatten() {
         d.remove_all_containers();
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.pid), nix::sys::signal::Signal::SIGTERM);
     }
@@ -232,7 +232,7 @@ extern "C" fn stop_at_exit() {
             let _ = c.wait();
         }
     }
-    for d in [DAEMON.get(), WORKER.get()].into_iter().flatten().flatten() {
+    for d in [DAEMON.get(), WORKER.get(), STALLED.get()].into_iter().flatten().flatten() {
         // vfs layers are plain directories; the exec root holds containerd's state and the
         // bind mount of the default network namespace.
         remove_tree(&d.dir);

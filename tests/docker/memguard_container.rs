@@ -21,6 +21,17 @@ fn mem_available() -> u64 {
     spark_kit::memguard::meminfo::parse(t.as_bytes()).unwrap().mem_available
 }
 
+/// A child killed and reaped when the test ends, failed or not (a failing test leaves no guard or
+/// stand-in behind holding the harness's output open).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The two tests that grow a hog run one at a time: each guard would see the other's growth.
 static ONE_HOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -80,19 +91,21 @@ fn hog_is_stopped(d: &docker::Daemon, stall: bool) {
     ]);
     eprintln!("container started in {:.2} s (vfs)", t.elapsed().as_secs_f64());
     // A host process that must survive: idle, outside the container.
-    let mut host = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut host = Reaped(Command::new("sleep").arg("600").spawn().unwrap());
     let receipts = dir.path().join("receipts");
-    let mut guard = spark_kit()
-        .env("DOCKER_HOST", &d.host)
-        .args(["guard", "--kit", "tiny-cpu", "--json", "--policy", "protect-host", "--drain", "3"])
-        .args(["--container", &name, "--soft", &floor_soft.to_string(), "--hard", &floor_hard.to_string()])
-        .arg("--receipts")
-        .arg(&receipts)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut guard = Reaped(
+        spark_kit()
+            .env("DOCKER_HOST", &d.host)
+            .args(["guard", "--kit", "tiny-cpu", "--json", "--policy", "protect-host", "--drain", "3"])
+            .args(["--container", &name, "--soft", &floor_soft.to_string(), "--hard", &floor_hard.to_string()])
+            .arg("--receipts")
+            .arg(&receipts)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let (tx, rx) = std::sync::mpsc::channel::<serde_json::Value>();
-    let out = guard.stdout.take().unwrap();
+    let out = guard.0.stdout.take().unwrap();
     std::thread::spawn(move || {
         for l in BufReader::new(out).lines().map_while(Result::ok) {
             if tx.send(serde_json::from_str(&l).unwrap()).is_err() {
@@ -129,7 +142,7 @@ fn hog_is_stopped(d: &docker::Daemon, stall: bool) {
         assert!(Instant::now() < until, "the daemon still lists {name} as running");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(host.try_wait().unwrap().is_none(), "the host stand-in was left alone");
+    assert!(host.0.try_wait().unwrap().is_none(), "the host stand-in was left alone");
     let path = acted["receipt"].as_str().unwrap();
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let signals = r["signals"].as_array().unwrap();
@@ -149,13 +162,13 @@ fn hog_is_stopped(d: &docker::Daemon, stall: bool) {
     }
     eprintln!("stalled daemon {stall}: reaction {} ms, victim gone after {} ms", r["reaction_ms"], r["outcome"]["ms"]);
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(guard.id()).unwrap()),
+        nix::unistd::Pid::from_raw(i32::try_from(guard.0.id()).unwrap()),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    assert!(guard.wait().unwrap().success());
-    host.kill().unwrap();
-    let _ = host.wait();
+    assert!(guard.0.wait().unwrap().success());
+    host.0.kill().unwrap();
+    let _ = host.0.wait();
     d.ok(&["rm", "-f", &name]);
 }
 
