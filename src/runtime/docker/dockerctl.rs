@@ -3,7 +3,7 @@
 //! each failure becomes one line with its fix. The daemon is whatever `docker` talks to
 //! (`DOCKER_HOST`, the default socket).
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use crate::bounded::{self, Ended};
@@ -72,13 +72,28 @@ pub fn classify(what: &str, stderr: &str, image: Option<&str>) -> DockerError {
 
 /// Run `docker args…`; its stdout, or the classified error.
 pub fn docker(args: &[&str], image: Option<&str>) -> Result<String, DockerError> {
-    let out = run(args)?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let out = Command::new("docker").args(args).stdin(Stdio::null()).output().map_err(|e| spawn_error(args, &e))?;
+    answer(args, image, out.status, &out.stdout, &out.stderr)
+}
+
+/// A finished call's stdout, trimmed, or its stderr classified.
+fn answer(
+    args: &[&str],
+    image: Option<&str>,
+    status: ExitStatus,
+    stdout: &[u8],
+    stderr: &[u8],
+) -> Result<String, DockerError> {
+    if status.success() {
+        Ok(String::from_utf8_lossy(stdout).trim().to_string())
     } else {
-        let what = args.iter().take(2).copied().collect::<Vec<_>>().join(" ");
-        Err(classify(&what, &String::from_utf8_lossy(&out.stderr), image))
+        Err(classify(&call_name(args), &String::from_utf8_lossy(stderr), image))
     }
+}
+
+/// How a call is named in errors: its first two arguments (`image inspect`, `ps -a`).
+fn call_name(args: &[&str]) -> String {
+    args.iter().take(2).copied().collect::<Vec<_>>().join(" ")
 }
 
 /// How long a query of the daemon (`ps`, `inspect`, `info`) may take: a daemon that accepts and
@@ -93,13 +108,11 @@ pub fn query(args: &[&str], image: Option<&str>) -> Result<String, DockerError> 
 
 /// [`docker`] within `limit`: past it, or with its output held open, [`DockerError::NoAnswer`].
 pub fn docker_within(args: &[&str], image: Option<&str>, limit: Duration) -> Result<String, DockerError> {
-    let what = args.iter().take(2).copied().collect::<Vec<_>>().join(" ");
     match bounded::run(Command::new("docker").args(args), limit).map_err(|e| spawn_error(args, &e))? {
-        Ended::Exited { status, stdout, .. } if status.success() => {
-            Ok(String::from_utf8_lossy(&stdout).trim().to_string())
+        Ended::Exited { status, stdout, stderr } => answer(args, image, status, &stdout, &stderr),
+        Ended::Late { .. } | Ended::HeldOpen => {
+            Err(DockerError::NoAnswer { what: call_name(args), secs: limit.as_secs() })
         }
-        Ended::Exited { stderr, .. } => Err(classify(&what, &String::from_utf8_lossy(&stderr), image)),
-        Ended::Late { .. } | Ended::HeldOpen => Err(DockerError::NoAnswer { what, secs: limit.as_secs() }),
     }
 }
 
@@ -109,10 +122,6 @@ fn spawn_error(args: &[&str], e: &std::io::Error) -> DockerError {
     } else {
         DockerError::Failed { what: args.first().copied().unwrap_or_default().into(), why: e.to_string() }
     }
-}
-
-fn run(args: &[&str]) -> Result<Output, DockerError> {
-    Command::new("docker").args(args).stdin(Stdio::null()).output().map_err(|e| spawn_error(args, &e))
 }
 
 /// The daemon answers (`docker info`); its server version.
