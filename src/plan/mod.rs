@@ -509,10 +509,15 @@ fn node_warnings(
                     ),
                     None => "free memory on the node: even a KV pool of 1 MiB leaves the floor too low".to_string(),
                 };
-                if p.safe_max_prompt > 0 {
-                    format!("lower engine.max_model_len to {}, or {pool}{guard}", p.safe_max_prompt)
+                let files = if input.weights_band > 0 && p.floor_central_at_max_model_len >= p.required_floor {
+                    "; only the band's pessimistic end is short: once the model files are downloaded, the plan reads the weights from their headers (no band) and the central figure applies"
                 } else {
-                    format!("{pool}{guard} (no prompt is safe with this pool)")
+                    ""
+                };
+                if p.safe_max_prompt > 0 {
+                    format!("lower engine.max_model_len to {}, or {pool}{guard}{files}", p.safe_max_prompt)
+                } else {
+                    format!("{pool}{guard} (no prompt is safe with this pool){files}")
                 }
             },
         });

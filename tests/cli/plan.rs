@@ -215,6 +215,24 @@ fn prefill_sensitivity_follows_the_reference_measurements() {
 }
 
 #[test]
+fn a_warning_only_the_weight_band_causes_says_the_files_settle_it() {
+    let files_settle = |p: &spark_kit::plan::Plan| {
+        let w = p.warnings.iter().find(|w| w.message.contains("600000-token prefill")).map(|w| w.fix.clone());
+        w.map(|f| f.contains("once the model files are downloaded"))
+    };
+    // 2.5 GiB pool: the central floor (2.10 GiB) passes, its pessimistic end (1.10) does not.
+    let mut input = reference_input(2_684_354_560);
+    input.weights_band = GIB / 2;
+    assert_eq!(files_settle(&plan(&input)), Some(true));
+    // 3 GiB pool: short even at the central figure; downloading settles nothing.
+    let mut input = reference_input(3 * GIB);
+    input.weights_band = GIB / 2;
+    assert_eq!(files_settle(&plan(&input)), Some(false));
+    // No band: no such warning at 2.5 GiB.
+    assert_eq!(files_settle(&plan(&reference_input(2_684_354_560))), None);
+}
+
+#[test]
 fn warnings_carry_fixes() {
     let mut input = reference_input(2_684_354_560);
     input.max_model_len = 1_000_000;
