@@ -28,6 +28,14 @@ pub enum Ended {
 /// `limit` (at least 1 ms).
 pub fn run(cmd: &mut Command, limit: Duration) -> std::io::Result<Ended> {
     let deadline = Instant::now() + limit.max(Duration::from_millis(1));
+    run_until(cmd, &mut || Instant::now() >= deadline)
+}
+
+/// Run `cmd` as [`run`] does until it ends or `stop` (asked every 20 ms, and between waits for
+/// its output after it exits) says to end it: then as past a limit ([`Ended::Late`], or
+/// [`Ended::HeldOpen`] once it has exited). `stop` may take its time: the pipes are read on
+/// threads of their own meanwhile.
+pub fn run_until(cmd: &mut Command, stop: &mut dyn FnMut() -> bool) -> std::io::Result<Ended> {
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
     let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
     // The group's id is the child's pid (process_group(0)).
@@ -35,7 +43,7 @@ pub fn run(cmd: &mut Command, limit: Duration) -> std::io::Result<Ended> {
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) if !stop() => std::thread::sleep(Duration::from_millis(20)),
             _ => {
                 kill_group(group);
                 let _ = child.kill();
@@ -46,13 +54,26 @@ pub fn run(cmd: &mut Command, limit: Duration) -> std::io::Result<Ended> {
             }
         }
     };
-    let rest = || deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
-    let (Ok(stdout), Ok(stderr)) = (stdout.recv_timeout(rest()), stderr.recv_timeout(rest())) else {
-        // What holds the output open is still in the group (the group outlives its leader).
-        kill_group(group);
-        return Ok(Ended::HeldOpen);
-    };
-    Ok(Ended::Exited { status, stdout, stderr })
+    match (collect(&stdout, stop), collect(&stderr, stop)) {
+        (Some(stdout), Some(stderr)) => Ok(Ended::Exited { status, stdout, stderr }),
+        _ => {
+            // What holds the output open is still in the group (the group outlives its leader).
+            kill_group(group);
+            Ok(Ended::HeldOpen)
+        }
+    }
+}
+
+/// A drained pipe's bytes, waited for until `stop` says to give up (one 100 ms wait at least).
+fn collect(pipe: &mpsc::Receiver<Vec<u8>>, stop: &mut dyn FnMut() -> bool) -> Option<Vec<u8>> {
+    loop {
+        match pipe.recv_timeout(Duration::from_millis(100)) {
+            Ok(all) => return Some(all),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            Err(mpsc::RecvTimeoutError::Timeout) if stop() => return None,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+    }
 }
 
 fn kill_group(group: Option<Pid>) {

@@ -4,15 +4,18 @@
 //! with the weights' rsync path (resumable: an interrupted copy continues), the worker
 //! `docker load`s it, and the worker's image id must then equal the head's. `docker load` tags
 //! the image only once every layer is in, so a worker never has a half-loaded image under the
-//! name; the copied file is removed after a load that checks out.
+//! name; the copied file is removed after a load that checks out. `save` and `load` are watched
+//! by their daemon's heartbeat ([`heartbeat`]); every other call on a worker has 30 s.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::time::Duration;
 
+use crate::bounded::{self, Ended};
 use crate::cluster::push;
 use crate::cluster::transport::{shell, shell_quote};
 use crate::kit::schema::{Kit, Node, Role, Transport};
 use crate::runtime::docker::dockerctl::{self, classify, DockerError};
+use crate::runtime::docker::heartbeat;
 use crate::weights::rsync;
 
 /// Where progress goes.
@@ -139,7 +142,7 @@ pub fn sync(
             return Err(ImageSyncError::Mismatch { node: node.name.clone(), got, want });
         }
         // Loaded and checked: the copy is no longer needed there.
-        let _ = shell(node, &format!("rm -rf {}", shell_quote(&remote_dir))).stdin(Stdio::null()).output();
+        let _ = on_node(node, &format!("rm -rf {}", shell_quote(&remote_dir)));
         rep.line(&format!("{}: loaded, image id {got}", node.name));
         out.push(NodeSync { node: node.name.clone(), action: "copied", image_id: got });
     }
@@ -166,7 +169,7 @@ fn save(image: &str, id: &str, cache: &Path, rep: &dyn SyncReporter) -> Result<P
     rep.line(&format!("head: docker save {image} → {}", tar.display()));
     // By id: what is saved is what was compared, even if the tag moves meanwhile; the tag goes
     // along through `image`, so the worker's load names it.
-    dockerctl::docker(&["save", "-o", &part.to_string_lossy(), image], Some(image)).map_err(|e| err(e.to_string()))?;
+    dockerctl::long(&["save", "-o", &part.to_string_lossy(), image], Some(image)).map_err(|e| err(e.to_string()))?;
     // A full disk can truncate the archive with exit 0 (reference-kit.md E.9): list it.
     let listing = std::process::Command::new("tar")
         .arg("-tf")
@@ -182,53 +185,65 @@ fn save(image: &str, id: &str, cache: &Path, rep: &dyn SyncReporter) -> Result<P
     Ok(dir)
 }
 
+/// How long a short call on a node over ssh may take: the connection (ssh's own 10 s connect
+/// limit) and, for a docker query, the daemon's answer.
+const NODE_QUERY_LIMIT: Duration = Duration::from_secs(30);
+
+/// `script` on `node` within [`NODE_QUERY_LIMIT`]: (exited 0, exit code, stdout, stderr), or
+/// None when it did not end in time.
+fn on_node(node: &Node, script: &str) -> Result<Option<(Option<i32>, String, String)>, ImageSyncError> {
+    let reach = |e: std::io::Error| ImageSyncError::Reach { node: node.name.clone(), why: e.to_string() };
+    Ok(match bounded::run(&mut shell(node, script), NODE_QUERY_LIMIT).map_err(reach)? {
+        Ended::Exited { status, stdout, stderr } => Some((
+            status.code(),
+            String::from_utf8_lossy(&stdout).trim().to_string(),
+            String::from_utf8_lossy(&stderr).into_owned(),
+        )),
+        Ended::Late { .. } | Ended::HeldOpen => None,
+    })
+}
+
 /// The node's spark-kit cache directory (`SPARK_KIT_CACHE`, else `~/.cache/spark-kit`).
 fn remote_cache(node: &Node) -> Result<String, ImageSyncError> {
-    let out = shell(node, "printf %s \"${SPARK_KIT_CACHE:-$HOME/.cache/spark-kit}\"")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| ImageSyncError::Reach { node: node.name.clone(), why: e.to_string() })?;
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || path.is_empty() {
-        let why = String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("no answer").to_string();
-        return Err(ImageSyncError::Reach { node: node.name.clone(), why });
+    let reach = |why: String| ImageSyncError::Reach { node: node.name.clone(), why };
+    match on_node(node, "printf %s \"${SPARK_KIT_CACHE:-$HOME/.cache/spark-kit}\"")? {
+        Some((Some(0), path, _)) if !path.is_empty() => Ok(path),
+        Some((_, _, stderr)) => Err(reach(stderr.lines().next().unwrap_or("no answer").to_string())),
+        None => Err(reach(format!("no answer within {} s", NODE_QUERY_LIMIT.as_secs()))),
     }
-    Ok(path)
 }
 
 /// The image id on `node`, None when the image is not there.
 fn remote_image_id(node: &Node, image: &str) -> Result<Option<String>, ImageSyncError> {
     let script = format!("docker image inspect --format '{{{{.Id}}}}' {}", shell_quote(image));
-    let out = shell(node, &script)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| ImageSyncError::Reach { node: node.name.clone(), why: e.to_string() })?;
-    if out.status.success() {
-        return Ok(Some(String::from_utf8_lossy(&out.stdout).trim().to_string()));
-    }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if out.status.code() == Some(127) {
-        return Err(ImageSyncError::Node { node: node.name.clone(), error: DockerError::NotInstalled });
-    }
-    match classify("image inspect", &stderr, Some(image)) {
-        DockerError::NoImage(_) => Ok(None),
-        error => Err(ImageSyncError::Node { node: node.name.clone(), error }),
+    let fail = |error| Err(ImageSyncError::Node { node: node.name.clone(), error });
+    match on_node(node, &script)? {
+        Some((Some(0), id, _)) => Ok(Some(id)),
+        Some((Some(127), _, _)) => fail(DockerError::NotInstalled),
+        Some((_, _, stderr)) => match classify("image inspect", &stderr, Some(image)) {
+            DockerError::NoImage(_) => Ok(None),
+            error => fail(error),
+        },
+        None => fail(DockerError::NoAnswer { what: "image inspect".into(), secs: NODE_QUERY_LIMIT.as_secs() }),
     }
 }
 
-fn load(node: &Node, file: &str) -> Result<(), ImageSyncError> {
-    let out = shell(node, &format!("docker load -q -i {}", shell_quote(file)))
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| ImageSyncError::Reach { node: node.name.clone(), why: e.to_string() })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(ImageSyncError::Node {
-            node: node.name.clone(),
-            error: classify("load", &String::from_utf8_lossy(&out.stderr), None),
-        })
+/// Whether the node's daemon answers (`docker version`), within [`NODE_QUERY_LIMIT`].
+fn remote_alive(node: &Node) -> Result<(), DockerError> {
+    match on_node(node, "docker version --format '{{.Server.Version}}'") {
+        Ok(Some((Some(0), _, _))) => Ok(()),
+        Ok(Some((_, _, stderr))) => Err(classify("version", &stderr, None)),
+        Ok(None) => Err(DockerError::NoAnswer { what: "version".into(), secs: NODE_QUERY_LIMIT.as_secs() }),
+        Err(e) => Err(DockerError::Failed { what: "version".into(), why: e.to_string() }),
     }
+}
+
+/// `docker load` on the node, watched by that daemon's heartbeat.
+fn load(node: &Node, file: &str) -> Result<(), ImageSyncError> {
+    let mut cmd = shell(node, &format!("docker load -q -i {}", shell_quote(file)));
+    heartbeat::watched(&mut cmd, "load", None, heartbeat::LONG_CALLS, &mut || remote_alive(node))
+        .map(drop)
+        .map_err(|error| ImageSyncError::Node { node: node.name.clone(), error })
 }
 
 #[cfg(test)]

@@ -64,7 +64,10 @@ pub fn worker_daemon() -> Result<&'static Daemon, String> {
     WORKER.get_or_init(|| start("b")).as_ref().map_err(Clone::clone)
 }
 
-/// A daemon no other test uses, for a test that stops it ([`Daemon::stall`]).
+/// Held by each test that uses [`stalled_daemon`]: one stalls it at a time.
+pub static ONE_STALL: Mutex<()> = Mutex::new(());
+
+/// A daemon no test but those holding [`ONE_STALL`] uses, for a test that stops it ([`Daemon::stall`]).
 pub fn stalled_daemon() -> Result<&'static Daemon, String> {
     STALLED.get_or_init(|| start("c")).as_ref().map_err(Clone::clone)
 }

@@ -9,7 +9,7 @@ use crate::common;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{docker, free_port, spark_kit, sshd, Reap};
@@ -162,4 +162,65 @@ fn walk_sizes(dir: &Path) -> u64 {
             _ => e.metadata().map(|m| m.len()).unwrap_or(0),
         })
         .sum()
+}
+
+/// A long docker call (here `docker import`) against a daemon that answers its first check and then
+/// stops (SIGSTOP: it accepts connections and answers none) is stopped by the heartbeat and named;
+/// without one the client would wait forever.
+#[test]
+fn a_long_docker_call_is_stopped_when_its_daemon_stops_answering() {
+    use spark_kit::bounded::{self, Ended};
+    use spark_kit::runtime::docker::dockerctl::DockerError;
+    use spark_kit::runtime::docker::heartbeat::{watched, Heartbeat};
+    if let Some(why) = docker::unavailable() {
+        eprintln!("SKIP a_long_docker_call_is_stopped_when_its_daemon_stops_answering: {why}");
+        return;
+    }
+    let _one = docker::ONE_STALL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let d = docker::stalled_daemon().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), b"x").unwrap();
+    let tar = dir.path().join("rootfs.tar");
+    assert!(Command::new("tar").arg("-cf").arg(&tar).arg("-C").arg(dir.path()).arg("f").status().unwrap().success());
+    let version = move || {
+        let mut c = Command::new("docker");
+        c.env("DOCKER_HOST", &d.host).args(["version", "--format", "{{.Server.Version}}"]);
+        match bounded::run(&mut c, Duration::from_secs(2)).unwrap() {
+            Ended::Exited { status, .. } if status.success() => Ok(()),
+            _ => Err(DockerError::NoAnswer { what: "version".into(), secs: 2 }),
+        }
+    };
+    // The daemon answers the check before the call; then it stops, and the call is on its own.
+    // On a thread: a watch that never gives up fails the test instead of hanging it.
+    let host = d.host.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut stalled = None;
+        let mut alive = || {
+            let answer = version();
+            if stalled.is_none() {
+                stalled = Some(d.stall());
+            }
+            answer
+        };
+        let mut import = Command::new("docker");
+        import.env("DOCKER_HOST", &host).arg("import").arg(&tar).arg("spark-kit-test/stalled:import");
+        let t = Instant::now();
+        let beat = Heartbeat { every: Duration::from_millis(500), misses: 2 };
+        let result = watched(&mut import, "import", None, beat, &mut alive);
+        let _ = tx.send((result, t.elapsed(), stalled));
+    });
+    let (result, took, stalled) = rx.recv_timeout(Duration::from_secs(60)).expect("the watched call hung");
+    let e = result.unwrap_err();
+    assert_eq!(e, DockerError::Unresponsive { what: "import".into(), checks: 2, every_s: 0 });
+    // Two checks of up to 2 s each, 0.5 s apart, and the kill.
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    assert!(e.to_string().contains("stopped answering during `docker import`"), "{e}");
+    drop(stalled);
+    // Resumed, the daemon answers again: the watch stopped only its own client.
+    assert!(version().is_ok());
+    eprintln!(
+        "docker import against a daemon stopped after its first check: given up after {:.1} s",
+        took.as_secs_f64()
+    );
 }

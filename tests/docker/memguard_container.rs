@@ -53,6 +53,7 @@ fn guard_kills_the_containers_processes_itself_when_the_daemon_is_stuck() {
         eprintln!("SKIP guard_kills_the_containers_processes_itself: {why}");
         return;
     }
+    let _stall = docker::ONE_STALL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     hog_is_stopped(docker::stalled_daemon().unwrap(), true);
 }
 

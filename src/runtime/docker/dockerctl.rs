@@ -6,6 +6,7 @@
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+use super::heartbeat;
 use crate::bounded::{self, Ended};
 
 /// Labels on every container spark-kit starts.
@@ -28,6 +29,8 @@ pub enum DockerError {
     Failed { what: String, why: String },
     #[error("the Docker daemon did not answer `docker {what}` within {secs} s")]
     NoAnswer { what: String, secs: u64 },
+    #[error("the Docker daemon stopped answering during `docker {what}` ({checks} checks {every_s} s apart got no answer); the call was stopped")]
+    Unresponsive { what: String, checks: u32, every_s: u64 },
 }
 
 impl DockerError {
@@ -49,7 +52,7 @@ impl DockerError {
                 "load it on this node (`docker load -i <file>`), or run `spark-kit image sync` to copy it from the head; image: {i}"
             ),
             Self::Failed { .. } => "see the message; `docker info` shows the daemon's state".into(),
-            Self::NoAnswer { .. } => "check the daemon (`sudo systemctl status docker`, restart it with `sudo systemctl restart docker`), or point DOCKER_HOST at one that answers".into(),
+            Self::NoAnswer { .. } | Self::Unresponsive { .. } => "check the daemon (`sudo systemctl status docker`, restart it with `sudo systemctl restart docker`), or point DOCKER_HOST at one that answers".into(),
         }
     }
 }
@@ -72,13 +75,25 @@ pub fn classify(what: &str, stderr: &str, image: Option<&str>) -> DockerError {
 
 /// Run `docker args…`; its stdout, or the classified error.
 pub fn docker(args: &[&str], image: Option<&str>) -> Result<String, DockerError> {
-    let out = Command::new("docker").args(args).stdin(Stdio::null()).output().map_err(|e| spawn_error(args, &e))?;
-    answer(args, image, out.status, &out.stdout, &out.stderr)
+    let out = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| spawn_error(&call_name(args), &e))?;
+    answer(&call_name(args), image, out.status, &out.stdout, &out.stderr)
 }
 
-/// A finished call's stdout, trimmed, or its stderr classified.
-fn answer(
-    args: &[&str],
+/// A long call (`import`, `save`, `load`) on this node's daemon, watched by its heartbeat
+/// ([`heartbeat::LONG_CALLS`]) instead of a time limit.
+pub fn long(args: &[&str], image: Option<&str>) -> Result<String, DockerError> {
+    let mut cmd = Command::new("docker");
+    cmd.args(args);
+    heartbeat::watched(&mut cmd, &call_name(args), image, heartbeat::LONG_CALLS, &mut || check_daemon().map(drop))
+}
+
+/// A finished call's stdout, trimmed, or its stderr classified; `what` names the call.
+pub(super) fn answer(
+    what: &str,
     image: Option<&str>,
     status: ExitStatus,
     stdout: &[u8],
@@ -87,7 +102,7 @@ fn answer(
     if status.success() {
         Ok(String::from_utf8_lossy(stdout).trim().to_string())
     } else {
-        Err(classify(&call_name(args), &String::from_utf8_lossy(stderr), image))
+        Err(classify(what, &String::from_utf8_lossy(stderr), image))
     }
 }
 
@@ -108,19 +123,19 @@ pub fn query(args: &[&str], image: Option<&str>) -> Result<String, DockerError> 
 
 /// [`docker`] within `limit`: past it, or with its output held open, [`DockerError::NoAnswer`].
 pub fn docker_within(args: &[&str], image: Option<&str>, limit: Duration) -> Result<String, DockerError> {
-    match bounded::run(Command::new("docker").args(args), limit).map_err(|e| spawn_error(args, &e))? {
-        Ended::Exited { status, stdout, stderr } => answer(args, image, status, &stdout, &stderr),
-        Ended::Late { .. } | Ended::HeldOpen => {
-            Err(DockerError::NoAnswer { what: call_name(args), secs: limit.as_secs() })
-        }
+    let what = call_name(args);
+    match bounded::run(Command::new("docker").args(args), limit).map_err(|e| spawn_error(&what, &e))? {
+        Ended::Exited { status, stdout, stderr } => answer(&what, image, status, &stdout, &stderr),
+        Ended::Late { .. } | Ended::HeldOpen => Err(DockerError::NoAnswer { what, secs: limit.as_secs() }),
     }
 }
 
-fn spawn_error(args: &[&str], e: &std::io::Error) -> DockerError {
+/// Why a call (named `what`) could not be started.
+pub(super) fn spawn_error(what: &str, e: &std::io::Error) -> DockerError {
     if e.kind() == std::io::ErrorKind::NotFound {
         DockerError::NotInstalled
     } else {
-        DockerError::Failed { what: args.first().copied().unwrap_or_default().into(), why: e.to_string() }
+        DockerError::Failed { what: what.into(), why: e.to_string() }
     }
 }
 

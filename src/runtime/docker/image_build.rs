@@ -180,7 +180,8 @@ pub fn build(kit: &Kit, venv: &Path, cache: &Path, rep: &dyn BuildReporter) -> R
     rep.line(&format!("docker import {} ({:.1} MiB) as {image}", tarball.display(), bytes as f64 / 1_048_576.0));
     let label = format!("LABEL {LABEL_INPUTS}={inputs}");
     let path = tarball.display().to_string();
-    dockerctl::docker(&["import", "--change", &label, &path, &image], Some(&image))?;
+    // Watched by the daemon's heartbeat: a large rootfs takes its time, a wedged daemon is named.
+    dockerctl::long(&["import", "--change", &label, &path, &image], Some(&image))?;
     let image_id = dockerctl::image_id(&image)?.unwrap_or_default();
     Ok(Built { image, image_id, action, tarball, bytes, inputs })
 }

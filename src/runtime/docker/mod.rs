@@ -8,6 +8,7 @@
 
 pub mod container;
 pub mod dockerctl;
+pub mod heartbeat;
 pub mod image_build;
 pub mod run;
 
