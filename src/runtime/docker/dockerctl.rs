@@ -139,9 +139,10 @@ pub(super) fn spawn_error(what: &str, e: &std::io::Error) -> DockerError {
     }
 }
 
-/// The daemon answers (`docker info`); its server version.
+/// The daemon answers (`docker version`: the lightest call it answers, also while busy); its
+/// server version.
 pub fn check_daemon() -> Result<String, DockerError> {
-    query(&["info", "--format", "{{.ServerVersion}}"], None)
+    query(&["version", "--format", "{{.Server.Version}}"], None)
 }
 
 /// The image id of `image` on this node (`sha256:…`), None when it is not there.
