@@ -136,7 +136,7 @@ pub fn sync(
         rep.line(&format!("{}: copying the image ({}) to {remote_dir}", node.name, size_of(&dir)));
         rsync::run(node, &argv, &|l| rep.line(&format!("  {}: {l}", node.name)))
             .map_err(|e| ImageSyncError::Copy { node: node.name.clone(), why: e.to_string() })?;
-        load(node, &format!("{remote_dir}/image.tar"))?;
+        load(node, &format!("{remote_dir}/image.tar"), rep)?;
         let got = remote_image_id(node, &image)?.unwrap_or_default();
         if got != want {
             return Err(ImageSyncError::Mismatch { node: node.name.clone(), got, want });
@@ -150,9 +150,12 @@ pub fn sync(
 }
 
 fn size_of(dir: &Path) -> String {
-    let b = std::fs::metadata(dir.join("image.tar")).map(|m| m.len()).unwrap_or(0);
+    mib(std::fs::metadata(dir.join("image.tar")).map(|m| m.len()).unwrap_or(0))
+}
+
+fn mib(bytes: u64) -> String {
     #[allow(clippy::cast_precision_loss)]
-    let mib = b as f64 / f64::from(1u32 << 20);
+    let mib = bytes as f64 / f64::from(1u32 << 20);
     format!("{mib:.1} MiB")
 }
 
@@ -169,7 +172,12 @@ fn save(image: &str, id: &str, cache: &Path, rep: &dyn SyncReporter) -> Result<P
     rep.line(&format!("head: docker save {image} → {}", tar.display()));
     // By id: what is saved is what was compared, even if the tag moves meanwhile; the tag goes
     // along through `image`, so the worker's load names it.
-    dockerctl::long(&["save", "-o", &part.to_string_lossy(), image], Some(image)).map_err(|e| err(e.to_string()))?;
+    let still = &mut |t: Duration| {
+        let written = std::fs::metadata(&part).map_or(0, |m| m.len());
+        rep.line(&format!("head: docker save: still running, {} s, {} written", t.as_secs(), mib(written)));
+    };
+    dockerctl::long(&["save", "-o", &part.to_string_lossy(), image], Some(image), still)
+        .map_err(|e| err(e.to_string()))?;
     // A full disk can truncate the archive with exit 0 (reference-kit.md E.9): list it.
     let listing = std::process::Command::new("tar")
         .arg("-tf")
@@ -239,9 +247,10 @@ fn remote_alive(node: &Node) -> Result<(), DockerError> {
 }
 
 /// `docker load` on the node, watched by that daemon's heartbeat.
-fn load(node: &Node, file: &str) -> Result<(), ImageSyncError> {
+fn load(node: &Node, file: &str, rep: &dyn SyncReporter) -> Result<(), ImageSyncError> {
     let mut cmd = shell(node, &format!("docker load -q -i {}", shell_quote(file)));
-    heartbeat::watched(&mut cmd, "load", None, heartbeat::LONG_CALLS, &mut || remote_alive(node))
+    let still = &mut |t: Duration| rep.line(&format!("{}: docker load: still running, {} s", node.name, t.as_secs()));
+    heartbeat::watched(&mut cmd, "load", None, heartbeat::LONG_CALLS, &mut || remote_alive(node), still)
         .map(drop)
         .map_err(|error| ImageSyncError::Node { node: node.name.clone(), error })
 }

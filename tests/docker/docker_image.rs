@@ -207,7 +207,7 @@ fn a_long_docker_call_is_stopped_when_its_daemon_stops_answering() {
         import.env("DOCKER_HOST", &host).arg("import").arg(&tar).arg("spark-kit-test/stalled:import");
         let t = Instant::now();
         let beat = Heartbeat { every: Duration::from_millis(500), misses: 2 };
-        let result = watched(&mut import, "import", None, beat, &mut alive);
+        let result = watched(&mut import, "import", None, beat, &mut alive, &mut |_| {});
         let _ = tx.send((result, t.elapsed(), stalled));
     });
     let (result, took, stalled) = rx.recv_timeout(Duration::from_secs(60)).expect("the watched call hung");

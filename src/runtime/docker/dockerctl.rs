@@ -84,11 +84,13 @@ pub fn docker(args: &[&str], image: Option<&str>) -> Result<String, DockerError>
 }
 
 /// A long call (`import`, `save`, `load`) on this node's daemon, watched by its heartbeat
-/// ([`heartbeat::LONG_CALLS`]) instead of a time limit.
-pub fn long(args: &[&str], image: Option<&str>) -> Result<String, DockerError> {
+/// ([`heartbeat::LONG_CALLS`]) instead of a time limit; `still` hears the time since the start
+/// every 10 s.
+pub fn long(args: &[&str], image: Option<&str>, still: &mut dyn FnMut(Duration)) -> Result<String, DockerError> {
     let mut cmd = Command::new("docker");
     cmd.args(args);
-    heartbeat::watched(&mut cmd, &call_name(args), image, heartbeat::LONG_CALLS, &mut || check_daemon().map(drop))
+    let alive = &mut || check_daemon().map(drop);
+    heartbeat::watched(&mut cmd, &call_name(args), image, heartbeat::LONG_CALLS, alive, still)
 }
 
 /// A finished call's stdout, trimmed, or its stderr classified; `what` names the call.

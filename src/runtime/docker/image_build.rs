@@ -181,7 +181,8 @@ pub fn build(kit: &Kit, venv: &Path, cache: &Path, rep: &dyn BuildReporter) -> R
     let label = format!("LABEL {LABEL_INPUTS}={inputs}");
     let path = tarball.display().to_string();
     // Watched by the daemon's heartbeat: a large rootfs takes its time, a wedged daemon is named.
-    dockerctl::long(&["import", "--change", &label, &path, &image], Some(&image))?;
+    let still = &mut |t: std::time::Duration| rep.line(&format!("docker import: still running, {} s", t.as_secs()));
+    dockerctl::long(&["import", "--change", &label, &path, &image], Some(&image), still)?;
     let image_id = dockerctl::image_id(&image)?.unwrap_or_default();
     Ok(Built { image, image_id, action, tarball, bytes, inputs })
 }
