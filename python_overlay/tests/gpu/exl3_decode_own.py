@@ -169,7 +169,7 @@ def timeline_summary(raw: torch.Tensor) -> dict:
 def timeline(own, args, gen, results) -> int:
     """The served defaults at --timeline rows, each GEMV block's marks (decode_timeline.cuh), 3 routings."""
     cap = torch.cuda.get_device_capability()
-    own.lib = loader.load(f"sm_{cap[0]}{cap[1]}", ("SPARK_TIMELINE",))
+    own.lib = loader.load(f"sm_{cap[0]}{cap[1]}", ("SPARK_TIMELINE", *args.defines))
     if args.config:
         set_config(own, parse_config(args.config))
     raw = torch.zeros(2, TL_BLOCKS, TL_FIELDS, dtype=torch.int64)
@@ -203,6 +203,9 @@ def main() -> int:
     parser.add_argument("--rows", default="1,2,4,8,16,32,64", help="row counts to time")
     parser.add_argument("--timeline", type=int, default=0,
                         help="only record the served defaults' per-block GEMV timeline at this many rows (a SPARK_TIMELINE build)")
+    parser.add_argument("--defines", type=lambda s: tuple(d for d in s.split(",") if d), default=(),
+                        help="macros for the own library, comma-separated (e.g. SPARK_HAD_FMA,SPARK_FI_NODIV: "
+                             "bench builds of decode_moe.cu); every step of the run uses that build")
     parser.add_argument("--breakdown", action="store_true",
                         help="only time the served defaults' launches alone and in pairs at --rows (no accuracy, no sweep)")
     args = parser.parse_args()
@@ -213,6 +216,9 @@ def main() -> int:
     tables = {f"{sid}_{kind}": torch.tensor([e[sid][kind].data_ptr() for e in experts], dtype=torch.int64).cuda()
               for sid in ("w1", "w3", "w2") for kind in ("trellis", "suh", "svh")}
     own = OwnDecodeMoE(tables, K, HIDDEN, INTER, EXPERTS, TOP_K, torch.device("cuda"))
+    if args.defines:
+        cap = torch.cuda.get_device_capability()
+        own.lib = loader.load(f"sm_{cap[0]}{cap[1]}", args.defines)
     defaults = config_of(own)  # what the served path runs
     occ6_from = own.occ6_from
     per_expert = sum(t.numel() * t.element_size() for e in experts[:1] for p in e.values()
@@ -228,6 +234,7 @@ def main() -> int:
     cap = torch.cuda.get_device_capability()
     floor = Floor(loader.load(f"sm_{cap[0]}{cap[1]}"), per_expert * EXPERTS)
     results = {"gpu": torch.cuda.get_device_name(), "expert_bytes": per_expert, "defaults": key_of(defaults),
+               "defines": list(args.defines),
                "accuracy": [], "timing": []}
     if args.breakdown:
         return breakdown(own, args, gen, results)

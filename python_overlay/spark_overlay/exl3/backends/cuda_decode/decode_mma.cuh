@@ -35,6 +35,21 @@ constexpr int FI_MAX_K = 2560;                           // fuse_in: inputs per 
 constexpr int FI_STRIDE = FI_MAX_K + 8;                  // its row stride in halves (rows on different banks)
 constexpr int FI_BATCH = 3;                              // fuse_in: chunks a warp loads before it transforms them
 
+// fuse_in: item i of a block's input build -> (row r, 128-chunk c) of nch chunks per row. SPARK_FI_NODIV (a
+// bench build until measured): at most FI_ROWS = 2 rows (the launcher refuses more), so a compare instead of
+// the integer division and remainder (~20 instructions each on the CUDA cores).
+__device__ __forceinline__ void fi_row_chunk(int i, int nch, int& r, int& c)
+{
+#ifdef SPARK_FI_NODIV
+    static_assert(FI_ROWS == 2, "fi_row_chunk: one compare covers two rows");
+    r = i >= nch;
+    c = r ? i - nch : i;
+#else
+    r = i / nch;
+    c = i % nch;
+#endif
+}
+
 __device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c)
 {
     uint32_t d;
@@ -267,7 +282,8 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                 const int i = i0 + WARPS * u;
                 if (i < nr * nch)
                 {
-                    const int r = i / nch, c = i % nch;
+                    int r, c;
+                    fi_row_chunk(i, nch, r, c);
                     const int col = (k_lo >> 3) * 128 + c * 128 + lane * 4;
                     const float4 xv = load4_as_float(a.x, (int64_t) (sh_slot[r] / a.topk) * a.H + col, a.x_dt);
                     const uint2 sv = *(const uint2*) (suh + col);
@@ -281,7 +297,8 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
             {
                 const int i = i0 + WARPS * u;
                 if (i >= nr * nch) break;
-                const int r = i / nch, c = i % nch;
+                int r, c;
+                fi_row_chunk(i, nch, r, c);
                 had128(v[u][0], v[u][1], v[u][2], v[u][3], lane);
                 // k = 4m + {0..3} within its 16-group: positions p, p + 1, p + 4, p + 5 with p = 8 (m & 1) + 2 (m >> 1)
                 const int m = lane & 3;
@@ -457,8 +474,20 @@ cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, in
     const int items = (int) ((int64_t) items32 * 32 / COLS);
     if (a.fuse_in && !down)
     {
+        // Bench builds until measured: SPARK_FI_U / SPARK_FI_D, tiles per ring stage and stages of these blocks
+        // (8 and D: fewer, longer stages spend fewer instructions per tile on the ring, hold more registers)
+#ifdef SPARK_FI_U
+        constexpr int FU = SPARK_FI_U;
+#else
+        constexpr int FU = 8;
+#endif
+#ifdef SPARK_FI_D
+        constexpr int FD = SPARK_FI_D;
+#else
+        constexpr int FD = D;
+#endif
         if constexpr (K <= 3)
-            return launch_mma<gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, true, WARPS>, WARPS>(items, a, down, pdl, stream);
+            return launch_mma<gemv_mma_kernel<K, 1, FU, FD, 32 / WARPS, true, KW, true, WARPS>, WARPS>(items, a, down, pdl, stream);
         else
             return cudaErrorInvalidValue;
     }
