@@ -510,7 +510,7 @@ fn node_warnings(
                     None => "free memory on the node: even a KV pool of 1 MiB leaves the floor too low".to_string(),
                 };
                 let files = if input.weights_band > 0 && p.floor_central_at_max_model_len >= p.required_floor {
-                    "; only the band's pessimistic end is short: once the model files are downloaded, the plan reads the weights from their headers (no band) and the central figure applies"
+                    "; only the band's pessimistic end is short: once the model files are downloaded, the plan reads the weights from their headers (no band) and decides on their figure"
                 } else {
                     ""
                 };
