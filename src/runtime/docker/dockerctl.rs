@@ -1,9 +1,10 @@
 //! The `docker` CLI as spark-kit uses it: daemon check, image ids, containers by label, kill.
 //! What the CLI's errors mean is decided by pure functions over its stderr ([`classify`]), so
 //! each failure becomes one line with its fix. The daemon is whatever `docker` talks to
-//! (`DOCKER_HOST`, the default socket).
+//! (`DOCKER_HOST`, the default socket). No call waits on the daemon without an end: a short one
+//! has a time limit ([`docker_within`], [`query`]), a long one the daemon's heartbeat ([`long`]).
 
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use super::heartbeat;
@@ -71,16 +72,6 @@ pub fn classify(what: &str, stderr: &str, image: Option<&str>) -> DockerError {
     } else {
         DockerError::Failed { what: what.to_string(), why: line }
     }
-}
-
-/// Run `docker args…`; its stdout, or the classified error.
-pub fn docker(args: &[&str], image: Option<&str>) -> Result<String, DockerError> {
-    let out = Command::new("docker")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| spawn_error(&call_name(args), &e))?;
-    answer(&call_name(args), image, out.status, &out.stdout, &out.stderr)
 }
 
 /// A long call (`import`, `save`, `load`) on this node's daemon, watched by its heartbeat
