@@ -2,7 +2,9 @@
 //! writes more than a pipe holds (64 KiB) never blocks on a reader that waits for its exit, one
 //! that does not answer in time is killed with its whole process group (it runs in a group of its
 //! own: nothing it started outlives it) and what it wrote so far is kept, and a process it left
-//! behind holding its output open is waited for only within the same limit, then killed.
+//! behind holding its output open is waited for only within the same limit, then killed. Being in
+//! a group of its own, a terminal's Ctrl-C does not reach it: it dies with this process instead
+//! (PDEATHSIG), so an interrupted spark-kit leaves no command of it running.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -36,6 +38,20 @@ pub fn run(cmd: &mut Command, limit: Duration) -> std::io::Result<Ended> {
 /// [`Ended::HeldOpen`] once it has exited). `stop` may take its time: the pipes are read on
 /// threads of their own meanwhile.
 pub fn run_until(cmd: &mut Command, stop: &mut dyn FnMut() -> bool) -> std::io::Result<Ended> {
+    // Its own process group keeps it out of a terminal's Ctrl-C, so it must die with its starter: PDEATHSIG
+    // (the thread that spawns it waits here for its end), checked against a parent already gone.
+    let parent = nix::unistd::getpid();
+    // SAFETY: runs between fork and exec; prctl and getppid are async-signal-safe and touch no Rust state.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() == parent {
+                Ok(())
+            } else {
+                Err(std::io::Error::other("its starter is gone"))
+            }
+        });
+    }
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
     let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
     // The group's id is the child's pid (process_group(0)).
@@ -159,6 +175,25 @@ mod tests {
         // Without one, a prompt exit is answered at once, with its status.
         let Ended::Exited { status, stdout, .. } = sh(1, "echo hi; exit 3") else { panic!("did not exit") };
         assert_eq!((status.code(), stdout.as_slice()), (Some(3), b"hi\n".as_slice()));
+    }
+
+    #[test]
+    fn a_command_dies_with_the_thread_waiting_for_it() {
+        // The waiting thread ends abruptly (a panic out of the stop check), as spark-kit ends on a
+        // Ctrl-C: the command, in a process group of its own, must not outlive it.
+        let pid_file = tempfile::NamedTempFile::new().unwrap();
+        let path = pid_file.path().to_path_buf();
+        let waiter = std::thread::spawn(move || {
+            let script = format!("echo $$ > {}; exec sleep 30", path.display());
+            let _ = run_until(Command::new("sh").args(["-c", &script]), &mut || {
+                let written = std::fs::read_to_string(&path).is_ok_and(|t| t.ends_with('\n'));
+                assert!(!written, "the waiting thread ends here");
+                false
+            });
+        });
+        assert!(waiter.join().is_err());
+        let pid: i32 = std::fs::read_to_string(pid_file.path()).unwrap().trim().parse().unwrap();
+        gone(pid);
     }
 
     #[test]
