@@ -114,7 +114,8 @@ pub fn query(args: &[&str], image: Option<&str>) -> Result<String, DockerError> 
     docker_within(args, image, QUERY_LIMIT)
 }
 
-/// [`docker`] within `limit`: past it, or with its output held open, [`DockerError::NoAnswer`].
+/// `docker args…` within `limit`: its stdout, trimmed, or the classified error; past the limit, or
+/// with its output held open, [`DockerError::NoAnswer`].
 pub fn docker_within(args: &[&str], image: Option<&str>, limit: Duration) -> Result<String, DockerError> {
     let what = call_name(args);
     match bounded::run(Command::new("docker").args(args), limit).map_err(|e| spawn_error(&what, &e))? {
