@@ -84,19 +84,14 @@ __device__ __forceinline__ void cluster_wait()
 #endif
 }
 
-// fuse_in: item i of a block's input build -> (row r, 128-chunk c) of nch chunks per row. SPARK_FI_NODIV (a
-// bench build until measured): at most FI_ROWS = 2 rows (the launcher refuses more), so a compare instead of
-// the integer division and remainder (~20 instructions each on the CUDA cores).
+// fuse_in: item i of a block's input build -> (row r, 128-chunk c) of nch chunks per row. At most FI_ROWS = 2
+// rows (the launcher refuses more), so a compare instead of the integer division and remainder (~20 instructions
+// each on the CUDA cores; docs/performance.md, "Prepared for the next device session").
 __device__ __forceinline__ void fi_row_chunk(int i, int nch, int& r, int& c)
 {
-#ifdef SPARK_FI_NODIV
     static_assert(FI_ROWS == 2, "fi_row_chunk: one compare covers two rows");
     r = i >= nch;
     c = r ? i - nch : i;
-#else
-    r = i / nch;
-    c = i % nch;
-#endif
 }
 
 __device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c)
@@ -499,8 +494,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) gemv_mma_kernel(const MoeArg
 }
 
 #ifdef SPARK_FI_CLUSTER
-// A bench build until measured: the fused-input gate/up blocks in clusters of SPARK_FI_CLUSTER that share the input
-// build (gemv_mma_item's CL). Block b's item: the cluster's members take neighbouring column groups of one (slot,
+// A bench build (measured no faster at 1 row on an H200: 48.29 vs 48.20 us, docs/performance.md): the fused-input
+// gate/up blocks in clusters of SPARK_FI_CLUSTER that share the input build (gemv_mma_item's CL). Block b's item: the cluster's members take neighbouring column groups of one (slot,
 // projection, k-part), member = rank; the launcher checks that the column groups divide by the cluster.
 constexpr int FI_CL = SPARK_FI_CLUSTER;
 
@@ -588,17 +583,18 @@ cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, in
     const int items = (int) ((int64_t) items32 * 32 / COLS);
     if (a.fuse_in && !down)
     {
-        // Bench builds until measured: SPARK_FI_U / SPARK_FI_D, tiles per ring stage and stages of these blocks
-        // (8 and D: fewer, longer stages spend fewer instructions per tile on the ring, hold more registers)
+        // The ring of these blocks: 2 stages of 16 tiles (the shared memory of 4 of 8, fewer instructions per tile
+        // on the ring: 1-row layer 47.5 vs 48.2 us on an H200, docs/performance.md); SPARK_FI_U / SPARK_FI_D
+        // override them in a bench build
 #ifdef SPARK_FI_U
         constexpr int FU = SPARK_FI_U;
 #else
-        constexpr int FU = 8;
+        constexpr int FU = 16;
 #endif
 #ifdef SPARK_FI_D
         constexpr int FD = SPARK_FI_D;
 #else
-        constexpr int FD = D;
+        constexpr int FD = 2;
 #endif
         if constexpr (K <= 3)
         {

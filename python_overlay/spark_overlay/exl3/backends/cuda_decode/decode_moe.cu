@@ -41,10 +41,10 @@ __device__ __forceinline__ int expert_of(const void* ids, int ids64, int slot)
     return ids64 ? (int) ((const int64_t*) ids)[slot] : ((const int32_t*) ids)[slot];
 }
 
-// 128-point Sylvester Hadamard over a warp, 4 consecutive elements per lane, scaled by 1/sqrt(128).
-// SPARK_HAD_FMA (a bench build until measured): each butterfly as one fma with the lane's sign, s * v + o
-// (s = -1 in the upper half: o - v; else v + o), bit for bit the same values as the select and add it
-// replaces (multiplying by +-1 is exact, so the fma rounds once, as the add does), one instruction less each.
+// 128-point Sylvester Hadamard over a warp, 4 consecutive elements per lane, scaled by 1/sqrt(128). Each
+// butterfly is one fma with the lane's sign, s * v + o (s = -1 in the upper half: o - v; else v + o): bit for bit
+// the values of a select and an add (multiplying by +-1 is exact, so the fma rounds once, as the add does), one
+// instruction less each.
 __device__ __forceinline__ void had128(float& v0, float& v1, float& v2, float& v3, int lane)
 {
     float a = v0 + v1, b = v0 - v1, c = v2 + v3, d = v2 - v3;
@@ -56,19 +56,11 @@ __device__ __forceinline__ void had128(float& v0, float& v1, float& v2, float& v
         const float o1 = __shfl_xor_sync(0xffffffffu, v1, m);
         const float o2 = __shfl_xor_sync(0xffffffffu, v2, m);
         const float o3 = __shfl_xor_sync(0xffffffffu, v3, m);
-#ifdef SPARK_HAD_FMA
         const float s = (lane & m) ? -1.0f : 1.0f;
         v0 = __fmaf_rn(s, v0, o0);
         v1 = __fmaf_rn(s, v1, o1);
         v2 = __fmaf_rn(s, v2, o2);
         v3 = __fmaf_rn(s, v3, o3);
-#else
-        const bool hi = lane & m;
-        v0 = hi ? o0 - v0 : v0 + o0;
-        v1 = hi ? o1 - v1 : v1 + o1;
-        v2 = hi ? o2 - v2 : v2 + o2;
-        v3 = hi ? o3 - v3 : v3 + o3;
-#endif
     }
     v0 *= R_SCALE; v1 *= R_SCALE; v2 *= R_SCALE; v3 *= R_SCALE;
 }
