@@ -86,7 +86,7 @@ __device__ __forceinline__ void cluster_wait()
 
 // fuse_in: item i of a block's input build -> (row r, 128-chunk c) of nch chunks per row. At most FI_ROWS = 2
 // rows (the launcher refuses more), so a compare instead of the integer division and remainder (~20 instructions
-// each on the CUDA cores; docs/performance.md, "Prepared for the next device session").
+// each on the CUDA cores; docs/performance.md, "The 1-row gate/up kernel read instruction by instruction").
 __device__ __forceinline__ void fi_row_chunk(int i, int nch, int& r, int& c)
 {
     static_assert(FI_ROWS == 2, "fi_row_chunk: one compare covers two rows");
