@@ -95,9 +95,11 @@ def test_own_kernel_gate_up_blocks_by_rows():
     # 1 row with the input Hadamard fused in: 4 k-parts of 4 x 1 blocks of 4 warps, capped per SM by the kernel
     assert own.gate_up_layout(1, fuse_in=True) == (4, False)
     assert own.gate_up_warps(1, fuse_in=True) == (4, own.CAP_AUTO)
-    # 2 rows fused: 2 parts of 4 x 2 blocks of 8 warps, no cap; unfused as before
-    assert own.gate_up_layout(2, fuse_in=True) == (2, True)
-    assert own.gate_up_warps(2, fuse_in=True) == (8, 0)
+    # 2 rows fused: the same 4 parts of 4 x 1 blocks of 4 warps, no cap, and down in blocks of 4 warps; unfused as before
+    assert own.gate_up_layout(2, fuse_in=True) == (4, False)
+    assert own.gate_up_warps(2, fuse_in=True) == (4, 0)
+    assert [own.down_warps(r, fuse_in=True) for r in (1, 2, 4)] == [8, 4, 8]
+    assert own.down_warps(2, fuse_in=False) == 8
     assert own.gate_up_warps(1, fuse_in=False) == (8, 0)
     assert [own.gate_up_layout(r) for r in (1, 2, 4, 64)] == [(2, False), (1, False), (1, True), (1, True)]
     # the caps travel in 5 bits of the stage word each, above every stage flag

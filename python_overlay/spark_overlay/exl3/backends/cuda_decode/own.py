@@ -83,12 +83,12 @@ def supports(groups: list[tuple], top_k: int = 1) -> str | None:
 
 def gate_up_layout(rows: int, fuse_in: bool = False) -> tuple[int, bool]:
     """Gate/up k-parts and 4 x 2 blocks of the tensor-core GEMV at `rows` rows (the H200's fastest, bias folded):
-    with the input Hadamard fused in 4 parts of 4 x 1 blocks of 4 warps at 1 row (`gate_up_warps`), 2 parts of
-    4 x 2 blocks at 2; else 2 parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
+    with the input Hadamard fused in 4 parts of 4 x 1 blocks of 4 warps at 1 and 2 rows (`gate_up_warps`); else 2
+    parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
     (python_overlay/tests/gpu/results-h200-decode-own-mma.json, results-h200-decode-own-fused*.json,
-    results-h200-decode-own-blocks.json)."""
+    results-h200-decode-own-blocks.json; 2 rows: results-h200-decode-own-bench-*.json)."""
     if fuse_in:
-        return (4, False) if rows <= 1 else (2, True)
+        return 4, False
     if rows <= 1:
         return 2, False
     return 1, rows >= 4
@@ -97,8 +97,17 @@ def gate_up_layout(rows: int, fuse_in: bool = False) -> tuple[int, bool]:
 def gate_up_warps(rows: int, fuse_in: bool) -> tuple[int, int]:
     """Warps per gate/up block and its blocks-per-SM cap: at 1 row with the input Hadamard fused in, blocks of 4 warps
     capped at the launch's blocks over the SMs (on an H200 864 blocks, 7 per SM: 49.3 vs 51.5 us for the layer,
-    results-h200-decode-own-blocks.json); else 8 warps, no cap."""
-    return (4, CAP_AUTO) if fuse_in and rows <= 1 else (8, 0)
+    results-h200-decode-own-blocks.json); at 2 rows fused blocks of 4 warps uncapped (more than one wave); else 8
+    warps, no cap."""
+    if fuse_in and rows <= 2:
+        return 4, CAP_AUTO if rows <= 1 else 0
+    return 8, 0
+
+
+def down_warps(rows: int, fuse_in: bool) -> int:
+    """Warps per down block: 4 at 2 rows with the input Hadamard fused in (with `gate_up_warps`' 4-warp blocks: 81.8
+    vs 85.0 us for the layer on an H200, five runs alike, results-h200-decode-own-bench-*.json), else 8."""
+    return 4 if fuse_in and rows == 2 else 8
 
 
 class OwnDecodeMoE:
@@ -143,9 +152,9 @@ class OwnDecodeMoE:
         self.fuse_out = False
         # tensor cores, bias folded: warps per gate/up / down GEMV block (8, 4 or 2; kw2_a / kw2_b then mean 2 k-warps
         # per n-tile instead of 1); blocks of 4 or 2 warps need the output step unfused
-        # (warps_a / cap_a None: `gate_up_warps`)
+        # (warps_a / cap_a None: `gate_up_warps`; warps_b None: `down_warps`)
         self.warps_a: int | None = None
-        self.warps_b = 8
+        self.warps_b: int | None = None
         # tensor cores: at most this many gate/up / down GEMV blocks per SM (0: as many as fit; 1..30; CAP_AUTO)
         self.cap_a: int | None = None
         self.cap_b = 0
@@ -206,7 +215,10 @@ class OwnDecodeMoE:
             auto_warps, auto_cap = gate_up_warps(rows, fuse_in)
             warps_a = auto_warps if self.warps_a is None else self.warps_a
             cap_a = auto_cap if self.cap_a is None else self.cap_a
-            stages |= WARP_BITS["a"].get(warps_a, 0) | WARP_BITS["b"].get(self.warps_b, 0) if fused else 0
+            # (the fused output step wants 8-warp down blocks: a warp per pick)
+            auto_b = 8 if self.fuse_out else down_warps(rows, fuse_in)
+            warps_b = auto_b if self.warps_b is None else self.warps_b
+            stages |= WARP_BITS["a"].get(warps_a, 0) | WARP_BITS["b"].get(warps_b, 0) if fused else 0
             stages |= (min(cap_a, CAP_AUTO) << STAGE_CAP_A) | (min(self.cap_b, CAP_AUTO) << STAGE_CAP_B)
         else:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
