@@ -35,55 +35,6 @@ constexpr int FI_MAX_K = 2560;                           // fuse_in: inputs per 
 constexpr int FI_STRIDE = FI_MAX_K + 8;                  // its row stride in halves (rows on different banks)
 constexpr int FI_BATCH = 3;                              // fuse_in: chunks a warp loads before it transforms them
 
-// Clusters (sm_90+, SPARK_FI_CLUSTER): this block's rank, a pointer to the same shared variable in member b
-// (distributed shared memory, written with plain stores), and the cluster barrier
-// (release / acquire: the writes before it are seen after it, in every member).
-__device__ __forceinline__ int cluster_rank()
-{
-    unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-    return (int) r;
-}
-
-template <typename T>
-__device__ __forceinline__ T* cluster_peer(T* p, int b)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t out;
-    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(p), "r"(b));
-    return (T*) out;
-#else
-    (void) b;
-    return p;
-#endif
-}
-
-__device__ __forceinline__ void cluster_sync()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-
-// A member's shared memory may be written only once the member runs: every thread arrives (relaxed) before
-// its loads and waits before its first remote store (split, so the barrier hides behind the loads)
-__device__ __forceinline__ void cluster_arrive_relaxed()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cluster_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait;\n" ::: "memory");
-#endif
-}
-
 // fuse_in: item i of a block's input build -> (row r, 128-chunk c) of nch chunks per row. At most FI_ROWS = 2
 // rows (the launcher refuses more), so a compare instead of the integer division and remainder (~20 instructions
 // each on the CUDA cores; docs/performance.md, "The 1-row gate/up kernel read instruction by instruction").
@@ -182,7 +133,7 @@ __device__ __forceinline__ void fused_tail(const MoeArgs& a, int down, int slot,
 // Block: WARPS warps = WARPS / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
 // expert's slots are taken in runs of 8 * NT in slot order: the block of the slot that starts a run
 // takes the run, every other block of that expert exits, so each weight is decoded once per run.
-template <int K, int NT, int U, int D, bool NB, int KW, bool FI = false, int WARPS = 8, int CL = 1>
+template <int K, int NT, int U, int D, bool NB, int KW, bool FI = false, int WARPS = 8>
 __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int item)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
@@ -309,27 +260,21 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     // B fragment's order (a lane's k 2q, 2q+1, 2q+8, 2q+9 side by side: one 8-byte load per tile), and
     // the sums of those fp16 values per row for the affine map of this k-part
     __shared__ __align__(16) half xs[FI ? FI_ROWS : 1][FI ? FI_STRIDE : 8];
-    __shared__ float xsum_w[FI ? WARPS * CL : 1][FI_ROWS];
+    __shared__ float xsum_w[FI ? WARPS : 1][FI_ROWS];
     const int k_lo = FI ? part * ((ktiles + parts - 1) / parts) : 0;
     if (FI)
     {
         const int nch = (min(ktiles, k_lo + (ktiles + parts - 1) / parts) - k_lo) >> 3;
         const half* suh = (const half*) table(a, proj, 1, e);
         float t0 = 0.0f, t1 = 0.0f;
-        // FI_BATCH chunks per warp at a time, every load issued before the first Hadamard. CL > 1 (a cluster of
-        // CL blocks of the same slot, projection and k-part, neighbouring column groups; SPARK_FI_CLUSTER): the
-        // cluster's CL * WARPS warps share the chunks and each writes its chunks and its sums into every member's
-        // buffers (distributed shared memory), so each chunk is built once per cluster instead of once per block.
-        const int cw = (CL > 1 ? cluster_rank() : 0) * WARPS + warp;  // the warp's place in the cluster
-        bool started = CL == 1;  // CL > 1: every member is known to run (the first barrier passed)
-        if constexpr (CL > 1) cluster_arrive_relaxed();
-        for (int i0 = cw; i0 < nr * nch; i0 += CL * WARPS * FI_BATCH)
+        // FI_BATCH chunks per warp at a time, every load issued before the first Hadamard
+        for (int i0 = warp; i0 < nr * nch; i0 += WARPS * FI_BATCH)
         {
             float v[FI_BATCH][4];
             #pragma unroll
             for (int u = 0; u < FI_BATCH; ++u)
             {
-                const int i = i0 + CL * WARPS * u;
+                const int i = i0 + WARPS * u;
                 if (i < nr * nch)
                 {
                     int r, c;
@@ -345,7 +290,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
             #pragma unroll
             for (int u = 0; u < FI_BATCH; ++u)
             {
-                const int i = i0 + CL * WARPS * u;
+                const int i = i0 + WARPS * u;
                 if (i >= nr * nch) break;
                 int r, c;
                 fi_row_chunk(i, nch, r, c);
@@ -356,47 +301,17 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                 const __half2 lo = __floats2half2_rn(v[u][0], v[u][1]), hi = __floats2half2_rn(v[u][2], v[u][3]);
                 *(__half2*) dst = lo;
                 *(__half2*) (dst + 4) = hi;
-                if constexpr (CL > 1)
-                {
-                    if (!started)
-                    {
-                        cluster_wait();
-                        started = true;
-                    }
-                    for (int b = 0; b < CL; ++b)
-                    {
-                        if (b == cw / WARPS) continue;  // its own, above
-                        half* far = cluster_peer(dst, b);
-                        *(__half2*) far = lo;
-                        *(__half2*) (far + 4) = hi;
-                    }
-                }
                 const float t = chunk_sum16(v[u]);
                 if (r == 0) t0 += t;
                 else t1 += t;
             }
         }
-        if constexpr (CL > 1)
-        {
-            if (!started) cluster_wait();
-        }
         if (lane == 0)
         {
-            xsum_w[cw][0] = t0;
-            xsum_w[cw][1] = t1;
-            if constexpr (CL > 1)
-            {
-                for (int b = 0; b < CL; ++b)
-                {
-                    if (b == cw / WARPS) continue;
-                    float* far = cluster_peer(&xsum_w[cw][0], b);
-                    far[0] = t0;
-                    far[1] = t1;
-                }
-            }
+            xsum_w[warp][0] = t0;
+            xsum_w[warp][1] = t1;
         }
-        if constexpr (CL > 1) cluster_sync();  // every member's writes in place (and no member leaves before)
-        else __syncthreads();
+        __syncthreads();
     }
     tl_mark(down, TL_LOOP);
     for (int batch = 0; batch < batches; ++batch)
@@ -473,7 +388,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         {
             float xsum = 0.0f;
             #pragma unroll
-            for (int w = 0; w < WARPS * CL; ++w) xsum += xsum_w[w][r];
+            for (int w = 0; w < WARPS; ++w) xsum += xsum_w[w][r];
             v = fmaf(v, MUL1_S_F, MUL1_O_F * xsum);
         }
         const int s = sh_slot[r];
@@ -492,34 +407,6 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) gemv_mma_kernel(const MoeArg
     tl_mark(down, TL_EXIT);
     tl_mark(down, TL_GT_EXIT);
 }
-
-#ifdef SPARK_FI_CLUSTER
-// A bench build (measured no faster at 1 row on an H200: 48.29 vs 48.20 us, docs/performance.md): the fused-input
-// gate/up blocks in clusters of SPARK_FI_CLUSTER that share the input build (gemv_mma_item's CL). Block b's item: the cluster's members take neighbouring column groups of one (slot,
-// projection, k-part), member = rank; the launcher checks that the column groups divide by the cluster.
-constexpr int FI_CL = SPARK_FI_CLUSTER;
-
-__device__ __forceinline__ int fi_cluster_item(const MoeArgs& a, int b, int cols)
-{
-    const int groups = a.I / cols, parts = a.parts_a;
-    const int rank = b % FI_CL;
-    int c = b / FI_CL;
-    const int part = c % parts;
-    c /= parts;
-    const int group = (c % (groups / FI_CL)) * FI_CL + rank;
-    c /= groups / FI_CL;  // slot * 2 + projection
-    return (c * groups + group) * parts + part;
-}
-
-template <int K, int NT, int U, int D, int MINB, bool NB, int KW, int WARPS>
-__global__ void __cluster_dims__(FI_CL, 1, 1) __launch_bounds__(32 * WARPS, MINB)
-    gemv_mma_fi_cluster_kernel(const MoeArgs a, int down)
-{
-    gemv_mma_item<K, NT, U, D, NB, KW, true, WARPS, FI_CL>(a, down, fi_cluster_item(a, blockIdx.x, 16 * (WARPS / KW)));
-    tl_mark(down, TL_EXIT);
-    tl_mark(down, TL_GT_EXIT);
-}
-#endif
 
 // The largest shared-memory carveout for a kernel, asked once (5-6 blocks of ~29 KB need more than the default)
 template <auto KERN>
@@ -598,11 +485,6 @@ cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, in
 #endif
         if constexpr (K <= 3)
         {
-#ifdef SPARK_FI_CLUSTER
-            if ((a.I / COLS) % FI_CL == 0)
-                return launch_mma<gemv_mma_fi_cluster_kernel<K, 1, FU, FD, 32 / WARPS, true, KW, WARPS>, WARPS>(items, a, down,
-                                                                                                          pdl, stream);
-#endif
             return launch_mma<gemv_mma_kernel<K, 1, FU, FD, 32 / WARPS, true, KW, true, WARPS>, WARPS>(items, a, down, pdl, stream);
         }
         else
