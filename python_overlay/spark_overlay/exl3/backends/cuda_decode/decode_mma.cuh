@@ -534,6 +534,13 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
     if (kw2)
     {
         if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true, 2>>(items / 2, a, down, pdl, stream);
+#if defined(SPARK_DN_U) && defined(SPARK_DN_D)
+        // bench build: the down GEMV's ring (SPARK_DN_U tiles per stage, SPARK_DN_D stages; served 8 x D)
+        if constexpr (K <= 4)
+        {
+            if (down) return launch_mma<gemv_mma_kernel<K, 1, SPARK_DN_U, SPARK_DN_D, 4, true, 2>>(items / 2, a, down, pdl, stream);
+        }
+#endif
         return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2>>(items / 2, a, down, pdl, stream);
     }
     if (a.nobias)
