@@ -34,6 +34,15 @@ constexpr int FI_ROWS = 2;                               // fuse_in: rows per ca
 constexpr int FI_MAX_K = 2560;                           // fuse_in: inputs per k-part (the block's input buffer)
 constexpr int FI_STRIDE = FI_MAX_K + 8;                  // its row stride in halves (rows on different banks)
 constexpr int FI_BATCH = 3;                              // fuse_in: chunks a warp loads before it transforms them
+constexpr int XC_ROWS = 4;                               // FI_COPY: rows per run (the block's input buffer)
+constexpr int XC_MAX_K = 1280;                           // FI_COPY: inputs per k-part
+
+// The B operand of the tensor-core GEMV (its template parameter FI): FI_GLOBAL, each tile's fragment loaded from
+// the fp16 inputs in global memory; FI_FUSED (fuse_in, gate/up, <= FI_ROWS rows), the block builds x * suh * H of
+// its k-range in shared memory; FI_COPY (down, one run of 8 rows), the block copies its k-range of the fp16 inputs
+// into shared memory (<= XC_ROWS rows): one 8-byte shared load per tile instead of two global loads and their
+// addresses.
+constexpr int FI_GLOBAL = 0, FI_FUSED = 1, FI_COPY = 2;
 
 // fuse_in: item i of a block's input build -> (row r, 128-chunk c) of nch chunks per row. At most FI_ROWS = 2
 // rows (the launcher refuses more), so a compare instead of the integer division and remainder (~20 instructions
@@ -133,7 +142,7 @@ __device__ __forceinline__ void fused_tail(const MoeArgs& a, int down, int slot,
 // Block: WARPS warps = WARPS / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
 // expert's slots are taken in runs of 8 * NT in slot order: the block of the slot that starts a run
 // takes the run, every other block of that expert exits, so each weight is decoded once per run.
-template <int K, int NT, int U, int D, bool NB, int KW, bool FI = false, int WARPS = 8>
+template <int K, int NT, int U, int D, bool NB, int KW, int FI = FI_GLOBAL, int WARPS = 8>
 __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int item)
 {
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
@@ -258,11 +267,29 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     pdl_trigger();
     // fuse_in: this block's k-range of x * suh * H for its rows in shared memory, each 16-group in the
     // B fragment's order (a lane's k 2q, 2q+1, 2q+8, 2q+9 side by side: one 8-byte load per tile), and
-    // the sums of those fp16 values per row for the affine map of this k-part
-    __shared__ __align__(16) half xs[FI ? FI_ROWS : 1][FI ? FI_STRIDE : 8];
-    __shared__ float xsum_w[FI ? WARPS : 1][FI_ROWS];
+    // the sums of those fp16 values per row for the affine map of this k-part; FI_COPY: the run's rows of the
+    // fp16 inputs' k-range, in the same order
+    constexpr int XS_ROWS = FI == FI_FUSED ? FI_ROWS : FI == FI_COPY ? XC_ROWS : 1;
+    constexpr int XS_STRIDE = FI == FI_FUSED ? FI_STRIDE : FI == FI_COPY ? XC_MAX_K + 8 : 8;
+    __shared__ __align__(16) half xs[XS_ROWS][XS_STRIDE];
+    __shared__ float xsum_w[FI == FI_FUSED ? WARPS : 1][FI_ROWS];
     const int k_lo = FI ? part * ((ktiles + parts - 1) / parts) : 0;
-    if (FI)
+    if (FI == FI_COPY)
+    {
+        // a 16-group's words w0..w7 (k 2j, 2j + 1) go in the order w0 w4 w1 w5 w2 w6 w3 w7
+        const int groups = min(ktiles, k_lo + (ktiles + parts - 1) / parts) - k_lo;
+        for (int i = threadIdx.x; i < nr * groups; i += blockDim.x)
+        {
+            const int r = i / groups, gi = i - r * groups;
+            const uint4* src = (const uint4*) ((const half*) a.ah + (size_t) sh_slot[r] * a.I + (k_lo + gi) * 16);
+            const uint4 lo = src[0], hi = src[1];
+            uint4* dst = (uint4*) (xs[r] + gi * 16);
+            dst[0] = make_uint4(lo.x, hi.x, lo.y, hi.y);
+            dst[1] = make_uint4(lo.z, hi.z, lo.w, hi.w);
+        }
+        __syncthreads();
+    }
+    if (FI == FI_FUSED)
     {
         const int nch = (min(ktiles, k_lo + (ktiles + parts - 1) / parts) - k_lo) >> 3;
         const half* suh = (const half*) table(a, proj, 1, e);
@@ -384,7 +411,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         float v = sh_red[0][r][cc];
         #pragma unroll
         for (int w = 1; w < KW; ++w) v += sh_red[w][r][cc];
-        if (FI)
+        if (FI == FI_FUSED)
         {
             float xsum = 0.0f;
             #pragma unroll
@@ -400,7 +427,7 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                                                   (float (*)[128]) &sh_red[0][0][0]);
 }
 
-template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4, bool FI = false, int WARPS = 8>
+template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4, int FI = FI_GLOBAL, int WARPS = 8>
 __global__ void __launch_bounds__(32 * WARPS, MINB) gemv_mma_kernel(const MoeArgs a, int down)
 {
     gemv_mma_item<K, NT, U, D, NB, KW, FI, WARPS>(a, down, blockIdx.x);
@@ -459,6 +486,12 @@ cudaError_t launch_mma(int items, const MoeArgs& a, int down, int pdl, cudaStrea
                        a, down);
 }
 
+// FI_COPY for down: at most XC_ROWS rows, a k-part of at most XC_MAX_K inputs, 16-byte aligned rows
+__host__ inline bool copy_fits(const MoeArgs& a)
+{
+    return a.bsz <= XC_ROWS && a.I % 8 == 0 && (a.I / 16 + a.parts_b - 1) / a.parts_b * 16 <= XC_MAX_K;
+}
+
 // Smaller blocks (MoeArgs.warps_a / warps_b: 4 or 2 warps; bias folded, runs of 8 rows): kw2 -> 2 k-warps per
 // n-tile, else 1; the compiler asked for 32 / WARPS blocks per SM (64 registers, as the 8-warp blocks at 4): the
 // same warps per SM in finer pieces, so a launch under one wave spreads its warps more evenly over the SMs.
@@ -485,14 +518,21 @@ cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, in
 #endif
         if constexpr (K <= 3)
         {
-            return launch_mma<gemv_mma_kernel<K, 1, FU, FD, 32 / WARPS, true, KW, true, WARPS>, WARPS>(items, a, down, pdl, stream);
+            return launch_mma<gemv_mma_kernel<K, 1, FU, FD, 32 / WARPS, true, KW, FI_FUSED, WARPS>, WARPS>(items, a, down, pdl, stream);
         }
         else
         {
             return cudaErrorInvalidValue;
         }
     }
-    return launch_mma<gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, false, WARPS>, WARPS>(items, a, down, pdl, stream);
+#ifdef SPARK_DN_XS
+    if constexpr (K <= 4)
+    {
+        if (down && copy_fits(a))
+            return launch_mma<gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, FI_COPY, WARPS>, WARPS>(items, a, down, pdl, stream);
+    }
+#endif
+    return launch_mma<gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, FI_GLOBAL, WARPS>, WARPS>(items, a, down, pdl, stream);
 }
 
 template <int K, int D>
@@ -523,8 +563,8 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
     {
         if constexpr (K <= 3)
         {
-            if (kw2) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2, true>>(items / 2, a, down, pdl, stream);
-            return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 4, true>>(items, a, down, pdl, stream);
+            if (kw2) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2, FI_FUSED>>(items / 2, a, down, pdl, stream);
+            return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 4, FI_FUSED>>(items, a, down, pdl, stream);
         }
         else
         {
@@ -534,6 +574,13 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
     if (kw2)
     {
         if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true, 2>>(items / 2, a, down, pdl, stream);
+#ifdef SPARK_DN_XS
+        // bench build: down's inputs copied into shared memory (FI_COPY) at <= XC_ROWS rows
+        if constexpr (K <= 4)
+        {
+            if (down && copy_fits(a)) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2, FI_COPY>>(items / 2, a, down, pdl, stream);
+        }
+#endif
 #if defined(SPARK_DN_U) && defined(SPARK_DN_D)
         // bench build: the down GEMV's ring (SPARK_DN_U tiles per stage, SPARK_DN_D stages; served 8 x D)
         if constexpr (K <= 4)
