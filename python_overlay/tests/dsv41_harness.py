@@ -12,7 +12,9 @@ kernels (sparse MLA, the compressor and indexer kernels, the o-projection's bmm)
 a CPU backend) and so a whole-model forward.
 
 The CPU-only patches are in `cpu_patches` and nowhere else; each names the vLLM file:line it works
-around and checks that the name it patches exists, so a vLLM bump that moves one fails here, loudly.
+around and checks that the name it patches exists, so a vLLM bump that moves one fails here, loudly. One
+is conditional: the MoE routing runs vLLM's own kernel where the CPU library vLLM loaded has it (AVX512-BF16
+CPUs) and `sqrtsoftplus_topk`, a torch stand-in tested equal to that kernel, where it does not (AVX2 CPUs).
 """
 
 from __future__ import annotations
@@ -68,11 +70,121 @@ def cpu_patches() -> list[str]:
             raise PatchMissing(f"{module_name}.{attr} is gone; the CPU patch for {where} needs re-checking")
         setattr(module, attr, replacement)
         applied.append(f"{module_name}.{attr}: {where}")
+    applied.extend(routing_patch())
     from vllm.v1.worker import cpu_model_runner
 
     if not hasattr(cpu_model_runner, "_torch_cuda_wrapper"):
         raise PatchMissing("vllm.v1.worker.cpu_model_runner._torch_cuda_wrapper is gone (nvidia/model.py:694 streams)")
     return applied
+
+
+# DeepSeek V4's MoE routing on vLLM's CPU platform, and the ops it needs from the CPU kernel library.
+ROUTER_MODULE, ROUTER_ATTR = "vllm.model_executor.layers.fused_moe.router.cpu_router", "_sqrtsoftplus_bias_topk"
+ROUTING_OPS = ("biased_topk_cpu", "hash_topk_cpu")
+ROUTING_WHERE = (
+    "vllm/model_executor/layers/fused_moe/router/cpu_router.py:81 (0.32.0) routes DeepSeek V4 through "
+    "torch.ops._C.biased_topk_cpu / hash_topk_cpu (vllm/_custom_ops.py:4354 / :4396), which only vllm/_C.abi3.so "
+    "holds, and vllm/platforms/cpu.py:631 import_kernels loads that library only on an AVX512-BF16 CPU "
+    "(_C_AVX512 / _C_AVX2 otherwise): the stand-in is dsv41_harness.sqrtsoftplus_topk"
+)
+
+
+def routing_ops_missing() -> list[str]:
+    """The routing ops absent from the CPU kernel library vLLM really loaded in this process."""
+    import vllm._custom_ops  # noqa: F401 - its import runs current_platform.import_kernels(), which loads the library
+
+    return [op for op in ROUTING_OPS if not hasattr(torch.ops._C, op)]
+
+
+def kernel_libraries() -> list[str]:
+    """vLLM's kernel libraries mapped into this process. Not sys.modules: importing `vllm._C_AVX2` / `_C_AVX512`
+    loads the library but raises (it has no module init of that name; platforms/cpu.py:633-638 ignores that)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    return sorted({Path(line.split()[-1]).name for line in maps.splitlines()
+                   if "/vllm/_C" in line and line.endswith(".so")})
+
+
+def cpu_flags() -> str:
+    """The CPU features vLLM's import_kernels picks its library by (platforms/cpu.py:639-640)."""
+    avx512 = getattr(torch.cpu, "_is_avx512_supported", lambda: None)()
+    bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: None)()
+    return f"avx512={avx512}, avx512_bf16={bf16}"
+
+
+def routing_patch() -> list[str]:
+    """Route with `sqrtsoftplus_topk` where the loaded library lacks vLLM's routing ops; nothing where it has them."""
+    import importlib
+
+    if not routing_ops_missing():
+        return []
+    router = importlib.import_module(ROUTER_MODULE)
+    if not hasattr(router, ROUTER_ATTR):
+        raise PatchMissing(f"{ROUTER_MODULE}.{ROUTER_ATTR} is gone; the CPU patch for {ROUTING_WHERE} "
+                           "needs re-checking")
+    setattr(router, ROUTER_ATTR, sqrtsoftplus_topk)
+    return [f"{ROUTER_MODULE}.{ROUTER_ATTR}: {ROUTING_WHERE}"]
+
+
+def routing_in_use() -> str:
+    """Which routing the MoE blocks of this process run, read from the router module itself."""
+    import importlib
+
+    router = importlib.import_module(ROUTER_MODULE)
+    libraries = ", ".join(kernel_libraries()) or "no vllm/_C* library found in /proc/self/maps"
+    if getattr(router, ROUTER_ATTR, None) is sqrtsoftplus_topk:
+        missing = ", ".join(routing_ops_missing())
+        return (f"torch stand-in dsv41_harness.sqrtsoftplus_topk (torch.ops._C lacks {missing}: vLLM loaded "
+                f"{libraries}; CPU {cpu_flags()})")
+    return f"vllm kernel torch.ops._C.biased_topk_cpu ({libraries}; CPU {cpu_flags()})"
+
+
+def sqrtsoftplus_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+                      e_score_correction_bias: torch.Tensor | None, routed_scaling_factor: float,
+                      input_ids: torch.Tensor | None, hash_indices_table: torch.Tensor | None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek V4's routing in torch, for CPUs whose vLLM kernel library lacks it; the keywords of
+    cpu_router._sqrtsoftplus_bias_topk, which cpu_router.py:229 calls by keyword.
+
+    weight = sqrt(softplus(logit)) in fp32. The experts: `hash_indices_table[input_ids]` on a hash-routed layer,
+    else the top_k of weight + e_score_correction_bias (the bias steers the choice only). Returned: the chosen
+    experts' unbiased weights scaled to sum to routed_scaling_factor (fp32), and their ids (int32). The order is
+    the kernel's (highest biased score first; the table's order on a hash layer); where two biased scores tie at
+    the top-k boundary either may be chosen, as the kernel's std::partial_sort is not stable either. The MoE
+    output is a sum over the chosen experts, so the order does not change it.
+    """
+    if not renormalize:
+        raise ValueError("DeepSeek V4 routing always renormalizes (cpu_router.py:107)")
+    weights = _sqrt_softplus(router_logits)
+    ids = _routed_experts(weights, top_k, e_score_correction_bias, input_ids, hash_indices_table)
+    chosen = weights.gather(1, ids)
+    total = chosen.sum(-1, keepdim=True)
+    # An all-zero row (logits below about -200) keeps its zeros instead of turning into NaN, as the kernels'
+    # hash path and vLLM's CUDA routing (router/dsv4_topk.py) do.
+    scale = torch.where(total > 0, routed_scaling_factor / total, torch.ones_like(total))
+    return (chosen * scale).contiguous(), ids.to(torch.int32).contiguous()
+
+
+def _sqrt_softplus(router_logits: torch.Tensor) -> torch.Tensor:
+    # softplus's default threshold (x > 20: x) is the kernel's; below that torch's log1p is the more exact.
+    return torch.nn.functional.softplus(router_logits.float()).sqrt()
+
+
+def _routed_experts(weights: torch.Tensor, top_k: int, bias: torch.Tensor | None, input_ids: torch.Tensor | None,
+                    table: torch.Tensor | None) -> torch.Tensor:
+    """The chosen experts' ids (int64, for gather): from the hash table, else the top_k of the biased weights."""
+    if table is not None:
+        if input_ids is None:
+            raise ValueError("a hash-routed layer needs the token ids")
+        ids = table[input_ids].long()
+        if ids.shape != (weights.shape[0], top_k):
+            raise ValueError(f"hash table rows {tuple(ids.shape)} are not (tokens, top_k={top_k})")
+        return ids
+    if bias is None:
+        raise ValueError("a layer without a hash table needs e_score_correction_bias")
+    return torch.topk(weights + bias.float(), top_k, dim=-1).indices
 
 
 def draft_config(vc):
@@ -344,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         init_distributed_environment(world_size=args.tp, rank=args.rank, local_rank=args.rank,
                                      distributed_init_method=args.init, backend="gloo")
         ensure_model_parallel_initialized(args.tp, 1)
-    result = {"patches": patches, "quant_method": type(vc.quant_config).__name__ if vc.quant_config else None}
+    result = {"patches": patches, "quant_method": type(vc.quant_config).__name__ if vc.quant_config else None,
+              "routing": routing_in_use()}
     model = build(vc)
     result["load"] = load(model, vc, args.ckpt / "exl3")
     names = [n for n, _ in classes.linear_layers(model)]
