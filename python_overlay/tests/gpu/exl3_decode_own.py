@@ -204,8 +204,8 @@ def main() -> int:
     parser.add_argument("--timeline", type=int, default=0,
                         help="only record the served defaults' per-block GEMV timeline at this many rows (a SPARK_TIMELINE build)")
     parser.add_argument("--defines", type=lambda s: tuple(d for d in s.split(",") if d), default=(),
-                        help="macros for the own library, comma-separated (e.g. SPARK_FI_U=8,SPARK_FI_D=4: "
-                             "bench builds of decode_moe.cu); every step of the run uses that build")
+                        help="macros for the own library, comma-separated (e.g. SPARK_FI_U=8,SPARK_FI_D=4 or "
+                             "SPARK_DN_GLOBAL: bench builds of decode_moe.cu); every step of the run uses that build")
     parser.add_argument("--breakdown", action="store_true",
                         help="only time the served defaults' launches alone and in pairs at --rows (no accuracy, no sweep)")
     args = parser.parse_args()

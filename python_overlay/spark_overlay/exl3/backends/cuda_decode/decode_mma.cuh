@@ -478,6 +478,25 @@ size_t cap_smem(int cap, int items, int threads)
     return pad > 0 && pad <= 48 * 1024 ? (size_t) pad : 0;
 }
 
+// FI_COPY only where its larger shared memory costs no blocks per SM against the FI_GLOBAL kernel it replaces,
+// asked once per pair (one kind of GPU per process). H100 / H200 (228 KB per SM): the same blocks either way at
+// K <= 3; a GPU with 100 KB per SM (compute capability 12.x per the CUDA guide's table) would fit fewer: keep the
+// global loads there.
+template <auto KCOPY, auto KGLOBAL>
+bool copy_keeps_blocks(int threads)
+{
+    static int keeps = -1;
+    if (keeps < 0)
+    {
+        prefer_shared<KCOPY>();
+        prefer_shared<KGLOBAL>();
+        int c = 0, g = 0;
+        keeps = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c, KCOPY, threads, 0) == cudaSuccess
+                && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g, KGLOBAL, threads, 0) == cudaSuccess && c >= g;
+    }
+    return keeps == 1;
+}
+
 template <auto KERN, int WARPS = 8>
 cudaError_t launch_mma(int items, const MoeArgs& a, int down, int pdl, cudaStream_t stream)
 {
@@ -525,14 +544,16 @@ cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, in
             return cudaErrorInvalidValue;
         }
     }
-#ifdef SPARK_DN_XS
+    constexpr auto global = gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, FI_GLOBAL, WARPS>;
+#ifndef SPARK_DN_GLOBAL
     if constexpr (K <= 4)
     {
-        if (down && copy_fits(a))
-            return launch_mma<gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, FI_COPY, WARPS>, WARPS>(items, a, down, pdl, stream);
+        constexpr auto copy = gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, FI_COPY, WARPS>;
+        if (down && copy_fits(a) && copy_keeps_blocks<copy, global>(32 * WARPS))
+            return launch_mma<copy, WARPS>(items, a, down, pdl, stream);
     }
 #endif
-    return launch_mma<gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, FI_GLOBAL, WARPS>, WARPS>(items, a, down, pdl, stream);
+    return launch_mma<global, WARPS>(items, a, down, pdl, stream);
 }
 
 template <int K, int D>
@@ -574,18 +595,14 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
     if (kw2)
     {
         if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true, 2>>(items / 2, a, down, pdl, stream);
-#ifdef SPARK_DN_XS
-        // bench build: down's inputs copied into shared memory (FI_COPY) at <= XC_ROWS rows
+#ifndef SPARK_DN_GLOBAL
+        // down's inputs copied into shared memory (FI_COPY) at <= XC_ROWS rows: 1-row layer 46.2 vs 47.3 us on
+        // an H100 (docs/performance.md); the bench build SPARK_DN_GLOBAL keeps the global loads
         if constexpr (K <= 4)
         {
-            if (down && copy_fits(a)) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2, FI_COPY>>(items / 2, a, down, pdl, stream);
-        }
-#endif
-#if defined(SPARK_DN_U) && defined(SPARK_DN_D)
-        // bench build: the down GEMV's ring (SPARK_DN_U tiles per stage, SPARK_DN_D stages; served 8 x D)
-        if constexpr (K <= 4)
-        {
-            if (down) return launch_mma<gemv_mma_kernel<K, 1, SPARK_DN_U, SPARK_DN_D, 4, true, 2>>(items / 2, a, down, pdl, stream);
+            constexpr auto copy = gemv_mma_kernel<K, 1, 8, D, 4, true, 2, FI_COPY>;
+            if (down && copy_fits(a) && copy_keeps_blocks<copy, gemv_mma_kernel<K, 1, 8, D, 4, true, 2>>(256))
+                return launch_mma<copy>(items / 2, a, down, pdl, stream);
         }
 #endif
         return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2>>(items / 2, a, down, pdl, stream);
