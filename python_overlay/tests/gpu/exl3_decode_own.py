@@ -43,7 +43,7 @@ def log(*a):
 
 
 FIELDS = ("pdl", "unroll", "parts_a", "parts_b", "occ6", "xs", "mma", "run16_from", "blocks", "nobias", "kw2_a", "kw2_b",
-          "fuse_in", "fuse_mid", "fuse_out", "warps_a", "warps_b", "cap_a", "cap_b")
+          "fuse_in", "fuse_mid", "fuse_out", "warps_a", "warps_b", "cap_a", "cap_b", "npw_a", "npw_b")
 BOOLS = {"pdl", "occ6", "xs", "mma", "nobias", "kw2_a", "kw2_b", "fuse_in", "fuse_mid", "fuse_out"}
 
 
@@ -62,10 +62,10 @@ def set_config(own, cfg) -> None:
 
 
 def key_of(cfg) -> str:
-    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo, na, nbw, ca, cb = cfg
+    pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo, na, nbw, ca, cb, pwa, pwb = cfg
     return (f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}_k{blocks}_n{int(nb)}"
             f"_wa{'a' if ka is None else int(ka)}_wb{int(kb)}_fi{'a' if fi is None else int(fi)}"
-            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}_ga{na}_gb{nbw}_c{ca}.{cb}")
+            f"_fm{'a' if fm is None else int(fm)}_fo{int(fo)}_ga{na}_gb{nbw}_c{ca}.{cb}_p{pwa}.{pwb}")
 
 
 # Block sizes swept at 1-8 rows (with the served fusions): (gate/up k-parts, kw2_a, warps_a, down k-parts, kw2_b,
@@ -81,13 +81,27 @@ BLOCK_LAYOUTS_NO_FI = [(None, None, 8, 1, True, 8), (1, True, 4, 1, True, 8), (1
                        (None, None, 8, 1, True, 4), (None, None, 8, 1, True, 2), (1, True, 4, 1, True, 2)]
 
 
-def configs(tokens: int) -> list[tuple]:
+# At 1-8 rows, the served defaults with two n-tiles per warp in gate/up, down or both (npw_a, npw_b, warps_b: the
+# down blocks of 2 n-tiles are 8-warp blocks), and with the output step fused in
+NPW_VARIANTS = [(2, 1, None), (1, 2, 8), (2, 2, 8)]
+
+
+def configs(tokens: int, defaults: tuple) -> list[tuple]:
     """The tensor-core kernel with the previous defaults (five launches) and the fusions of the small launches
     into the GEMVs (input Hadamard, activation, output); at 1-8 rows also the block layouts (k-parts, k-warps,
-    warps per block) with the served fusions."""
+    warps per block) with the served fusions, and the served defaults with two n-tiles per warp (NPW_VARIANTS)."""
     pa, ka = gate_up_layout(tokens)
     fusions = [(0, 0, 0), (0, 1, 0), (0, 0, 1)]
-    out = [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, *f, 8, 8, 0, 0) for f in fusions]
+    out = [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, *f, 8, 8, 0, 0, 1, 1) for f in fusions]
+    if tokens <= 8:
+        index = {f: i for i, f in enumerate(FIELDS)}
+        for npw_a, npw_b, warps_b in NPW_VARIANTS:
+            cfg = list(defaults)
+            cfg[index["npw_a"]], cfg[index["npw_b"]], cfg[index["warps_b"]] = npw_a, npw_b, warps_b
+            out.append(tuple(cfg))
+        cfg = list(defaults)
+        cfg[index["fuse_out"]], cfg[index["warps_b"]] = 1, 8
+        out.append(tuple(cfg))
     if tokens <= 8:
         fi = 1 if tokens <= 2 else 0
         pa_fi, ka_fi = gate_up_layout(tokens, bool(fi))
@@ -95,7 +109,7 @@ def configs(tokens: int) -> list[tuple]:
         for pa2, ka2, wa, pb, kb, wb, *caps in layouts:
             ca, cb = caps or (0, 0)
             out.append((True, 16, pa2 or pa_fi, pb, False, False, True, 0, 4, True, ka_fi if ka2 is None else ka2,
-                        kb, fi, 1, 0, wa, wb, ca, cb))
+                        kb, fi, 1, 0, wa, wb, ca, cb, 1, 1))
     return out
 
 
@@ -253,7 +267,12 @@ def main() -> int:
     for layout in BLOCK_LAYOUTS_NO_FI[1:]:
         acc_cases += [(t, 0, 1, 0, t == 16, layout) for t in (4, 8, 16, 64)]
     acc_cases += [(1, 1, 1, 0, False, layout) for layout in CAPPED_LAYOUTS[:3]]
-    for tokens, fi, fm, fo, tp, layout in acc_cases:
+    # two n-tiles per warp (npw_a, npw_b, warps_b) with the served layouts, also with picks outside this rank
+    for npw_a, npw_b, warps_b in NPW_VARIANTS:
+        extra = {"npw_a": npw_a, "npw_b": npw_b, "warps_b": warps_b}
+        acc_cases += [(t, int(t <= 2), 1, 0, t == 2, None, extra) for t in (1, 2, 4, 8)]
+    acc_cases += [(1, 1, 1, 1, True, None, {"npw_a": 2, "npw_b": 2, "warps_b": 8})]
+    for tokens, fi, fm, fo, tp, layout, *extra in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
         if tp:
             ids = ids.clone()
@@ -277,9 +296,12 @@ def main() -> int:
                 own.parts_a = pa or 0
                 own.kw2_a = ka
                 own.cap_a, own.cap_b = caps or (0, 0)
+            for name, value in (extra[0] if extra else {}).items():
+                setattr(own, name, value)
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype, device="cuda")
             y = own(xd, w, ids.to(torch.int32), out).float().cpu()
             row = {"tokens": tokens, "dtype": str(dtype), "fuse": f"{fi}{fm}{fo}", "tp": tp, "layout": layout,
+                   "extra": extra[0] if extra else None,
                    "vs_ref": rel(torch.nan_to_num(y, nan=1e9), ref), "nonfinite": int((~torch.isfinite(y)).sum())}
             if tp:
                 row["row0_max_abs"] = float(y[0].abs().max())
@@ -291,9 +313,15 @@ def main() -> int:
     for tokens, fi, fm, fo, layout in ((1, 0, 0, 0, None), (1, 1, 1, 1, None), (2, 1, 1, 1, None), (4, 0, 1, 1, None),
                                        (16, 0, 1, 1, None), (64, 0, 1, 1, None), (4, 0, 1, 0, None), (1, 1, 0, 0, None),
                                        (1, 1, 1, 0, BLOCK_LAYOUTS[-2]), (4, 0, 1, 0, BLOCK_LAYOUTS_NO_FI[-1]),
-                                       (1, 1, 1, 0, CAPPED_LAYOUTS[2])):
+                                       (1, 1, 1, 0, CAPPED_LAYOUTS[2]), (1, 1, 1, 0, {"npw_a": 2, "npw_b": 2, "warps_b": 8}),
+                                       (4, 0, 1, 0, {"npw_a": 2, "npw_b": 2, "warps_b": 8})):
         set_config(own, defaults)
         own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
+        extra = layout if isinstance(layout, dict) else None
+        if extra:
+            for name, value in extra.items():
+                setattr(own, name, value)
+            layout = None
         if layout:
             pa, ka, own.warps_a, own.parts_b, own.kw2_b, own.warps_b, *caps = layout
             own.parts_a, own.kw2_a = pa or 0, ka
@@ -307,7 +335,8 @@ def main() -> int:
         graph.replay()
         torch.cuda.synchronize()
         eager = own(*new)
-        replays.append({"tokens": tokens, "fuse": f"{fi}{fm}{fo}", "layout": layout, "max_rel": rel(out, eager)})
+        replays.append({"tokens": tokens, "fuse": f"{fi}{fm}{fo}", "layout": layout, "extra": extra,
+                        "max_rel": rel(out, eager)})
         del graph
     set_config(own, defaults)
     results["graph_replay_vs_eager"] = replays
@@ -337,7 +366,7 @@ def main() -> int:
         sweep = {}
         own.occ6_from = 0  # the sweep sets occ6 itself
         for _ in range(2):  # two passes, the faster of each
-            for cfg in configs(tokens):
+            for cfg in configs(tokens, defaults):
                 set_config(own, cfg)
                 t = g()
                 sweep[key_of(cfg)] = min(t, sweep.get(key_of(cfg), t))

@@ -138,16 +138,41 @@ __device__ __forceinline__ void fused_tail(const MoeArgs& a, int down, int slot,
     }
 }
 
+// One 16x16 tile's A fragment (W^T, decode_mma.cuh's head): 8 MUL1 products, byte sums biased to fp16 1024 + b,
+// packed in pairs; with the bias (!NB) the codebook's affine map per pair
+template <int K, bool NB>
+__device__ __forceinline__ void decode_a(const uint32_t* tw, const TileBits& bits, uint32_t (&af)[4])
+{
+    uint32_t f[8];
+    mul1_products<K>(tw, bits, f);
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = __dp4a(f[j], 0x01010101u, MUL1_H16_BIAS);
+    af[0] = __byte_perm(f[0], f[1], 0x5410);
+    af[1] = __byte_perm(f[4], f[5], 0x5410);
+    af[2] = __byte_perm(f[2], f[3], 0x5410);
+    af[3] = __byte_perm(f[6], f[7], 0x5410);
+    if (!NB)
+    {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) af[i] = hfma2_bits(af[i], MUL1_S_H2, MUL1_O_H2);
+    }
+}
+
 // GEMV over one projection for a run of up to 8 * NT rows that picked the item's expert (fp16 inputs).
-// Block: WARPS warps = WARPS / KW n-tiles (16 columns each) x KW k-warps; item: (slot, proj, n-group, k-part). The
-// expert's slots are taken in runs of 8 * NT in slot order: the block of the slot that starts a run
-// takes the run, every other block of that expert exits, so each weight is decoded once per run.
-template <int K, int NT, int U, int D, bool NB, int KW, int FI = FI_GLOBAL, int WARPS = 8>
+// Block: WARPS warps = WARPS / KW warps along n (NPW n-tiles of 16 columns each) x KW k-warps; item: (slot, proj,
+// n-group, k-part). NPW 2 (runs of 8): a warp's two n-tiles are neighbours, so each k-step's 2 tiles are one
+// contiguous piece of the trellis and share one B fragment; the block has twice the columns, and its input build
+// (FI_FUSED) or copy (FI_COPY) serves twice the weights. The expert's slots are taken in runs of 8 * NT in slot
+// order: the block of the slot that starts a run takes the run, every other block of that expert exits, so each
+// weight is decoded once per run.
+template <int K, int NT, int U, int D, bool NB, int KW, int FI = FI_GLOBAL, int WARPS = 8, int NPW = 1>
 __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int item)
 {
+    static_assert(NPW == 1 || NT == 1, "two n-tiles per warp only in runs of 8 rows");
     constexpr int WORDS = 8 * K;  // uint32 words per 16x16 tile
     constexpr int RUN = 8 * NT;
-    constexpr int NTB = WARPS / KW;   // n-tiles per block
+    constexpr int NWN = WARPS / KW;   // warps along n
+    constexpr int NTB = NWN * NPW;    // n-tiles per block
     constexpr int COLS = 16 * NTB;
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
@@ -192,8 +217,8 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     const uint32_t* trellis = (const uint32_t*) table(a, proj, 0, e);
     const int ntiles_n = n_out >> 4;
     const int ktiles = n_in >> 4;
-    const int ntile = group * NTB + warp % NTB;
-    const int kw = warp / NTB;
+    const int ntile = group * NTB + (warp % NWN) * NPW;
+    const int kw = warp / NWN;
     int kb, ke;
     warp_k_range(ktiles, parts, part, kw, KW, kb, ke);
 
@@ -213,14 +238,14 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         xrow[t] = (down ? ah + (size_t) s * a.I : xh + ((size_t) s * 2 + proj_i) * a.H) + 2 * q;
     }
 
-    float acc[NT][4];
+    float acc[NT * NPW][4];  // [8-row group t][n-tile j] at t * NPW + j
     #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    for (int t = 0; t < NT * NPW; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 
-    // Each warp streams its k-tiles through a ring of D stages of U tiles in shared memory (cp.async,
-    // 16-byte pieces, L1 bypassed). The lane's pieces of a stage and their offsets are fixed, so one
-    // stage's issue is a compare, an address and a copy per piece.
-    constexpr int PPT = WORDS / 4;            // 16-byte pieces per tile
+    // Each warp streams its k-steps (NPW neighbouring tiles each) through a ring of D stages of U k-steps in
+    // shared memory (cp.async, 16-byte pieces, L1 bypassed). The lane's pieces of a stage and their offsets are
+    // fixed, so one stage's issue is a compare, an address and a copy per piece.
+    constexpr int PPT = NPW * WORDS / 4;      // 16-byte pieces per k-step
     constexpr int PIECES = U * PPT;           // per stage
     constexpr int PPL = (PIECES + 31) / 32;   // per lane
     __shared__ uint4 ring[WARPS][D][PIECES];
@@ -351,24 +376,14 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
         auto tile = [&] (int u)
         {
             const int kt = kb + batch * U + u;
-            uint32_t f[8];
-            mul1_products<K>(stage + u * WORDS, bits, f);
+            uint32_t af[NPW][4];
             #pragma unroll
-            for (int j = 0; j < 8; ++j) f[j] = __dp4a(f[j], 0x01010101u, MUL1_H16_BIAS);
-            uint32_t af[4];
-            af[0] = __byte_perm(f[0], f[1], 0x5410);
-            af[1] = __byte_perm(f[4], f[5], 0x5410);
-            af[2] = __byte_perm(f[2], f[3], 0x5410);
-            af[3] = __byte_perm(f[6], f[7], 0x5410);
-            if (!NB)
-            {
-                #pragma unroll
-                for (int i = 0; i < 4; ++i) af[i] = hfma2_bits(af[i], MUL1_S_H2, MUL1_O_H2);
-            }
+            for (int j = 0; j < NPW; ++j) decode_a<K, NB>(stage + (u * NPW + j) * WORDS, bits, af[j]);
             if (FI)
             {
                 const uint2 b = *(const uint2*) (xs[min(g, nr - 1)] + (kt - k_lo) * 16 + 4 * q);
-                mma16816(acc[0], af, b.x, b.y);
+                #pragma unroll
+                for (int j = 0; j < NPW; ++j) mma16816(acc[j], af[j], b.x, b.y);
             }
             else
             {
@@ -378,7 +393,8 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                     if (t * 8 >= nr) break;
                     const uint32_t b0 = __ldg((const unsigned int*) (xrow[t] + kt * 16));
                     const uint32_t b1 = __ldg((const unsigned int*) (xrow[t] + kt * 16 + 8));
-                    mma16816(acc[t], af, b0, b1);
+                    #pragma unroll
+                    for (int j = 0; j < NPW; ++j) mma16816(acc[t * NPW + j], af[j], b0, b1);
                 }
             }
         };
@@ -387,12 +403,13 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
     }
     asm volatile("cp.async.wait_all;\n" ::);
     tl_mark(down, TL_LOOP_END);
-    // C fragment: acc[t] = y[n g][rows 8t + 2q, +1], y[n g + 8][same rows]; then the k-warps in a fixed order
-    const int c = (warp % NTB) * 16 + g;
+    // C fragment: acc[t * NPW + j] = y[n g][rows 8t + 2q, +1], y[n g + 8][same rows] of n-tile j; then the k-warps
+    // in a fixed order
     #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int t = 0; t < NT * NPW; ++t)
     {
-        const int r = t * 8 + 2 * q;
+        const int c = (warp % NWN) * 16 * NPW + (t % NPW) * 16 + g;
+        const int r = t / NPW * 8 + 2 * q;
         if (r < nr)
         {
             sh_red[kw][r][c] = acc[t][0];
@@ -427,10 +444,10 @@ __device__ __forceinline__ void gemv_mma_item(const MoeArgs& a, int down, int it
                                                   (float (*)[128]) &sh_red[0][0][0]);
 }
 
-template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4, int FI = FI_GLOBAL, int WARPS = 8>
+template <int K, int NT, int U, int D, int MINB, bool NB, int KW = 4, int FI = FI_GLOBAL, int WARPS = 8, int NPW = 1>
 __global__ void __launch_bounds__(32 * WARPS, MINB) gemv_mma_kernel(const MoeArgs a, int down)
 {
-    gemv_mma_item<K, NT, U, D, NB, KW, FI, WARPS>(a, down, blockIdx.x);
+    gemv_mma_item<K, NT, U, D, NB, KW, FI, WARPS, NPW>(a, down, blockIdx.x);
     tl_mark(down, TL_EXIT);
     tl_mark(down, TL_GT_EXIT);
 }
@@ -519,7 +536,8 @@ template <int K, int D, int WARPS, int KW>
 cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, int pdl, cudaStream_t stream)
 {
     constexpr int COLS = 16 * (WARPS / KW);
-    const int items = (int) ((int64_t) items32 * 32 / COLS);
+    const int npw = down ? a.npw_b : a.npw_a;
+    const int items = (int) ((int64_t) items32 * 32 / (COLS * npw));
     if (a.fuse_in && !down)
     {
         // The ring of these blocks: 2 stages of 16 tiles (the shared memory of 4 of 8, fewer instructions per tile
@@ -537,6 +555,13 @@ cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, in
 #endif
         if constexpr (K <= 3)
         {
+            // npw 2 (4 warps of 1 k-warp): stages of the same tiles, FU / 2 k-steps of 2
+            if constexpr (WARPS == 4 && KW == 1)
+            {
+                if (npw == 2)
+                    return launch_mma<gemv_mma_kernel<K, 1, FU / 2, FD, 32 / WARPS, true, KW, FI_FUSED, WARPS, 2>, WARPS>(items, a, down, pdl, stream);
+            }
+            if (npw != 1) return cudaErrorInvalidValue;
             return launch_mma<gemv_mma_kernel<K, 1, FU, FD, 32 / WARPS, true, KW, FI_FUSED, WARPS>, WARPS>(items, a, down, pdl, stream);
         }
         else
@@ -544,6 +569,7 @@ cudaError_t launch_gemv_mma_small_kw(int items32, const MoeArgs& a, int down, in
             return cudaErrorInvalidValue;
         }
     }
+    if (npw != 1) return cudaErrorInvalidValue;
     constexpr auto global = gemv_mma_kernel<K, 1, 8, D, 32 / WARPS, true, KW, FI_GLOBAL, WARPS>;
 #ifndef SPARK_DN_GLOBAL
     if constexpr (K <= 4)
@@ -580,6 +606,9 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
     if (nt >= 2) return launch_mma<gemv_mma_kernel<K, 2, 8, D, 4, false>>(items, a, down, pdl, stream);
     const int warps = down ? a.warps_b : a.warps_a;
     if (a.nobias && warps && warps != 8) return launch_gemv_mma_small<K, D>(items, a, down, warps, kw2, pdl, stream);
+    // two n-tiles per warp: here only the 8-warp kw2 blocks (4 per SM) without the input build
+    const int npw = down ? a.npw_b : a.npw_a;
+    if (npw != 1 && ((a.fuse_in && !down) || !kw2 || blocks >= 6)) return cudaErrorInvalidValue;
     if (a.fuse_in && !down)  // 4 blocks per SM (the input buffer's shared memory fits K <= 3 only)
     {
         if constexpr (K <= 3)
@@ -591,6 +620,18 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
         {
             return cudaErrorInvalidValue;
         }
+    }
+    if (npw == 2)  // 4 n-tile pairs x 2 k-warps: 128 columns, stages of the same 8 tiles
+    {
+#ifndef SPARK_DN_GLOBAL
+        if constexpr (K <= 3)  // (static shared memory: K 4 would need 51 KB)
+        {
+            constexpr auto copy = gemv_mma_kernel<K, 1, 4, D, 4, true, 2, FI_COPY, 8, 2>;
+            if (down && copy_fits(a) && copy_keeps_blocks<copy, gemv_mma_kernel<K, 1, 4, D, 4, true, 2, FI_GLOBAL, 8, 2>>(256))
+                return launch_mma<copy>(items / 4, a, down, pdl, stream);
+        }
+#endif
+        return launch_mma<gemv_mma_kernel<K, 1, 4, D, 4, true, 2, FI_GLOBAL, 8, 2>>(items / 4, a, down, pdl, stream);
     }
     if (kw2)
     {

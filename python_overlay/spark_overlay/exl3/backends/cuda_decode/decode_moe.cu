@@ -88,6 +88,7 @@ struct MoeArgs
     int fuse_in, fuse_mid, fuse_out;
     int warps_a, warps_b;              // bias folded: warps per gate/up / down GEMV block (8, 4 or 2; decode_mma.cuh)
     int cap_a, cap_b;                  // tensor cores: at most this many gate/up / down GEMV blocks per SM (0: no cap)
+    int npw_a, npw_b;                  // tensor cores, runs of 8: n-tiles per warp of gate/up / down (1, or 2: decode_mma.cuh)
     int* cnt;                          // [MMA_MAX_ROWS * OUT_MAX_TOPK * I/128] mid, then [MMA_MAX_ROWS * H/128] out
 };
 
@@ -425,6 +426,8 @@ constexpr int STAGE_W2_A = 524288;     // as STAGE_W4_A with blocks of 2 warps
 constexpr int STAGE_W2_B = 1048576;    // as STAGE_W4_B with blocks of 2 warps
 constexpr int STAGE_CAP_A = 21;        // with STAGE_MMA: bits 21-25 of stages, MoeArgs.cap_a; bits 26-30, cap_b
 constexpr int STAGE_CAP_B = 26;
+constexpr long long STAGE_NPW2_A = 1LL << 31;  // with STAGE_NOBIAS: gate/up warps of 2 n-tiles (MoeArgs.npw_a)
+constexpr long long STAGE_NPW2_B = 1LL << 32;  // with STAGE_NOBIAS: down warps of 2 n-tiles (MoeArgs.npw_b)
 constexpr int MMA_MAX_ROWS = 64;
 
 template <int K, int NR, int MINB>
@@ -507,7 +510,7 @@ int spark_decode_supports(int k) { return k >= 2 && k <= 6; }
 // folded into the GEMVs (cnt: MMA_MAX_ROWS * (OUT_MAX_TOPK * I/128 + H/128) zeroed ints, left zeroed). Returns a cudaError_t.
 int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const void* w, int w_dt, void* out,
                      int out_dt, int bsz, int topk, int H, int I, int n_local, const int64_t* tables, int k,
-                     float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, int stages,
+                     float* xh, float* gu, float* ah, float* dd, int parts_a, int parts_b, int unroll, long long stages,
                      int* cnt, cudaStream_t stream)
 {
     const int mma = (stages & STAGE_MMA) != 0;
@@ -523,7 +526,7 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     a.nobias = mma && nt == 1 && (stages & STAGE_NOBIAS) != 0;
     // x16: the fp16 inputs fill the first half of xh; the chunk sums go in its second half
     a.sums = xh + (size_t) bsz * topk * H;
-    const int fused = a.nobias ? stages : 0;
+    const long long fused = a.nobias ? stages : 0;
     a.fuse_in = (fused & STAGE_FUSE_IN) != 0;
     a.fuse_mid = (fused & STAGE_FUSE_MID) != 0;
     a.fuse_out = (fused & STAGE_FUSE_OUT) != 0;
@@ -531,8 +534,10 @@ int spark_decode_moe(const void* x, int x_dt, const void* ids, int ids64, const 
     a.warps_a = (fused & STAGE_W2_A) ? 2 : (fused & STAGE_W4_A) ? 4 : 8;
     a.warps_b = (fused & STAGE_W2_B) ? 2 : (fused & STAGE_W4_B) ? 4 : 8;
     if (a.warps_b < 8 && a.fuse_out) return (int) cudaErrorInvalidValue;  // the output step wants a warp per pick
-    a.cap_a = mma ? (stages >> STAGE_CAP_A) & 31 : 0;
-    a.cap_b = mma ? (stages >> STAGE_CAP_B) & 31 : 0;
+    a.cap_a = mma ? (int) (stages >> STAGE_CAP_A) & 31 : 0;
+    a.cap_b = mma ? (int) (stages >> STAGE_CAP_B) & 31 : 0;
+    a.npw_a = (fused & STAGE_NPW2_A) ? 2 : 1;
+    a.npw_b = (fused & STAGE_NPW2_B) ? 2 : 1;
     if ((a.fuse_mid || a.fuse_out) && cnt == nullptr) return (int) cudaErrorInvalidValue;
     // fuse_in: a gate/up k-part is whole 128-chunks and fits the block's input buffer
     if (a.fuse_in && (bsz > FI_ROWS || H % (128 * parts_a) || H / parts_a > FI_MAX_K)) return (int) cudaErrorInvalidValue;

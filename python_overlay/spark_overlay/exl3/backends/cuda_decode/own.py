@@ -40,6 +40,9 @@ STAGE_W4_A, STAGE_W4_B = 131072, 262144  # with STAGE_NOBIAS: gate/up / down GEM
 STAGE_W2_A, STAGE_W2_B = 524288, 1048576  # with STAGE_NOBIAS: ... of 2 warps
 WARP_BITS = {"a": {4: STAGE_W4_A, 2: STAGE_W2_A}, "b": {4: STAGE_W4_B, 2: STAGE_W2_B}}
 STAGE_CAP_A, STAGE_CAP_B = 21, 26  # with STAGE_MMA: shifts of the blocks-per-SM caps of gate/up / down (5 bits each)
+# with STAGE_NOBIAS: gate/up / down warps of 2 neighbouring n-tiles (blocks of twice the columns over half the k-range:
+# the fused gate/up's 4-warp blocks, or 8-warp blocks of 2 k-warps)
+STAGE_NPW2_A, STAGE_NPW2_B = 1 << 31, 1 << 32
 CAP_AUTO = 31  # decode_mma.cuh: the launch's blocks over the SMs, rounded up, where that is below what fits
 FUSE_IN_ROWS, FUSE_IN_MAX_K, FUSE_IN_MAX_BITS = 2, 2560, 3  # decode_mma.cuh: FI_ROWS, FI_MAX_K; shared memory fits K <= 3
 # Served fusions (the H200's fastest, python_overlay/tests/gpu/results-h200-decode-own-fused*.json): the input
@@ -158,6 +161,11 @@ class OwnDecodeMoE:
         # tensor cores: at most this many gate/up / down GEMV blocks per SM (0: as many as fit; 1..30; CAP_AUTO)
         self.cap_a: int | None = None
         self.cap_b = 0
+        # tensor cores, bias folded: n-tiles per warp of gate/up / down (1, or 2: blocks of twice the columns, the k-parts
+        # doubled so the blocks stay as many; gate/up with the input Hadamard fused in (4-warp blocks) or in 8-warp blocks
+        # of 2 k-warps, down in 8-warp blocks of 2 k-warps)
+        self.npw_a = 1
+        self.npw_b = 1
         self.xh, self.gu, self.ah, self.dd, self.cnt = shared_scratch(self.device, top_k, hidden, inter)
 
     @property
@@ -190,19 +198,22 @@ class OwnDecodeMoE:
         fuse_in = want_in and self.mma and self.nobias and rows <= FUSE_IN_ROWS and self.k <= FUSE_IN_MAX_BITS
         fuse_in = fuse_in and not 0 < self.run16_from <= rows
         auto_parts, auto_kw2 = gate_up_layout(rows, fuse_in)
-        parts_a = self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)
+        npw_a, npw_b = (self.npw_a, self.npw_b) if self.mma and self.nobias else (1, 1)
+        parts_a = (self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)) * npw_a
+        parts_b = self.parts_b * npw_b
         kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
         if fuse_in:  # whole 128-chunks per gate/up k-part, at most FUSE_IN_MAX_K of them
-            fit = [p for p in range(parts_a, 5) if self.hidden % (128 * p) == 0 and self.hidden // p <= FUSE_IN_MAX_K]
+            fit = [p for p in range(parts_a, self.hidden // 128 + 1)
+                   if self.hidden % (128 * p) == 0 and self.hidden // p <= FUSE_IN_MAX_K]
             fuse_in = bool(fit)
             if fit:
                 parts_a = fit[0]
             else:  # the layout without the input Hadamard fused in
                 auto_parts, auto_kw2 = gate_up_layout(rows, False)
-                parts_a = self.parts_a or auto_parts
+                parts_a = (self.parts_a or auto_parts) * npw_a
                 kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
-        if parts_a * slots > self.gu.shape[0] or self.parts_b * slots > self.dd.shape[0]:
-            raise ValueError(f"own decode kernel: {parts_a} / {self.parts_b} k-parts at {rows} rows exceed its scratch")
+        if parts_a * slots > self.gu.shape[0] or parts_b * slots > self.dd.shape[0]:
+            raise ValueError(f"own decode kernel: {parts_a} / {parts_b} k-parts at {rows} rows exceed its scratch")
         stages = self.stages | (STAGE_PDL if self.pdl else 0)
         if self.mma:
             blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
@@ -220,6 +231,7 @@ class OwnDecodeMoE:
             warps_b = auto_b if self.warps_b is None else self.warps_b
             stages |= WARP_BITS["a"].get(warps_a, 0) | WARP_BITS["b"].get(warps_b, 0) if fused else 0
             stages |= (min(cap_a, CAP_AUTO) << STAGE_CAP_A) | (min(self.cap_b, CAP_AUTO) << STAGE_CAP_B)
+            stages |= (STAGE_NPW2_A if npw_a == 2 else 0) | (STAGE_NPW2_B if npw_b == 2 else 0) if fused else 0
         else:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
         stream = torch.cuda.current_stream(x.device).cuda_stream
@@ -227,7 +239,7 @@ class OwnDecodeMoE:
             x.data_ptr(), DTYPES[x.dtype], ids.data_ptr(), int(ids.dtype == torch.int64), w.data_ptr(),
             DTYPES[w.dtype], out.data_ptr(), DTYPES[out.dtype], rows, top_k, self.hidden, self.inter,
             self.num_local, self.tables.data_ptr(), self.k, self.xh.data_ptr(), self.gu.data_ptr(),
-            self.ah.data_ptr(), self.dd.data_ptr(), parts_a, self.parts_b, self.unroll, stages, self.cnt.data_ptr(),
+            self.ah.data_ptr(), self.dd.data_ptr(), parts_a, parts_b, self.unroll, stages, self.cnt.data_ptr(),
             stream,
         )
         loader.check(err, "spark_decode_moe")
