@@ -596,6 +596,25 @@ cudaError_t launch_gemv_mma_small(int items32, const MoeArgs& a, int down, int w
 
 namespace {
 
+// 8-warp blocks of 4 x NPW n-tiles x 2 k-warps, 4 per SM (stages of 8 tiles: 8 / NPW k-steps). Down's inputs are
+// copied into shared memory (FI_COPY) at <= XC_ROWS rows where that costs no blocks per SM: 1-row layer 46.2 vs
+// 47.3 us on an H100 at NPW 1 (docs/performance.md); static shared memory fits K <= 4 at NPW 1, K <= 3 at NPW 2.
+// The bench build SPARK_DN_GLOBAL keeps the global loads. items32: items of 32 columns.
+template <int K, int D, int NPW>
+cudaError_t launch_gemv_mma_kw2(int items32, const MoeArgs& a, int down, int pdl, cudaStream_t stream)
+{
+    constexpr auto global = gemv_mma_kernel<K, 1, 8 / NPW, D, 4, true, 2, FI_GLOBAL, 8, NPW>;
+    const int items = items32 / (2 * NPW);
+#ifndef SPARK_DN_GLOBAL
+    if constexpr (K <= (NPW == 1 ? 4 : 3))
+    {
+        constexpr auto copy = gemv_mma_kernel<K, 1, 8 / NPW, D, 4, true, 2, FI_COPY, 8, NPW>;
+        if (down && copy_fits(a) && copy_keeps_blocks<copy, global>(256)) return launch_mma<copy>(items, a, down, pdl, stream);
+    }
+#endif
+    return launch_mma<global>(items, a, down, pdl, stream);
+}
+
 // Stages of 8 tiles (4 deep at K <= 4, 3 deep above: static shared memory). blocks: 4, 5 or 6 blocks per SM
 // asked of the compiler (64 / 48 / 40 registers); nt 2 (runs of 16 rows): 4 blocks, no bias folding;
 // kw2: 4 n-tiles x 2 k-warps per block (twice the k-tiles per warp), with bias folding, 4 or 6 blocks.
@@ -621,32 +640,11 @@ cudaError_t launch_gemv_mma_d(int items, const MoeArgs& a, int down, int nt, int
             return cudaErrorInvalidValue;
         }
     }
-    if (npw == 2)  // 4 n-tile pairs x 2 k-warps: 128 columns, stages of the same 8 tiles
-    {
-#ifndef SPARK_DN_GLOBAL
-        if constexpr (K <= 3)  // (static shared memory: K 4 would need 51 KB)
-        {
-            constexpr auto copy = gemv_mma_kernel<K, 1, 4, D, 4, true, 2, FI_COPY, 8, 2>;
-            if (down && copy_fits(a) && copy_keeps_blocks<copy, gemv_mma_kernel<K, 1, 4, D, 4, true, 2, FI_GLOBAL, 8, 2>>(256))
-                return launch_mma<copy>(items / 4, a, down, pdl, stream);
-        }
-#endif
-        return launch_mma<gemv_mma_kernel<K, 1, 4, D, 4, true, 2, FI_GLOBAL, 8, 2>>(items / 4, a, down, pdl, stream);
-    }
     if (kw2)
     {
         if (blocks >= 6) return launch_mma<gemv_mma_kernel<K, 1, 8, D, 6, true, 2>>(items / 2, a, down, pdl, stream);
-#ifndef SPARK_DN_GLOBAL
-        // down's inputs copied into shared memory (FI_COPY) at <= XC_ROWS rows: 1-row layer 46.2 vs 47.3 us on
-        // an H100 (docs/performance.md); the bench build SPARK_DN_GLOBAL keeps the global loads
-        if constexpr (K <= 4)
-        {
-            constexpr auto copy = gemv_mma_kernel<K, 1, 8, D, 4, true, 2, FI_COPY>;
-            if (down && copy_fits(a) && copy_keeps_blocks<copy, gemv_mma_kernel<K, 1, 8, D, 4, true, 2>>(256))
-                return launch_mma<copy>(items / 2, a, down, pdl, stream);
-        }
-#endif
-        return launch_mma<gemv_mma_kernel<K, 1, 8, D, 4, true, 2>>(items / 2, a, down, pdl, stream);
+        return npw == 2 ? launch_gemv_mma_kw2<K, D, 2>(items, a, down, pdl, stream)
+                        : launch_gemv_mma_kw2<K, D, 1>(items, a, down, pdl, stream);
     }
     if (a.nobias)
     {
