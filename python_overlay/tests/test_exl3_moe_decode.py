@@ -106,6 +106,35 @@ def test_own_kernel_gate_up_blocks_by_rows():
     assert own.CAP_AUTO < 32 and 1 << own.STAGE_CAP_A > own.STAGE_W2_B and own.STAGE_CAP_B == own.STAGE_CAP_A + 5
 
 
+def served_layout(rows: int, fuse_in: bool, **over):
+    """OwnDecodeMoE._layout with the served settings (no GPU: only the fields the choice reads)."""
+    kernel = object.__new__(own.OwnDecodeMoE)
+    fields = {"mma": True, "nobias": True, "warps_a": None, "warps_b": None, "fuse_out": False, "occ6_from": 0,
+              "blocks": 4, "kw2_a": None, "kw2_b": True, "npw_a": None, "npw_b": None, "parts_a": 0, "parts_b": 1,
+              "hidden": 5120}
+    for name, value in {**fields, **over}.items():
+        setattr(kernel, name, value)
+    return kernel._layout(rows, rows * 6, fuse_in)
+
+
+def test_own_kernel_two_n_tiles_per_warp_where_measured():
+    # (fuse_in, gate/up k-parts, down k-parts, kw2_a, npw_a, npw_b): 1 row fused, 2 n-tiles in both, parts doubled
+    assert own.warp_tiles(1, True) == (2, 2) and own.warp_tiles(2, True) == (2, 1) and own.warp_tiles(4, False) == (1, 1)
+    assert served_layout(1, True) == (True, 8, 2, False, 2, 2)
+    assert served_layout(2, True) == (True, 8, 1, False, 2, 1)  # down stays in 4-warp blocks of 1 n-tile
+    assert served_layout(4, False) == (False, 1, 1, True, 1, 1)
+    # only in the blocks it was measured in: other warps per block, the fused output step (8-warp down is kept),
+    # 6 blocks per SM, or no bias folding take 1
+    assert served_layout(1, True, warps_a=8)[4] == 1 and served_layout(1, True, warps_b=4)[5] == 1
+    assert served_layout(1, True, occ6_from=1)[5] == 1 and served_layout(1, True, nobias=False)[4:] == (1, 1)
+    assert served_layout(1, True, npw_a=1, npw_b=1) == (True, 4, 1, False, 1, 1)
+    # a hidden size whose doubled k-parts are not whole 128-chunks: the next that is, else the unfused layout
+    assert served_layout(1, True, hidden=128 * 12)[:2] == (True, 12)
+    assert served_layout(1, True, hidden=128 * 30)[:2] == (True, 10)
+    # fewer 128-chunks than the doubled k-parts: the unfused 1-row layout, 1 n-tile per warp in both
+    assert served_layout(1, True, hidden=128 * 7) == (False, 2, 1, False, 1, 1)
+
+
 def test_own_kernel_takes_one_mul1_k_in_2_to_6():
     experts = list(range(4))
     assert own.supports([("mul1", 3, 3, 3, None, experts)]) is None

@@ -271,7 +271,7 @@ def main() -> int:
     for npw_a, npw_b, warps_b in NPW_VARIANTS:
         extra = {"npw_a": npw_a, "npw_b": npw_b, "warps_b": warps_b}
         acc_cases += [(t, int(t <= 2), 1, 0, t == 2, None, extra) for t in (1, 2, 4, 8)]
-    acc_cases += [(1, 1, 1, 1, True, None, {"npw_a": 2, "npw_b": 2, "warps_b": 8})]
+    acc_cases += [(2, 1, 1, 1, True, None, {"npw_a": 2, "npw_b": 2, "warps_b": 8})]
     for tokens, fi, fm, fo, tp, layout, *extra in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
         if tp:

@@ -4,7 +4,7 @@ decode kernel, exllamav3's own best path and the cold-read floor, side by side i
 Run on the GPU machine (README.md beside this file):
 
     python python_overlay/tests/gpu/exl3_moe_decode.py --wheel PATH/exllamav3-1.6.5-py3-none-any.whl --out DIR \
-        [--prebuilt SO]
+        [--prebuilt SO] [--rows 1,2,4]
 
 Shape: TP rank 0 of 2 of one MoE layer of the reference model (384 experts, hidden 5120,
 intermediate 2304 -> 1152 per rank, top-6, MUL1, K 3, random trellis words). Steps (results to
@@ -14,7 +14,7 @@ DIR/results-decode.json after each):
    under SPARK_EXL3_MOE_COOP=own (own kernel at 1..64 rows, after its load-time self-check), =0
    (sorted tiers) and unset (the default; whether it took the own kernel is recorded), and 8-row
    chunks; the own kernel's output poisoned with NaN first; graph replay with new inputs vs eager.
-2. moe: every size in ROWS, each timed over 8 routings in turn (weights beyond the L2):
+2. moe: every size in ROWS (or --rows), each timed over 8 routings in turn (weights beyond the L2):
    exllamav3's best path (<= 8 rows its decode kernel as its module calls it; above, exl3_moe with
    its host-side schedule), the served path, the layer with the switch unset (`default_us`), the
    own kernel, the sorted tiers, the decode kernel in chunks of 8/16/32/42 rows, and the floor: a
@@ -191,7 +191,7 @@ def coop_for(layer: Exl3FusedMoE, chunk: int) -> CoopRows:
                     torch.device("cuda"), layer.prefix)
 
 
-def moe(ext, lib, results):
+def moe(ext, lib, results, rows=ROWS):
     gen = torch.Generator(device="cuda").manual_seed(9)
     full = base.full_experts(EXPERTS, gen, "cuda")
     loop = base.rank_loop(full, 0, 2, ext)
@@ -208,7 +208,7 @@ def moe(ext, lib, results):
     results["expert_bytes"] = per_expert
     floor = Floor(lib, int(per_expert * EXPERTS + 2 * 64 * HIDDEN * 4))
     table = []
-    for tokens in ROWS:
+    for tokens in rows:
         sets = [base.routing(tokens, gen) for _ in range(ROTATE)]
         active = sum(len(set(ids.reshape(-1).tolist())) for _, _, ids in sets) / ROTATE
         nbytes = int(active * per_expert + tokens * HIDDEN * 2 * 2)
@@ -313,7 +313,8 @@ def main() -> int:
     ext = base.load_extension(args)
     results["build_s"] = round(time.time() - t, 1)
     log(f"own kernels {results['own_build_s']} s, exllamav3_ext {results['build_s']} s on {results['gpu']}")
-    steps = (("accuracy", lambda: accuracy(ext, lib, results)), ("moe", lambda: moe(ext, lib, results)),
+    rows = tuple(int(v) for v in args.rows.split(",")) if args.rows else ROWS
+    steps = (("accuracy", lambda: accuracy(ext, lib, results)), ("moe", lambda: moe(ext, lib, results, rows)),
              ("linears", lambda: base.linears(ext, results)))
     base.run_steps(steps, args.skip, results, args.out / "results-decode.json", estimate)
     acc = results.get("accuracy", {}).get("rows", [])

@@ -387,13 +387,14 @@ def load_extension(args):
 
 
 def arguments() -> argparse.Namespace:
-    """The command line of the MoE scripts: --wheel, --out, --scratch, --skip, --prebuilt."""
+    """The command line of the MoE scripts: --wheel, --out, --scratch, --skip, --prebuilt, --rows."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--wheel", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/exl3-scratch"))
     parser.add_argument("--skip", default="", help="comma list of steps to skip: accuracy,moe,linears")
     parser.add_argument("--prebuilt", type=Path, help="an exllamav3_ext .so built by an earlier run (no JIT build)")
+    parser.add_argument("--rows", default="", help="exl3_moe_decode.py: comma list of the row counts to time (default: all)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     return args

@@ -113,6 +113,17 @@ def down_warps(rows: int, fuse_in: bool) -> int:
     return 4 if fuse_in and rows == 2 else 8
 
 
+def warp_tiles(rows: int, fuse_in: bool) -> tuple[int, int]:
+    """n-tiles per warp of gate/up and down (the k-parts doubled where 2): with the input Hadamard fused in, 2 in both
+    at 1 row (44.13 vs 45.94 us for the layer on an H100) and 2 in gate/up at 2 rows (75.85 vs 78.23; down stays in
+    4-warp blocks of 1), one sweep (python_overlay/tests/gpu/results-h100-decode-own-npw.json); else 1."""
+    if fuse_in and rows <= 1:
+        return 2, 2
+    if fuse_in and rows <= 2:
+        return 2, 1
+    return 1, 1
+
+
 class OwnDecodeMoE:
     """One layer's own decode kernel, sharing the fused path's pointer tables."""
 
@@ -163,9 +174,9 @@ class OwnDecodeMoE:
         self.cap_b = 0
         # tensor cores, bias folded: n-tiles per warp of gate/up / down (1, or 2: blocks of twice the columns, the k-parts
         # doubled so the blocks stay as many; gate/up with the input Hadamard fused in (4-warp blocks) or in 8-warp blocks
-        # of 2 k-warps, down in 8-warp blocks of 2 k-warps)
-        self.npw_a = 1
-        self.npw_b = 1
+        # of 2 k-warps, down in 8-warp blocks of 2 k-warps; None: `warp_tiles`)
+        self.npw_a: int | None = None
+        self.npw_b: int | None = None
         self.xh, self.gu, self.ah, self.dd, self.cnt = shared_scratch(self.device, top_k, hidden, inter)
 
     @property
@@ -176,6 +187,35 @@ class OwnDecodeMoE:
     def serve_rows(self) -> int:
         """Rows up to which the served path takes this kernel instead of exllamav3's."""
         return SERVE_ROWS if self.mma else CUDA_CORE_SERVE_ROWS
+
+    def _npw(self, rows: int, fuse_in: bool, kw2_a: bool) -> tuple[int, int]:
+        """n-tiles per warp of gate/up and down: the set ones, else `warp_tiles` where the blocks it was measured in
+        are the ones that run (4-warp fused gate/up blocks of 1 k-warp; 8-warp down blocks of 2, 4 per SM), else 1."""
+        if not (self.mma and self.nobias):
+            return 1, 1
+        auto_a, auto_b = warp_tiles(rows, fuse_in)
+        warps_a = gate_up_warps(rows, fuse_in)[0] if self.warps_a is None else self.warps_a
+        warps_b = (8 if self.fuse_out else down_warps(rows, fuse_in)) if self.warps_b is None else self.warps_b
+        blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
+        auto_a = auto_a if warps_a == 4 and not kw2_a else 1
+        auto_b = auto_b if warps_b == 8 and self.kw2_b and blocks < 6 else 1
+        return (auto_a if self.npw_a is None else self.npw_a), (auto_b if self.npw_b is None else self.npw_b)
+
+    def _layout(self, rows: int, slots: int, fuse_in: bool) -> tuple[bool, int, int, bool, int, int]:
+        """(fuse_in, gate/up k-parts, down k-parts, kw2_a, npw_a, npw_b) at `rows` rows: the k-parts doubled where a
+        warp takes 2 n-tiles; the input Hadamard fused in only where its k-parts are whole 128-chunks that fit the
+        block's input buffer."""
+        auto_parts, auto_kw2 = gate_up_layout(rows, fuse_in)
+        kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
+        npw_a, npw_b = self._npw(rows, fuse_in, kw2_a)
+        parts_a = (self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)) * npw_a
+        if fuse_in:  # whole 128-chunks per gate/up k-part, at most FUSE_IN_MAX_K of them
+            fit = [p for p in range(parts_a, self.hidden // 128 + 1)
+                   if self.hidden % (128 * p) == 0 and self.hidden // p <= FUSE_IN_MAX_K]
+            if fit:
+                return True, fit[0], self.parts_b * npw_b, kw2_a, npw_a, npw_b
+            return self._layout(rows, slots, False)  # the layout without the input Hadamard fused in
+        return False, parts_a, self.parts_b * npw_b, kw2_a, npw_a, npw_b
 
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,21 +237,7 @@ class OwnDecodeMoE:
         fuse_mid = rows <= FUSE_MID_AUTO_ROWS if self.fuse_mid is None else self.fuse_mid
         fuse_in = want_in and self.mma and self.nobias and rows <= FUSE_IN_ROWS and self.k <= FUSE_IN_MAX_BITS
         fuse_in = fuse_in and not 0 < self.run16_from <= rows
-        auto_parts, auto_kw2 = gate_up_layout(rows, fuse_in)
-        npw_a, npw_b = (self.npw_a, self.npw_b) if self.mma and self.nobias else (1, 1)
-        parts_a = (self.parts_a or (auto_parts if self.mma else 3 if slots <= 8 else 2)) * npw_a
-        parts_b = self.parts_b * npw_b
-        kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
-        if fuse_in:  # whole 128-chunks per gate/up k-part, at most FUSE_IN_MAX_K of them
-            fit = [p for p in range(parts_a, self.hidden // 128 + 1)
-                   if self.hidden % (128 * p) == 0 and self.hidden // p <= FUSE_IN_MAX_K]
-            fuse_in = bool(fit)
-            if fit:
-                parts_a = fit[0]
-            else:  # the layout without the input Hadamard fused in
-                auto_parts, auto_kw2 = gate_up_layout(rows, False)
-                parts_a = (self.parts_a or auto_parts) * npw_a
-                kw2_a = auto_kw2 if self.kw2_a is None else self.kw2_a
+        fuse_in, parts_a, parts_b, kw2_a, npw_a, npw_b = self._layout(rows, slots, fuse_in)
         if parts_a * slots > self.gu.shape[0] or parts_b * slots > self.dd.shape[0]:
             raise ValueError(f"own decode kernel: {parts_a} / {parts_b} k-parts at {rows} rows exceed its scratch")
         stages = self.stages | (STAGE_PDL if self.pdl else 0)
