@@ -106,33 +106,56 @@ def test_own_kernel_gate_up_blocks_by_rows():
     assert own.CAP_AUTO < 32 and 1 << own.STAGE_CAP_A > own.STAGE_W2_B and own.STAGE_CAP_B == own.STAGE_CAP_A + 5
 
 
-def served_layout(rows: int, fuse_in: bool, **over):
-    """OwnDecodeMoE._layout with the served settings (no GPU: only the fields the choice reads)."""
-    kernel = object.__new__(own.OwnDecodeMoE)
-    fields = {"mma": True, "nobias": True, "warps_a": None, "warps_b": None, "fuse_out": False, "occ6_from": 0,
-              "blocks": 4, "kw2_a": None, "kw2_b": True, "npw_a": None, "npw_b": None, "parts_a": 0, "parts_b": 1,
-              "hidden": 5120}
-    for name, value in {**fields, **over}.items():
+def own_kernel_on_cpu(monkeypatch, **over):
+    """An OwnDecodeMoE with its served settings, built without a GPU (its layout and stage choices are pure)."""
+    monkeypatch.setattr(own.torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(own.loader, "load", lambda arch, defines=(): None)
+    monkeypatch.setattr(own, "shared_scratch", lambda device, top_k, hidden, inter: tuple(
+        own.torch.empty(n, 0) for n in (own.ROWS * top_k, 2 * own.ROWS * top_k, own.ROWS * top_k, own.ROWS * top_k, 1)))
+    tables = {f"{sid}_{kind}": own.torch.zeros(384, dtype=own.torch.int64)
+              for sid in ("w1", "w3", "w2") for kind in ("trellis", "suh", "svh")}
+    kernel = own.OwnDecodeMoE(tables, 3, over.pop("hidden", 5120), 1152, 384, 6, "cpu")
+    for name, value in over.items():
         setattr(kernel, name, value)
-    return kernel._layout(rows, rows * 6, fuse_in)
+    return kernel
 
 
-def test_own_kernel_two_n_tiles_per_warp_where_measured():
+def served_call(kernel, rows: int, fuse_in: bool):
+    """(fuse_in, gate/up k-parts, down k-parts, kw2_a, npw_a, npw_b) and the stage word of a call at `rows` rows"""
+    layout = kernel._layout(rows, rows * 6, fuse_in)
+    fuse_in, _, _, kw2_a, npw_a, npw_b = layout
+    return layout, kernel._stages(rows, fuse_in, True, kw2_a, npw_a, npw_b)
+
+
+def test_own_kernel_two_n_tiles_per_warp_where_measured(monkeypatch):
+    def served_layout(rows, fuse_in, **over):
+        return served_call(own_kernel_on_cpu(monkeypatch, **over), rows, fuse_in)[0]
+
     # (fuse_in, gate/up k-parts, down k-parts, kw2_a, npw_a, npw_b): 1 row fused, 2 n-tiles in both, parts doubled
     assert own.warp_tiles(1, True) == (2, 2) and own.warp_tiles(2, True) == (2, 1) and own.warp_tiles(4, False) == (1, 1)
     assert served_layout(1, True) == (True, 8, 2, False, 2, 2)
     assert served_layout(2, True) == (True, 8, 1, False, 2, 1)  # down stays in 4-warp blocks of 1 n-tile
     assert served_layout(4, False) == (False, 1, 1, True, 1, 1)
-    # only in the blocks it was measured in: other warps per block, the fused output step (8-warp down is kept),
-    # 6 blocks per SM, or no bias folding take 1
+    # only in the blocks it was measured in: other warps per block, 6 blocks per SM, or no bias folding take 1
     assert served_layout(1, True, warps_a=8)[4] == 1 and served_layout(1, True, warps_b=4)[5] == 1
     assert served_layout(1, True, occ6_from=1)[5] == 1 and served_layout(1, True, nobias=False)[4:] == (1, 1)
     assert served_layout(1, True, npw_a=1, npw_b=1) == (True, 4, 1, False, 1, 1)
-    # a hidden size whose doubled k-parts are not whole 128-chunks: the next that is, else the unfused layout
+    # a hidden size whose doubled k-parts are not whole 128-chunks: the next that is
     assert served_layout(1, True, hidden=128 * 12)[:2] == (True, 12)
     assert served_layout(1, True, hidden=128 * 30)[:2] == (True, 10)
     # fewer 128-chunks than the doubled k-parts: the unfused 1-row layout, 1 n-tile per warp in both
     assert served_layout(1, True, hidden=128 * 7) == (False, 2, 1, False, 1, 1)
+
+
+def test_own_kernel_serves_the_measured_two_n_tile_layouts(monkeypatch):
+    # the served call at 1 and 2 rows is, launch for launch, the sweep's variant that was measured
+    # (exl3_decode_own.NPW_VARIANTS: npw_a, npw_b, warps_b set on the served defaults)
+    for rows, measured in ((1, {"npw_a": 2, "npw_b": 2, "warps_b": 8}), (2, {"npw_a": 2, "npw_b": 1, "warps_b": None})):
+        served = served_call(own_kernel_on_cpu(monkeypatch), rows, True)
+        assert served == served_call(own_kernel_on_cpu(monkeypatch, **measured), rows, True)
+        assert served[1] & own.STAGE_NPW2_A and bool(served[1] & own.STAGE_NPW2_B) == (rows == 1)
+    # 64-bit stage word: the two bits above the 5-bit caps
+    assert own.STAGE_NPW2_A > 31 << own.STAGE_CAP_B and own.STAGE_NPW2_B == 2 * own.STAGE_NPW2_A
 
 
 def test_own_kernel_takes_one_mul1_k_in_2_to_6():

@@ -188,6 +188,30 @@ class OwnDecodeMoE:
         """Rows up to which the served path takes this kernel instead of exllamav3's."""
         return SERVE_ROWS if self.mma else CUDA_CORE_SERVE_ROWS
 
+    def _stages(self, rows: int, fuse_in: bool, fuse_mid: bool, kw2_a: bool, npw_a: int, npw_b: int) -> int:
+        """spark_decode_moe's stage word for one call: the launches, their kernels and layouts (decode_moe.cu)."""
+        stages = self.stages | (STAGE_PDL if self.pdl else 0)
+        if self.mma:
+            blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
+            stages |= STAGE_MMA | (STAGE_RUN16 if 0 < self.run16_from <= rows else 0)
+            stages |= (STAGE_NOBIAS if self.nobias else 0) | {6: STAGE_OCC6, 5: STAGE_OCC5}.get(blocks, 0)
+            stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
+            fused = self.nobias and not 0 < self.run16_from <= rows
+            stages |= STAGE_FUSE_IN if fuse_in and fused else 0
+            stages |= (STAGE_FUSE_MID if fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
+            auto_warps, auto_cap = gate_up_warps(rows, fuse_in)
+            warps_a = auto_warps if self.warps_a is None else self.warps_a
+            cap_a = auto_cap if self.cap_a is None else self.cap_a
+            # (the fused output step wants 8-warp down blocks: a warp per pick)
+            auto_b = 8 if self.fuse_out else down_warps(rows, fuse_in)
+            warps_b = auto_b if self.warps_b is None else self.warps_b
+            stages |= WARP_BITS["a"].get(warps_a, 0) | WARP_BITS["b"].get(warps_b, 0) if fused else 0
+            stages |= (min(cap_a, CAP_AUTO) << STAGE_CAP_A) | (min(self.cap_b, CAP_AUTO) << STAGE_CAP_B)
+            stages |= (STAGE_NPW2_A if npw_a == 2 else 0) | (STAGE_NPW2_B if npw_b == 2 else 0) if fused else 0
+        else:
+            stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
+        return stages
+
     def _npw(self, rows: int, fuse_in: bool, kw2_a: bool) -> tuple[int, int]:
         """n-tiles per warp of gate/up and down: the set ones, else `warp_tiles` where the blocks it was measured in
         are the ones that run (4-warp fused gate/up blocks of 1 k-warp; 8-warp down blocks of 2, 4 per SM), else 1."""
@@ -240,26 +264,7 @@ class OwnDecodeMoE:
         fuse_in, parts_a, parts_b, kw2_a, npw_a, npw_b = self._layout(rows, slots, fuse_in)
         if parts_a * slots > self.gu.shape[0] or parts_b * slots > self.dd.shape[0]:
             raise ValueError(f"own decode kernel: {parts_a} / {parts_b} k-parts at {rows} rows exceed its scratch")
-        stages = self.stages | (STAGE_PDL if self.pdl else 0)
-        if self.mma:
-            blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
-            stages |= STAGE_MMA | (STAGE_RUN16 if 0 < self.run16_from <= rows else 0)
-            stages |= (STAGE_NOBIAS if self.nobias else 0) | {6: STAGE_OCC6, 5: STAGE_OCC5}.get(blocks, 0)
-            stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
-            fused = self.nobias and not 0 < self.run16_from <= rows
-            stages |= STAGE_FUSE_IN if fuse_in and fused else 0
-            stages |= (STAGE_FUSE_MID if fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
-            auto_warps, auto_cap = gate_up_warps(rows, fuse_in)
-            warps_a = auto_warps if self.warps_a is None else self.warps_a
-            cap_a = auto_cap if self.cap_a is None else self.cap_a
-            # (the fused output step wants 8-warp down blocks: a warp per pick)
-            auto_b = 8 if self.fuse_out else down_warps(rows, fuse_in)
-            warps_b = auto_b if self.warps_b is None else self.warps_b
-            stages |= WARP_BITS["a"].get(warps_a, 0) | WARP_BITS["b"].get(warps_b, 0) if fused else 0
-            stages |= (min(cap_a, CAP_AUTO) << STAGE_CAP_A) | (min(self.cap_b, CAP_AUTO) << STAGE_CAP_B)
-            stages |= (STAGE_NPW2_A if npw_a == 2 else 0) | (STAGE_NPW2_B if npw_b == 2 else 0) if fused else 0
-        else:
-            stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
+        stages = self._stages(rows, fuse_in, fuse_mid, kw2_a, npw_a, npw_b)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         err = self.lib.spark_decode_moe(
             x.data_ptr(), DTYPES[x.dtype], ids.data_ptr(), int(ids.dtype == torch.int64), w.data_ptr(),
