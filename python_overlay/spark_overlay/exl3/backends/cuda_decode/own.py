@@ -199,12 +199,7 @@ class OwnDecodeMoE:
             fused = self.nobias and not 0 < self.run16_from <= rows
             stages |= STAGE_FUSE_IN if fuse_in and fused else 0
             stages |= (STAGE_FUSE_MID if fuse_mid else 0) | (STAGE_FUSE_OUT if self.fuse_out else 0) if fused else 0
-            auto_warps, auto_cap = gate_up_warps(rows, fuse_in)
-            warps_a = auto_warps if self.warps_a is None else self.warps_a
-            cap_a = auto_cap if self.cap_a is None else self.cap_a
-            # (the fused output step wants 8-warp down blocks: a warp per pick)
-            auto_b = 8 if self.fuse_out else down_warps(rows, fuse_in)
-            warps_b = auto_b if self.warps_b is None else self.warps_b
+            warps_a, cap_a, warps_b = self._warps(rows, fuse_in)
             stages |= WARP_BITS["a"].get(warps_a, 0) | WARP_BITS["b"].get(warps_b, 0) if fused else 0
             stages |= (min(cap_a, CAP_AUTO) << STAGE_CAP_A) | (min(self.cap_b, CAP_AUTO) << STAGE_CAP_B)
             stages |= (STAGE_NPW2_A if npw_a == 2 else 0) | (STAGE_NPW2_B if npw_b == 2 else 0) if fused else 0
@@ -212,14 +207,21 @@ class OwnDecodeMoE:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
         return stages
 
+    def _warps(self, rows: int, fuse_in: bool) -> tuple[int, int, int]:
+        """(warps per gate/up block, its blocks-per-SM cap, warps per down block): the set ones, else by rows."""
+        auto_warps, auto_cap = gate_up_warps(rows, fuse_in)
+        # (the fused output step wants 8-warp down blocks: a warp per pick)
+        auto_b = 8 if self.fuse_out else down_warps(rows, fuse_in)
+        return (auto_warps if self.warps_a is None else self.warps_a, auto_cap if self.cap_a is None else self.cap_a,
+                auto_b if self.warps_b is None else self.warps_b)
+
     def _npw(self, rows: int, fuse_in: bool, kw2_a: bool) -> tuple[int, int]:
         """n-tiles per warp of gate/up and down: the set ones, else `warp_tiles` where the blocks it was measured in
         are the ones that run (4-warp fused gate/up blocks of 1 k-warp; 8-warp down blocks of 2, 4 per SM), else 1."""
         if not (self.mma and self.nobias):
             return 1, 1
         auto_a, auto_b = warp_tiles(rows, fuse_in)
-        warps_a = gate_up_warps(rows, fuse_in)[0] if self.warps_a is None else self.warps_a
-        warps_b = (8 if self.fuse_out else down_warps(rows, fuse_in)) if self.warps_b is None else self.warps_b
+        warps_a, _, warps_b = self._warps(rows, fuse_in)
         blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
         auto_a = auto_a if warps_a == 4 and not kw2_a else 1
         auto_b = auto_b if warps_b == 8 and self.kw2_b and blocks < 6 else 1
