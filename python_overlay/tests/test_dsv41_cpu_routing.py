@@ -53,10 +53,15 @@ def _route(fn, inputs: dict, path: str) -> tuple[torch.Tensor, torch.Tensor]:
               input_ids=inputs["input_ids"], hash_indices_table=inputs["table"] if path == "hash" else None)
 
 
+def _weight64(router_logits: torch.Tensor) -> torch.Tensor:
+    """sqrt(log(1 + e^logit)) in float64: DeepSeek V4's routing weight from its definition."""
+    return torch.log1p(torch.exp(router_logits.double())).sqrt()
+
+
 def _reference(inputs: dict, path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek V4 routing from its definition, in float64: weight = sqrt(log(1 + e^logit)); experts from the
     table, else the highest weight + bias; their unbiased weights scaled to sum to SCALE."""
-    weight = torch.log1p(torch.exp(inputs["router_logits"].double())).sqrt()
+    weight = _weight64(inputs["router_logits"])
     if path == "hash":
         ids = inputs["table"][inputs["input_ids"]].long()
     else:
@@ -70,7 +75,7 @@ def _clear_rows(inputs: dict, path: str) -> torch.Tensor:
     logits = inputs["router_logits"]
     if path == "hash":
         return torch.ones(logits.shape[0], dtype=torch.bool)
-    scores = torch.log1p(torch.exp(logits.double())).sqrt() + inputs["e_score_correction_bias"].double()
+    scores = _weight64(logits) + inputs["e_score_correction_bias"].double()
     top = scores.topk(TOP_K + 1, dim=-1).values
     return (top[:, TOP_K - 1] - top[:, TOP_K]) > MARGIN
 

@@ -61,6 +61,19 @@ def set_config(own, cfg) -> None:
         setattr(own, f, v if v is None else bool(v) if f in BOOLS else int(v))
 
 
+def set_case(own, defaults, fi, fm, fo, layout=None, extra=None) -> None:
+    """The served defaults with these fusions (input Hadamard, activation, output), a block layout (a BLOCK_LAYOUTS /
+    CAPPED_LAYOUTS tuple) and any other fields (`extra`: name -> value) set."""
+    set_config(own, defaults)
+    own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
+    if layout:
+        pa, ka, own.warps_a, own.parts_b, own.kw2_b, own.warps_b, *caps = layout
+        own.parts_a, own.kw2_a = pa or 0, ka
+        own.cap_a, own.cap_b = caps or (0, 0)
+    for name, value in (extra or {}).items():
+        setattr(own, name, value)
+
+
 def key_of(cfg) -> str:
     pdl, unroll, pa, pb, occ, xs, mma, r16, blocks, nb, ka, kb, fi, fm, fo, na, nbw, ca, cb, pwa, pwb = cfg
     return (f"pdl{int(pdl)}_u{unroll}_a{pa}_b{pb}_o{int(occ)}_x{int(xs)}_m{int(mma)}_r{int(r16)}_k{blocks}_n{int(nb)}"
@@ -261,18 +274,18 @@ def main() -> int:
     acc_cases += [(t, 0, 1, 1, False) for t in (1, 2, 4, 8, 16, 64)] + [(1, 1, 0, 0, False), (2, 1, 0, 0, False)]
     acc_cases += [(4, 0, 1, 0, False), (4, 0, 0, 1, False), (2, 1, 1, 1, True), (4, 0, 1, 1, True), (16, 0, 1, 1, True)]
     # the smaller blocks (gate/up k-parts, kw2_a, warps_a, down k-parts, kw2_b, warps_b), also at 16 and 64 rows
-    acc_cases = [(*c, None) for c in acc_cases]
+    acc_cases = [(*c, None, None) for c in acc_cases]
     for layout in BLOCK_LAYOUTS[1:]:
-        acc_cases += [(1, 1, 1, 0, False, layout), (2, 1, 1, 0, True, layout)]
+        acc_cases += [(1, 1, 1, 0, False, layout, None), (2, 1, 1, 0, True, layout, None)]
     for layout in BLOCK_LAYOUTS_NO_FI[1:]:
-        acc_cases += [(t, 0, 1, 0, t == 16, layout) for t in (4, 8, 16, 64)]
-    acc_cases += [(1, 1, 1, 0, False, layout) for layout in CAPPED_LAYOUTS[:3]]
+        acc_cases += [(t, 0, 1, 0, t == 16, layout, None) for t in (4, 8, 16, 64)]
+    acc_cases += [(1, 1, 1, 0, False, layout, None) for layout in CAPPED_LAYOUTS[:3]]
     # two n-tiles per warp (npw_a, npw_b, warps_b) with the served layouts, also with picks outside this rank
     for npw_a, npw_b, warps_b in NPW_VARIANTS:
         extra = {"npw_a": npw_a, "npw_b": npw_b, "warps_b": warps_b}
         acc_cases += [(t, int(t <= 2), 1, 0, t == 2, None, extra) for t in (1, 2, 4, 8)]
     acc_cases += [(2, 1, 1, 1, True, None, {"npw_a": 2, "npw_b": 2, "warps_b": 8})]
-    for tokens, fi, fm, fo, tp, layout, *extra in acc_cases:
+    for tokens, fi, fm, fo, tp, layout, extra in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
         if tp:
             ids = ids.clone()
@@ -289,19 +302,11 @@ def main() -> int:
                 d = dense[e]
                 we = (w.cpu() * (ids.cpu() == e)).sum(-1, keepdim=True)
                 ref += we * ((torch.nn.functional.silu(xf @ d["w1"]) * (xf @ d["w3"])) @ d["w2"])
-            set_config(own, defaults)
-            own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
-            if layout:
-                pa, ka, own.warps_a, own.parts_b, own.kw2_b, own.warps_b, *caps = layout
-                own.parts_a = pa or 0
-                own.kw2_a = ka
-                own.cap_a, own.cap_b = caps or (0, 0)
-            for name, value in (extra[0] if extra else {}).items():
-                setattr(own, name, value)
+            set_case(own, defaults, fi, fm, fo, layout, extra)
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=dtype, device="cuda")
             y = own(xd, w, ids.to(torch.int32), out).float().cpu()
             row = {"tokens": tokens, "dtype": str(dtype), "fuse": f"{fi}{fm}{fo}", "tp": tp, "layout": layout,
-                   "extra": extra[0] if extra else None,
+                   "extra": extra,
                    "vs_ref": rel(torch.nan_to_num(y, nan=1e9), ref), "nonfinite": int((~torch.isfinite(y)).sum())}
             if tp:
                 row["row0_max_abs"] = float(y[0].abs().max())
@@ -310,22 +315,13 @@ def main() -> int:
     set_config(own, defaults)
     # graph replay with new inputs vs eager; no host sync
     replays = []
-    for tokens, fi, fm, fo, layout in ((1, 0, 0, 0, None), (1, 1, 1, 1, None), (2, 1, 1, 1, None), (4, 0, 1, 1, None),
-                                       (16, 0, 1, 1, None), (64, 0, 1, 1, None), (4, 0, 1, 0, None), (1, 1, 0, 0, None),
-                                       (1, 1, 1, 0, BLOCK_LAYOUTS[-2]), (4, 0, 1, 0, BLOCK_LAYOUTS_NO_FI[-1]),
-                                       (1, 1, 1, 0, CAPPED_LAYOUTS[2]), (1, 1, 1, 0, {"npw_a": 2, "npw_b": 2, "warps_b": 8}),
-                                       (4, 0, 1, 0, {"npw_a": 2, "npw_b": 2, "warps_b": 8})):
-        set_config(own, defaults)
-        own.fuse_in, own.fuse_mid, own.fuse_out = bool(fi), bool(fm), bool(fo)
-        extra = layout if isinstance(layout, dict) else None
-        if extra:
-            for name, value in extra.items():
-                setattr(own, name, value)
-            layout = None
-        if layout:
-            pa, ka, own.warps_a, own.parts_b, own.kw2_b, own.warps_b, *caps = layout
-            own.parts_a, own.kw2_a = pa or 0, ka
-            own.cap_a, own.cap_b = caps or (0, 0)
+    npw2 = {"npw_a": 2, "npw_b": 2, "warps_b": 8}
+    for tokens, fi, fm, fo, layout, extra in (
+            (1, 0, 0, 0, None, None), (1, 1, 1, 1, None, None), (2, 1, 1, 1, None, None), (4, 0, 1, 1, None, None),
+            (16, 0, 1, 1, None, None), (64, 0, 1, 1, None, None), (4, 0, 1, 0, None, None), (1, 1, 0, 0, None, None),
+            (1, 1, 1, 0, BLOCK_LAYOUTS[-2], None), (4, 0, 1, 0, BLOCK_LAYOUTS_NO_FI[-1], None),
+            (1, 1, 1, 0, CAPPED_LAYOUTS[2], None), (1, 1, 1, 0, None, npw2), (4, 0, 1, 0, None, npw2)):
+        set_case(own, defaults, fi, fm, fo, layout, extra)
         x, w, ids = routing(tokens, gen, experts=EXPERTS)
         static = [t.clone() for t in (x, w, ids)]
         graph, out = capture(lambda: own(*static))
