@@ -192,7 +192,7 @@ class OwnDecodeMoE:
         """spark_decode_moe's stage word for one call: the launches, their kernels and layouts (decode_moe.cu)."""
         stages = self.stages | (STAGE_PDL if self.pdl else 0)
         if self.mma:
-            blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
+            blocks = self._blocks(rows)
             stages |= STAGE_MMA | (STAGE_RUN16 if 0 < self.run16_from <= rows else 0)
             stages |= (STAGE_NOBIAS if self.nobias else 0) | {6: STAGE_OCC6, 5: STAGE_OCC5}.get(blocks, 0)
             stages |= (STAGE_KW2_A if kw2_a else 0) | (STAGE_KW2_B if self.kw2_b else 0)
@@ -206,6 +206,10 @@ class OwnDecodeMoE:
         else:
             stages |= (STAGE_OCC6 if self.occ6 else 0) | (STAGE_XS if self.xs else 0)
         return stages
+
+    def _blocks(self, rows: int) -> int:
+        """Blocks per SM the tensor-core GEMVs are built for at `rows` rows (4, 5 or 6)."""
+        return 6 if 0 < self.occ6_from <= rows else self.blocks
 
     def _warps(self, rows: int, fuse_in: bool) -> tuple[int, int, int]:
         """(warps per gate/up block, its blocks-per-SM cap, warps per down block): the set ones, else by rows."""
@@ -222,7 +226,7 @@ class OwnDecodeMoE:
             return 1, 1
         auto_a, auto_b = warp_tiles(rows, fuse_in)
         warps_a, _, warps_b = self._warps(rows, fuse_in)
-        blocks = 6 if 0 < self.occ6_from <= rows else self.blocks
+        blocks = self._blocks(rows)
         auto_a = auto_a if warps_a == 4 and not kw2_a else 1
         auto_b = auto_b if warps_b == 8 and self.kw2_b and blocks < 6 else 1
         return (auto_a if self.npw_a is None else self.npw_a), (auto_b if self.npw_b is None else self.npw_b)
