@@ -101,6 +101,8 @@ def test_own_kernel_gate_up_blocks_by_rows():
     assert [own.down_warps(r, fuse_in=True) for r in (1, 2, 4)] == [8, 4, 8]
     assert own.down_warps(2, fuse_in=False) == 8
     assert own.gate_up_warps(1, fuse_in=False) == (8, 0)
+    # 4 rows unfused: blocks of 4 warps (2 n-tiles x 2 k-warps), uncapped; 3 and 8 rows keep 8-warp blocks
+    assert [own.gate_up_warps(r, fuse_in=False) for r in (3, 4, 8)] == [(8, 0), (4, 0), (8, 0)]
     assert [own.gate_up_layout(r) for r in (1, 2, 4, 64)] == [(2, False), (1, False), (1, True), (1, True)]
     # the caps travel in 5 bits of the stage word each, above every stage flag
     assert own.CAP_AUTO < 32 and 1 << own.STAGE_CAP_A > own.STAGE_W2_B and own.STAGE_CAP_B == own.STAGE_CAP_A + 5
@@ -132,10 +134,12 @@ def test_own_kernel_two_n_tiles_per_warp_where_measured(monkeypatch):
         return served_call(own_kernel_on_cpu(monkeypatch, **over), rows, fuse_in)[0]
 
     # (fuse_in, gate/up k-parts, down k-parts, kw2_a, npw_a, npw_b): 1 row fused, 2 n-tiles in both, parts doubled
-    assert own.warp_tiles(1, True) == (2, 2) and own.warp_tiles(2, True) == (2, 1) and own.warp_tiles(4, False) == (1, 1)
+    assert own.warp_tiles(1, True) == (2, 2) and own.warp_tiles(2, True) == (2, 1) and own.warp_tiles(4, False) == (1, 2)
+    assert own.warp_tiles(3, False) == own.warp_tiles(8, False) == own.warp_tiles(4, True) == (1, 1)
     assert served_layout(1, True) == (True, 8, 2, False, 2, 2)
     assert served_layout(2, True) == (True, 8, 1, False, 2, 1)  # down stays in 4-warp blocks of 1 n-tile
-    assert served_layout(4, False) == (False, 1, 1, True, 1, 1)
+    assert served_layout(4, False) == (False, 1, 2, True, 1, 2)  # down's 2 n-tiles: its k-parts doubled
+    assert served_layout(8, False) == (False, 1, 1, True, 1, 1)
     # only in the blocks it was measured in: other warps per block, 6 blocks per SM, or no bias folding take 1
     assert served_layout(1, True, warps_a=8)[4] == 1 and served_layout(1, True, warps_b=4)[5] == 1
     assert served_layout(1, True, occ6_from=1)[5] == 1 and served_layout(1, True, nobias=False)[4:] == (1, 1)
@@ -154,6 +158,13 @@ def test_own_kernel_serves_the_measured_two_n_tile_layouts(monkeypatch):
         served = served_call(own_kernel_on_cpu(monkeypatch), rows, True)
         assert served == served_call(own_kernel_on_cpu(monkeypatch, **measured), rows, True)
         assert served[1] & own.STAGE_NPW2_A and bool(served[1] & own.STAGE_NPW2_B) == (rows == 1)
+    # 4 rows: down's 2 n-tiles on the served defaults, and the same call as the sweep's 4-warp gate/up layout
+    # (exl3_decode_own.BLOCK_LAYOUTS_NO_FI (1, True, 4, 1, True, 8)) with down's 2 n-tiles
+    served = served_call(own_kernel_on_cpu(monkeypatch), 4, False)
+    assert served == served_call(own_kernel_on_cpu(monkeypatch, npw_a=1, npw_b=2, warps_b=8), 4, False)
+    layout = {"parts_a": 1, "kw2_a": True, "warps_a": 4, "parts_b": 1, "kw2_b": True, "warps_b": 8, "cap_a": 0}
+    assert served == served_call(own_kernel_on_cpu(monkeypatch, npw_b=2, **layout), 4, False)
+    assert served[1] & own.STAGE_NPW2_B and not served[1] & own.STAGE_NPW2_A and served[1] & own.WARP_BITS["a"][4]
     # 64-bit stage word: the two bits above the 5-bit caps
     assert own.STAGE_NPW2_A > 31 << own.STAGE_CAP_B and own.STAGE_NPW2_B == 2 * own.STAGE_NPW2_A
 

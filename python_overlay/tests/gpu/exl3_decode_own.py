@@ -32,7 +32,7 @@ from exl3_moe_decode import Floor  # noqa: E402
 from exl3_moe_fused import capture, cuda_time, packed, rel, routing  # noqa: E402
 from spark_overlay import exl3  # noqa: E402
 from spark_overlay.exl3.backends.cuda_decode import loader  # noqa: E402
-from spark_overlay.exl3.backends.cuda_decode.own import OwnDecodeMoE, gate_up_layout  # noqa: E402
+from spark_overlay.exl3.backends.cuda_decode.own import FUSE_IN_AUTO_ROWS, OwnDecodeMoE, gate_up_layout  # noqa: E402
 
 HIDDEN, INTER, EXPERTS, TOP_K, K = 5120, 1152, 384, 6, 3
 ROTATE = 8
@@ -99,6 +99,15 @@ BLOCK_LAYOUTS_NO_FI = [(None, None, 8, 1, True, 8), (1, True, 4, 1, True, 8), (1
 NPW_VARIANTS = [(2, 1, None), (1, 2, 8), (2, 2, 8)]
 
 
+def npw_fields(tokens: int, npw_a: int, npw_b: int, warps_b: int | None) -> dict:
+    """An NPW_VARIANTS entry's fields at `tokens` rows: gate/up's 2 n-tiles run in its served 4-warp blocks with the
+    input Hadamard fused in (1-2 rows), else in 8-warp blocks of 2 k-warps (decode_mma.cuh builds no other)."""
+    fields = {"npw_a": npw_a, "npw_b": npw_b, "warps_b": warps_b}
+    if npw_a == 2 and tokens > FUSE_IN_AUTO_ROWS:
+        fields["warps_a"] = 8
+    return fields
+
+
 def configs(tokens: int, defaults: tuple) -> list[tuple]:
     """The tensor-core kernel with the previous defaults (five launches) and the fusions of the small launches
     into the GEMVs (input Hadamard, activation, output); at 1-8 rows also the block layouts (k-parts, k-warps,
@@ -108,9 +117,10 @@ def configs(tokens: int, defaults: tuple) -> list[tuple]:
     out = [(True, 16, pa, 1, False, False, True, 0, 4, True, ka, True, *f, 8, 8, 0, 0, 1, 1) for f in fusions]
     if tokens <= 8:
         index = {f: i for i, f in enumerate(FIELDS)}
-        for npw_a, npw_b, warps_b in NPW_VARIANTS:
+        for variant in NPW_VARIANTS:
             cfg = list(defaults)
-            cfg[index["npw_a"]], cfg[index["npw_b"]], cfg[index["warps_b"]] = npw_a, npw_b, warps_b
+            for name, value in npw_fields(tokens, *variant).items():
+                cfg[index[name]] = value
             out.append(tuple(cfg))
         cfg = list(defaults)
         cfg[index["fuse_out"]], cfg[index["warps_b"]] = 1, 8
@@ -281,9 +291,8 @@ def main() -> int:
         acc_cases += [(t, 0, 1, 0, t == 16, layout, None) for t in (4, 8, 16, 64)]
     acc_cases += [(1, 1, 1, 0, False, layout, None) for layout in CAPPED_LAYOUTS[:3]]
     # two n-tiles per warp (npw_a, npw_b, warps_b) with the served layouts, also with picks outside this rank
-    for npw_a, npw_b, warps_b in NPW_VARIANTS:
-        extra = {"npw_a": npw_a, "npw_b": npw_b, "warps_b": warps_b}
-        acc_cases += [(t, int(t <= 2), 1, 0, t == 2, None, extra) for t in (1, 2, 4, 8)]
+    for variant in NPW_VARIANTS:
+        acc_cases += [(t, int(t <= 2), 1, 0, t == 2, None, npw_fields(t, *variant)) for t in (1, 2, 4, 8)]
     acc_cases += [(2, 1, 1, 1, True, None, {"npw_a": 2, "npw_b": 2, "warps_b": 8})]
     for tokens, fi, fm, fo, tp, layout, extra in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
@@ -315,12 +324,12 @@ def main() -> int:
     set_config(own, defaults)
     # graph replay with new inputs vs eager; no host sync
     replays = []
-    npw2 = {"npw_a": 2, "npw_b": 2, "warps_b": 8}
+    npw2, npw2_4 = npw_fields(1, 2, 2, 8), npw_fields(4, 2, 2, 8)
     for tokens, fi, fm, fo, layout, extra in (
             (1, 0, 0, 0, None, None), (1, 1, 1, 1, None, None), (2, 1, 1, 1, None, None), (4, 0, 1, 1, None, None),
             (16, 0, 1, 1, None, None), (64, 0, 1, 1, None, None), (4, 0, 1, 0, None, None), (1, 1, 0, 0, None, None),
             (1, 1, 1, 0, BLOCK_LAYOUTS[-2], None), (4, 0, 1, 0, BLOCK_LAYOUTS_NO_FI[-1], None),
-            (1, 1, 1, 0, CAPPED_LAYOUTS[2], None), (1, 1, 1, 0, None, npw2), (4, 0, 1, 0, None, npw2)):
+            (1, 1, 1, 0, CAPPED_LAYOUTS[2], None), (1, 1, 1, 0, None, npw2), (4, 0, 1, 0, None, npw2_4)):
         set_case(own, defaults, fi, fm, fo, layout, extra)
         x, w, ids = routing(tokens, gen, experts=EXPERTS)
         static = [t.clone() for t in (x, w, ids)]

@@ -100,10 +100,13 @@ def gate_up_layout(rows: int, fuse_in: bool = False) -> tuple[int, bool]:
 def gate_up_warps(rows: int, fuse_in: bool) -> tuple[int, int]:
     """Warps per gate/up block and its blocks-per-SM cap: at 1 row with the input Hadamard fused in, blocks of 4 warps
     capped at the launch's blocks over the SMs (on an H200 864 blocks, 7 per SM: 49.3 vs 51.5 us for the layer,
-    results-h200-decode-own-blocks.json); at 2 rows fused blocks of 4 warps uncapped (more than one wave); else 8
-    warps, no cap."""
+    results-h200-decode-own-blocks.json); at 2 rows fused blocks of 4 warps uncapped (more than one wave); at 4 rows
+    unfused blocks of 4 warps (2 n-tiles x 2 k-warps: 144.74 and 144.46 vs 146.12 and 145.99 us for the layer in two
+    H100 sweeps, results-h100-decode-own-npw.json, results-h100-decode-own-npw-served.json); else 8 warps, no cap."""
     if fuse_in and rows <= 2:
         return 4, CAP_AUTO if rows <= 1 else 0
+    if not fuse_in and rows == 4:
+        return 4, 0
     return 8, 0
 
 
@@ -116,11 +119,15 @@ def down_warps(rows: int, fuse_in: bool) -> int:
 def warp_tiles(rows: int, fuse_in: bool) -> tuple[int, int]:
     """n-tiles per warp of gate/up and down (the k-parts doubled where 2): with the input Hadamard fused in, 2 in both
     at 1 row (44.13 vs 45.94 us for the layer on an H100) and 2 in gate/up at 2 rows (75.85 vs 78.23; down stays in
-    4-warp blocks of 1), one sweep (python_overlay/tests/gpu/results-h100-decode-own-npw.json); else 1."""
+    4-warp blocks of 1), one sweep (python_overlay/tests/gpu/results-h100-decode-own-npw.json); at 4 rows unfused, 2
+    in down (145.41 and 145.17 vs 146.12 and 145.99 us in two H100 sweeps, the second
+    results-h100-decode-own-npw-served.json); else 1."""
     if fuse_in and rows <= 1:
         return 2, 2
     if fuse_in and rows <= 2:
         return 2, 1
+    if not fuse_in and rows == 4:
+        return 1, 2
     return 1, 1
 
 
