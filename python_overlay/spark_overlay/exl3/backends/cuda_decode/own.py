@@ -87,7 +87,8 @@ def supports(groups: list[tuple], top_k: int = 1) -> str | None:
 def gate_up_layout(rows: int, fuse_in: bool = False) -> tuple[int, bool]:
     """Gate/up k-parts and 4 x 2 blocks of the tensor-core GEMV at `rows` rows (the H200's fastest, bias folded):
     with the input Hadamard fused in 4 parts of 4 x 1 blocks of 4 warps at 1 and 2 rows (`gate_up_warps`); else 2
-    parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on
+    parts of 2 x 4 blocks at 1 row, 1 part from 2 rows on, of 4 x 2 blocks from 4 rows on (2 x 2 blocks of 4 warps at
+    4 rows: `gate_up_warps`)
     (python_overlay/tests/gpu/results-h200-decode-own-mma.json, results-h200-decode-own-fused*.json,
     results-h200-decode-own-blocks.json; 2 rows: results-h200-decode-own-bench-*.json)."""
     if fuse_in:
@@ -102,7 +103,8 @@ def gate_up_warps(rows: int, fuse_in: bool) -> tuple[int, int]:
     capped at the launch's blocks over the SMs (on an H200 864 blocks, 7 per SM: 49.3 vs 51.5 us for the layer,
     results-h200-decode-own-blocks.json); at 2 rows fused blocks of 4 warps uncapped (more than one wave); at 4 rows
     unfused blocks of 4 warps (2 n-tiles x 2 k-warps: 144.74 and 144.46 vs 146.12 and 145.99 us for the layer in two
-    H100 sweeps, results-h100-decode-own-npw.json, results-h100-decode-own-npw-served.json); else 8 warps, no cap."""
+    H100 sweeps, results-h100-decode-own-npw.json, results-h100-decode-own-npw-served.json; with `warp_tiles`' 2
+    n-tiles in down 143.87 vs 146.29 in a third, results-h100-decode-own-npw-4rows.json); else 8 warps, no cap."""
     if fuse_in and rows <= 2:
         return 4, CAP_AUTO if rows <= 1 else 0
     if not fuse_in and rows == 4:
