@@ -292,8 +292,8 @@ def main() -> int:
     acc_cases += [(1, 1, 1, 0, False, layout, None) for layout in CAPPED_LAYOUTS[:3]]
     # two n-tiles per warp (npw_a, npw_b, warps_b) with the served layouts, also with picks outside this rank
     for variant in NPW_VARIANTS:
-        acc_cases += [(t, int(t <= 2), 1, 0, t == 2, None, npw_fields(t, *variant)) for t in (1, 2, 4, 8)]
-    acc_cases += [(2, 1, 1, 1, True, None, {"npw_a": 2, "npw_b": 2, "warps_b": 8})]
+        acc_cases += [(t, int(t <= FUSE_IN_AUTO_ROWS), 1, 0, t == 2, None, npw_fields(t, *variant)) for t in (1, 2, 4, 8)]
+    acc_cases += [(2, 1, 1, 1, True, None, npw_fields(2, 2, 2, 8))]
     for tokens, fi, fm, fo, tp, layout, extra in acc_cases:
         x, w, ids = routing(tokens, gen, experts=EXPERTS, only=8)
         if tp:
